@@ -1,0 +1,221 @@
+use std::path::PathBuf;
+
+use ncclshim_syntax::{Function, Returns, Spec};
+use proc_macro2::TokenStream;
+use quote::{format_ident, quote};
+
+use crate::input::ApiInput;
+
+pub fn expand(spec: &Spec, paths: &[PathBuf], input: &ApiInput) -> TokenStream {
+    let runtime = &input.runtime;
+    let router = &input.router;
+    let items = &spec.items;
+    let version = spec.version.to_string();
+    let version_code = spec.version.code() as i32;
+    let names: Vec<&str> = spec.functions.iter().map(|f| f.name.as_str()).collect();
+    let path_strings: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+
+    let table_fields = spec.functions.iter().map(|f| {
+        let ident = &f.ident;
+        let pointer = pointer_type(f);
+        quote! { pub #ident: ::core::option::Option<#pointer> }
+    });
+    let table_resolves = spec.functions.iter().map(|f| {
+        let ident = &f.ident;
+        let pointer = pointer_type(f);
+        let c_name = syn::LitCStr::new(&std::ffi::CString::new(f.name.clone()).unwrap(), proc_macro2::Span::call_site());
+        quote! {
+            #ident: {
+                let address = lookup(#c_name);
+                // SAFETY: the real NCCL's symbol of this name has this C signature (the spec says so).
+                (!address.is_null()).then(|| unsafe { ::core::mem::transmute::<*mut ::core::ffi::c_void, #pointer>(address) })
+            }
+        }
+    });
+    let forwarders = spec.functions.iter().map(|f| forwarder(f, runtime));
+    let route_methods = spec.functions.iter().map(|f| {
+        let (ident, params, args, ret) = (&f.ident, params(f), args(f), ret(f));
+        quote! {
+            /// Forwards to the real NCCL unless the router claims it.
+            unsafe fn #ident(#(#params),*) #ret {
+                // SAFETY: the caller's arguments go on unchanged to the function they were meant for.
+                unsafe { real::#ident(#(#args),*) }
+            }
+        }
+    });
+    let exports = spec.functions.iter().flat_map(|f| {
+        let profiling = format_ident!("p{}", f.ident);
+        [
+            export(f, &f.ident, runtime, router),
+            export(f, &profiling, runtime, router),
+        ]
+    });
+
+    quote! {
+        /// The types and constants of the NCCL API, as the spec declares them.
+        #[allow(non_camel_case_types, non_upper_case_globals, non_snake_case, dead_code, unused_imports)]
+        #[allow(clippy::all)]
+        pub mod ffi {
+            #(#items)*
+        }
+        #[allow(unused_imports)]
+        use self::ffi::*;
+        // Makes the compiler rebuild this crate whenever a spec file changes.
+        #(const _: &[u8] = include_bytes!(#path_strings);)*
+
+        /// The NCCL version whose ABI this library exports.
+        pub const ABI_VERSION: &str = #version;
+        /// `NCCL_VERSION_CODE` of that version.
+        pub const ABI_VERSION_CODE: i32 = #version_code;
+        /// Every function exported, without its `pncclX` twin.
+        pub const ABI_FUNCTIONS: &[&str] = &[#(#names),*];
+
+        /// The real NCCL's functions, each looked up once; `None` where the real library lacks it.
+        #[allow(non_snake_case)]
+        pub struct RealFunctions {
+            #(#table_fields,)*
+        }
+
+        impl RealFunctions {
+            fn resolve(lookup: &mut dyn FnMut(&::core::ffi::CStr) -> *mut ::core::ffi::c_void) -> RealFunctions {
+                RealFunctions { #(#table_resolves,)* }
+            }
+        }
+
+        static REAL_FUNCTIONS: ::std::sync::OnceLock<RealFunctions> = ::std::sync::OnceLock::new();
+
+        /// The table, loading the real NCCL on first use. A call nested inside the shim never
+        /// waits for the loading (that could be this thread's own): it gets `None` until it's done.
+        #[inline]
+        pub fn real_functions() -> ::core::option::Option<&'static RealFunctions> {
+            match REAL_FUNCTIONS.get() {
+                Some(table) => Some(table),
+                None if #runtime::Reentry::depth() <= 1 => {
+                    Some(REAL_FUNCTIONS.get_or_init(|| RealFunctions::resolve(&mut #runtime::real_symbol)))
+                }
+                None => None,
+            }
+        }
+
+        /// Typed forwarders to the real NCCL; the stub answers where it lacks the function.
+        #[allow(non_snake_case, clippy::too_many_arguments, clippy::missing_safety_doc)]
+        pub mod real {
+            use super::ffi::*;
+            #(#forwarders)*
+        }
+
+        /// One method per NCCL function. Hand-written code claims a function by overriding its
+        /// method; every other function keeps the default, which forwards.
+        #[allow(non_snake_case, clippy::too_many_arguments, clippy::missing_safety_doc)]
+        pub trait Route {
+            #(#route_methods)*
+        }
+
+        #[allow(non_snake_case, clippy::too_many_arguments, clippy::missing_safety_doc)]
+        mod exports {
+            use super::ffi::*;
+            use super::{real, Route};
+            #(#exports)*
+        }
+    }
+}
+
+fn params(f: &Function) -> Vec<TokenStream> {
+    f.params
+        .iter()
+        .map(|p| {
+            let (ident, ty) = (&p.ident, &p.ty);
+            quote! { #ident: #ty }
+        })
+        .collect()
+}
+
+fn args(f: &Function) -> Vec<&syn::Ident> {
+    f.params.iter().map(|p| &p.ident).collect()
+}
+
+fn ret(f: &Function) -> TokenStream {
+    match f.returns.ty() {
+        Some(ty) => quote! { -> #ty },
+        None => quote! {},
+    }
+}
+
+fn pointer_type(f: &Function) -> TokenStream {
+    let types = f.params.iter().map(|p| &p.ty);
+    let ret = ret(f);
+    quote! { unsafe extern "C" fn(#(#types),*) #ret }
+}
+
+/// What a function returns when it can't be served: the failure's code, its message, nothing, or
+/// zeroes, by what the function returns.
+fn failure_value(f: &Function, failure: TokenStream) -> TokenStream {
+    match &f.returns {
+        Returns::Nothing => quote! { { let _ = #failure; } },
+        Returns::Result(_) => quote! { #failure.code },
+        Returns::Message(_) => quote! { #failure.message },
+        Returns::Value(ty) => quote! {{
+            let _ = #failure;
+            // SAFETY: values returned by value from the C API are plain C data, valid when zeroed.
+            unsafe { ::core::mem::zeroed::<#ty>() }
+        }},
+    }
+}
+
+fn forwarder(f: &Function, runtime: &syn::Path) -> TokenStream {
+    let (ident, params, args, ret) = (&f.ident, params(f), args(f), ret(f));
+    let name = &f.name;
+    let missing = failure_value(f, quote! { #runtime::missing_function(#name) });
+    let call = match &f.returns {
+        // A failure of the real NCCL is newer than any message of ours.
+        Returns::Result(_) => quote! {{
+            let result = unsafe { function(#(#args),*) };
+            if result != ncclSuccess && result != ncclInProgress {
+                #runtime::real_call_failed();
+            }
+            result
+        }},
+        _ => quote! { unsafe { function(#(#args),*) } },
+    };
+    quote! {
+        #[inline]
+        pub unsafe fn #ident(#(#params),*) #ret {
+            match super::real_functions().and_then(|table| table.#ident) {
+                // SAFETY: `function` is the real NCCL's own, of this signature; arguments pass unchanged.
+                Some(function) => #call,
+                None => #missing,
+            }
+        }
+    }
+}
+
+fn export(
+    f: &Function,
+    export_name: &syn::Ident,
+    runtime: &syn::Path,
+    router: &syn::Path,
+) -> TokenStream {
+    let (ident, params, args, ret) = (&f.ident, params(f), args(f), ret(f));
+    let name = export_name.to_string();
+    let panicked = failure_value(f, quote! { #runtime::panicked(#name) });
+    quote! {
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn #export_name(#(#params),*) #ret {
+            let outcome = ::std::panic::catch_unwind(::std::panic::AssertUnwindSafe(|| {
+                let inside = #runtime::Reentry::enter();
+                if inside.outermost() {
+                    // SAFETY: the C caller's arguments, passed on unchanged.
+                    unsafe { <#router as Route>::#ident(#(#args),*) }
+                } else {
+                    // Already inside the shim on this thread: straight to the real NCCL.
+                    // SAFETY: as above.
+                    unsafe { real::#ident(#(#args),*) }
+                }
+            }));
+            match outcome {
+                Ok(value) => value,
+                Err(_) => #panicked,
+            }
+        }
+    }
+}

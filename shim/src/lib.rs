@@ -1,0 +1,12 @@
+//! ncclshim: a drop-in `libnccl.so.2`. Every NCCL function is exported with NVIDIA's exact C
+//! signature (generated from `spec/`); each call is routed to our own code where `route` claims
+//! it, and forwarded to the real NCCL, loaded at first use, everywhere else.
+
+pub mod api;
+mod error_strings;
+mod identity;
+pub mod locate;
+mod log;
+mod real_nccl;
+mod route;
+pub mod runtime;

@@ -1,0 +1,128 @@
+//! The real NCCL: found (see `locate`), opened by absolute path and asked its version, once, at
+//! first use, never from a constructor. The library stays loaded for the life of the process.
+
+use std::ffi::{CStr, c_int, c_void};
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use libloading::os::unix::{Library, RTLD_LAZY, RTLD_LOCAL};
+
+use crate::api::{ABI_VERSION, ABI_VERSION_CODE};
+use crate::locate::{self, SearchEnv};
+use crate::log::{log_info, log_warn, log_warn_always};
+
+pub struct RealNccl {
+    library: Library,
+    pub path: PathBuf,
+    /// `NCCL_VERSION_CODE` the real library reports, e.g. 22707.
+    pub version_code: i32,
+}
+
+static REAL_NCCL: OnceLock<Option<RealNccl>> = OnceLock::new();
+
+/// The real NCCL, loading it on first use; `None` if there is none to be had.
+pub fn real_nccl() -> Option<&'static RealNccl> {
+    REAL_NCCL.get_or_init(load).as_ref()
+}
+
+/// The real NCCL if it has been loaded already; never loads (safe while loading is under way).
+pub fn real_nccl_if_loaded() -> Option<&'static RealNccl> {
+    REAL_NCCL.get().and_then(Option::as_ref)
+}
+
+impl RealNccl {
+    /// The address of the real library's symbol `name`, or null if it has none.
+    pub fn symbol(&self, name: &CStr) -> *mut c_void {
+        // SAFETY: we only take the address; callers give it the signature the spec declares.
+        match unsafe { self.library.get::<*mut c_void>(name) } {
+            Ok(symbol) => *symbol,
+            Err(_) => std::ptr::null_mut(),
+        }
+    }
+
+    /// "2.27.7" from 22707.
+    pub fn version(&self) -> String {
+        version_text(self.version_code)
+    }
+}
+
+pub fn version_text(code: i32) -> String {
+    if code < 10000 {
+        format!("{}.{}.{}", code / 1000, code % 1000 / 100, code % 100)
+    } else {
+        format!("{}.{}.{}", code / 10000, code % 10000 / 100, code % 100)
+    }
+}
+
+fn load() -> Option<RealNccl> {
+    let env = SearchEnv::from_process();
+    let path = match locate::find_real_nccl(&env, crate::identity::is_ncclshim) {
+        Ok(found) => found,
+        Err(not_found) => {
+            log_warn_always!(
+                "no real NCCL library could be used: {not_found}. Set NCCLSHIM_REAL_NCCL to the absolute path of NVIDIA's libnccl.so.2; every call will fail with ncclSystemError"
+            );
+            return None;
+        }
+    };
+    let Some(path_text) = path.path.to_str() else {
+        log_warn_always!(
+            "the real NCCL's path {} is not UTF-8; set NCCLSHIM_REAL_NCCL",
+            path.path.display()
+        );
+        return None;
+    };
+    // SAFETY: NVIDIA's NCCL is an ordinary shared library; its initialisers have no requirements.
+    let library = match unsafe { Library::open(Some(path_text), RTLD_LAZY | RTLD_LOCAL) } {
+        Ok(library) => library,
+        Err(e) => {
+            log_warn_always!(
+                "could not open the real NCCL {path_text}: {e}. Set NCCLSHIM_REAL_NCCL to another libnccl.so.2"
+            );
+            return None;
+        }
+    };
+    let mut real = RealNccl {
+        library,
+        path: path.path.clone(),
+        version_code: 0,
+    };
+    let get_version = real.symbol(c"ncclGetVersion");
+    if get_version.is_null() {
+        log_warn_always!("{path_text} has no ncclGetVersion: it is not an NCCL library");
+        return None;
+    }
+    // SAFETY: ncclGetVersion(int*) -> ncclResult_t in every NCCL release.
+    let get_version: unsafe extern "C" fn(*mut c_int) -> u32 =
+        unsafe { std::mem::transmute(get_version) };
+    let mut code: c_int = 0;
+    // SAFETY: `code` is a valid int to write.
+    if unsafe { get_version(&mut code) } != 0 {
+        log_warn!("ncclGetVersion of {path_text} failed");
+    }
+    real.version_code = code;
+    log_info!(
+        "ncclshim {} (ABI of NCCL {ABI_VERSION}, build {}) forwarding to real NCCL {} at {path_text} (found by {})",
+        env!("CARGO_PKG_VERSION"),
+        env!("NCCLSHIM_BUILD_FLAVOR"),
+        real.version(),
+        path.origin
+    );
+    if code < ABI_VERSION_CODE {
+        log_warn!(
+            "the real NCCL at {path_text} is version {}, older than the ABI this library exports ({ABI_VERSION}): functions it lacks return ncclInvalidUsage. Set NCCLSHIM_REAL_NCCL to a newer libnccl.so.2",
+            real.version()
+        );
+    }
+    Some(real)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn version_codes_read_like_nccl() {
+        assert_eq!(super::version_text(22707), "2.27.7");
+        assert_eq!(super::version_text(22809), "2.28.9");
+        assert_eq!(super::version_text(2804), "2.8.4");
+    }
+}
