@@ -102,11 +102,15 @@ pub fn missing_function(name: &'static str) -> Failure {
                 real.path.display()
             )
         }),
-        None => fail(ncclSystemError, "no real NCCL", || {
-            format!(
-                "{name} cannot be served: ncclshim has no real NCCL library to forward to (set NCCLSHIM_REAL_NCCL)"
-            )
-        }),
+        None => fail(
+            ncclSystemError,
+            &format!("{name} without a real NCCL"),
+            || {
+                format!(
+                    "{name} cannot be served: ncclshim has no real NCCL library to forward to (set NCCLSHIM_REAL_NCCL)"
+                )
+            },
+        ),
     }
 }
 

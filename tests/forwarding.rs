@@ -1,0 +1,1 @@
+// forwarding: written next

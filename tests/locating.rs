@@ -1,0 +1,1 @@
+// locating: written next

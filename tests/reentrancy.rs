@@ -1,0 +1,1 @@
+// reentrancy: written next

@@ -1,0 +1,148 @@
+//! What the integration tests share: where the built library and NVIDIA's libraries are, and
+//! compiling and running C clients with gcc.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The workspace's root folder.
+pub fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// `make build`'s output (`build/`, or `$NCCLSHIM_BUILD`).
+pub fn build_dir() -> PathBuf {
+    std::env::var_os("NCCLSHIM_BUILD").map_or_else(|| workspace().join("build"), PathBuf::from)
+}
+
+/// The shim as `make build` leaves it, `build/lib/libnccl.so.<version>`.
+pub fn shim_library(version: &str) -> PathBuf {
+    let path = build_dir().join(format!("lib/libnccl.so.{version}"));
+    assert!(
+        path.is_file(),
+        "{} is missing: run `make build` (or `make test`) first",
+        path.display()
+    );
+    path
+}
+
+/// NVIDIA's NCCL `version` from its PyPI wheel: the folder holding `lib/` and `include/`,
+/// fetched into the cache by `gen/fetch-nccl.sh` if it is not there yet.
+pub fn real_nccl(version: &str) -> PathBuf {
+    let out = Command::new(workspace().join("gen/fetch-nccl.sh"))
+        .arg(version)
+        .output()
+        .expect("gen/fetch-nccl.sh runs");
+    assert!(
+        out.status.success(),
+        "fetching NCCL {version}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+}
+
+/// The real `libnccl.so.2` of `version`.
+pub fn real_library(version: &str) -> PathBuf {
+    real_nccl(version).join("lib/libnccl.so.2")
+}
+
+/// A fresh folder for one test's files.
+pub fn scratch(name: &str) -> PathBuf {
+    let dir = workspace().join("target/tests-scratch").join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Compiles the C client `tests/c/<source>` with gcc against `include` into `out`; `link` are
+/// extra arguments (e.g. `-L... -lnccl`).
+pub fn compile_c(source: &str, include: &Path, out: &Path, link: &[&str]) -> PathBuf {
+    let status = Command::new("gcc")
+        .args(["-O1", "-Wall", "-Werror", "-std=gnu11", "-pthread"])
+        .arg(format!("-I{}", include.display()))
+        .arg(format!("-I{}", workspace().join("tests/c").display()))
+        .arg(workspace().join("tests/c").join(source))
+        .arg("-o")
+        .arg(out)
+        .args(link)
+        .status()
+        .expect("gcc runs");
+    assert!(status.success(), "gcc failed on tests/c/{source}");
+    out.to_path_buf()
+}
+
+/// Links against the `libnccl.so.2` in `lib_dir` (`-L dir -lnccl`, with an rpath to it).
+pub fn link_nccl(lib_dir: &Path) -> Vec<String> {
+    vec![
+        format!("-L{}", lib_dir.display()),
+        "-lnccl".into(),
+        format!("-Wl,-rpath,{}", lib_dir.display()),
+    ]
+}
+
+/// Runs `program` with `args` and only the environment given (plus PATH), so that no
+/// `NCCL_*` or `NCCLSHIM_*` variable of the caller's leaks in.
+pub fn run(program: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut command = Command::new(program);
+    command
+        .args(args)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default());
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    command
+        .output()
+        .unwrap_or_else(|e| panic!("running {}: {e}", program.display()))
+}
+
+/// stdout of a run that must have succeeded.
+pub fn stdout_of(output: &Output) -> String {
+    assert!(
+        output.status.success(),
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// The dynamic symbols a library defines, sorted (`nm -D --defined-only`).
+pub fn defined_symbols(library: &Path) -> Vec<String> {
+    let out = Command::new("nm")
+        .args(["-D", "--defined-only"])
+        .arg(library)
+        .output()
+        .expect("nm runs");
+    assert!(out.status.success(), "nm failed on {}", library.display());
+    let mut names: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace().rev();
+            let name = fields.next()?;
+            let kind = fields.next()?;
+            // Linker-made markers such as _edata and __bss_start are not the library's API.
+            (kind != "A" && !["_edata", "_end", "__bss_start", "_init", "_fini"].contains(&name))
+                .then(|| name.to_string())
+        })
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// The library's SONAME (`readelf -d`).
+pub fn soname(library: &Path) -> Option<String> {
+    let out = Command::new("readelf")
+        .arg("-d")
+        .arg(library)
+        .output()
+        .expect("readelf runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find(|l| l.contains("(SONAME)"))
+        .and_then(|l| Some(l.split('[').nth(1)?.trim_end_matches(']').to_string()))
+}
