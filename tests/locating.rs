@@ -1,1 +1,251 @@
-// locating: written next
+//! Finding the real NCCL, in real processes: the variable, the build's default, the search
+//! (NCCL_HOME, Python environments), refusing ncclshim itself (and copies of it), and nothing
+//! found (every call fails with ncclSystemError, error strings still answer).
+
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use ncclshim_tests::{
+    build_dir, compile_c, real_library, real_nccl, run, scratch, shim_library, stdout_of, workspace,
+};
+
+/// The C client linked against `build/lib` (the shim).
+fn client(dir: &Path) -> PathBuf {
+    let lib = build_dir().join("lib");
+    let link = [
+        format!("-L{}", lib.display()),
+        "-lnccl".to_string(),
+        format!("-Wl,-rpath,{}", lib.display()),
+    ];
+    let link: Vec<&str> = link.iter().map(String::as_str).collect();
+    compile_c(
+        "api_client.c",
+        &real_nccl("2.27.7").join("include"),
+        &dir.join("api_client"),
+        &link,
+    )
+}
+
+/// Our lines of a run with NCCL_DEBUG=INFO.
+fn shim_lines(client: &Path, env: &[(&str, &str)]) -> (String, Vec<String>) {
+    let mut env = env.to_vec();
+    env.push(("NCCL_DEBUG", "INFO"));
+    let out = stdout_of(&run(client, &[], &env));
+    let ours = out
+        .lines()
+        .filter(|l| l.contains("[ncclshim]"))
+        .map(str::to_string)
+        .collect();
+    (out, ours)
+}
+
+fn found_line(lines: &[String]) -> &str {
+    lines
+        .iter()
+        .find(|l| l.contains("forwarding to real NCCL"))
+        .map(String::as_str)
+        .unwrap_or_else(|| panic!("{lines:?}"))
+}
+
+/// A Python environment whose nvidia/nccl/lib holds `library`.
+fn python_env(root: &Path, library: &Path) -> PathBuf {
+    let lib_dir = root.join("lib/python3.12/site-packages/nvidia/nccl/lib");
+    std::fs::create_dir_all(&lib_dir).unwrap();
+    std::fs::create_dir_all(root.join("bin")).unwrap();
+    symlink(library, lib_dir.join("libnccl.so.2")).unwrap();
+    lib_dir.join("libnccl.so.2")
+}
+
+fn system_has_nccl() -> bool {
+    [
+        "/usr/lib/x86_64-linux-gnu",
+        "/usr/local/nccl/lib",
+        "/usr/local/cuda/lib64",
+    ]
+    .iter()
+    .any(|d| Path::new(d).join("libnccl.so.2").exists() || Path::new(d).join("libnccl.so").exists())
+}
+
+#[test]
+fn the_variable_names_the_real_nccl() {
+    let dir = scratch("locating-variable");
+    let real = real_library("2.27.7");
+    let (_, ours) = shim_lines(
+        &client(&dir),
+        &[("NCCLSHIM_REAL_NCCL", real.to_str().unwrap())],
+    );
+    let line = found_line(&ours);
+    assert!(
+        line.contains(&format!(
+            "at {} (found by NCCLSHIM_REAL_NCCL)",
+            real.display()
+        )),
+        "{line}"
+    );
+}
+
+#[test]
+fn the_search_finds_nccl_home_and_python_environments() {
+    let dir = scratch("locating-search");
+    let client = client(&dir);
+    let real = real_library("2.27.7");
+
+    let home = dir.join("nccl-home");
+    std::fs::create_dir_all(home.join("lib")).unwrap();
+    symlink(&real, home.join("lib/libnccl.so.2")).unwrap();
+    let (_, ours) = shim_lines(&client, &[("NCCL_HOME", home.to_str().unwrap())]);
+    assert!(found_line(&ours).contains(&format!(
+        "at {}/lib/libnccl.so.2 (found by searching)",
+        home.display()
+    )));
+
+    let venv = dir.join("venv");
+    let in_venv = python_env(&venv, &real);
+    let (_, ours) = shim_lines(&client, &[("VIRTUAL_ENV", venv.to_str().unwrap())]);
+    assert!(found_line(&ours).contains(&format!("at {} (found by searching)", in_venv.display())));
+    // A Python environment on PATH counts too.
+    let path = format!(
+        "{}:{}",
+        venv.join("bin").display(),
+        std::env::var("PATH").unwrap()
+    );
+    let (_, ours) = shim_lines(&client, &[("PATH", &path)]);
+    assert!(found_line(&ours).contains(&format!("at {} (found by searching)", in_venv.display())));
+}
+
+#[test]
+fn ncclshim_and_its_copies_are_never_taken_for_the_real_nccl() {
+    let dir = scratch("locating-itself");
+    let client = client(&dir);
+    let shim = shim_library("2.27.7");
+
+    // Named explicitly: refused, and every call fails, with error strings still answering.
+    let (out, ours) = shim_lines(&client, &[("NCCLSHIM_REAL_NCCL", shim.to_str().unwrap())]);
+    assert!(
+        ours[0].contains("NCCL WARN no real NCCL library could be used")
+            && ours[0].contains("that is ncclshim itself"),
+        "{out}"
+    );
+    assert!(out.contains("ncclGetVersion: rc=2 version=0"), "{out}");
+    assert!(
+        out.contains("ncclGetErrorString(5): invalid usage (run with NCCL_DEBUG=WARN for details)"),
+        "{out}"
+    );
+
+    // Found by the search: a copy of the shim in NCCL_HOME is passed over for the real one.
+    let home = dir.join("nccl-home");
+    std::fs::create_dir_all(home.join("lib")).unwrap();
+    std::fs::copy(&shim, home.join("lib/libnccl.so.2")).unwrap();
+    let venv = dir.join("venv");
+    let in_venv = python_env(&venv, &real_library("2.27.7"));
+    let env = [
+        ("NCCL_HOME", home.to_str().unwrap()),
+        ("VIRTUAL_ENV", venv.to_str().unwrap()),
+    ];
+    let (_, ours) = shim_lines(&client, &env);
+    assert!(
+        found_line(&ours).contains(&format!("at {} (found by searching)", in_venv.display())),
+        "{ours:?}"
+    );
+}
+
+#[test]
+fn nothing_found_fails_every_call_but_still_answers_error_strings() {
+    let dir = scratch("locating-nothing");
+    let client = client(&dir);
+    if system_has_nccl() {
+        // This machine has a system NCCL: the search must find it instead.
+        let (_, ours) = shim_lines(&client, &[]);
+        assert!(found_line(&ours).contains("(found by searching)"));
+        return;
+    }
+    let home = dir.join("empty-home");
+    std::fs::create_dir_all(home.join("lib")).unwrap();
+    let out = stdout_of(&run(&client, &[], &[("NCCL_HOME", home.to_str().unwrap())]));
+    // Said once, even without NCCL_DEBUG, with where it looked and what to set.
+    let warns: Vec<&str> = out
+        .lines()
+        .filter(|l| l.contains("[ncclshim] NCCL WARN"))
+        .collect();
+    assert_eq!(warns.len(), 1, "{out}");
+    assert!(
+        warns[0].contains(&format!("{}/lib (no libnccl.so.2)", home.display())),
+        "{}",
+        warns[0]
+    );
+    assert!(warns[0].contains("Set NCCLSHIM_REAL_NCCL"), "{}", warns[0]);
+    assert!(out.contains("ncclGetVersion: rc=2 version=0"), "{out}");
+    assert!(
+        out.contains(
+            "ncclCommInitRank(nranks=0): rc=2 last_error=\"ncclCommInitRank cannot be served"
+        ),
+        "{out}"
+    );
+    // The error strings are NCCL's own, as the real library gives them.
+    let reference = {
+        let link = ncclshim_tests::link_nccl(&real_nccl("2.27.7").join("lib"));
+        let link: Vec<&str> = link.iter().map(String::as_str).collect();
+        let direct = compile_c(
+            "api_client.c",
+            &real_nccl("2.27.7").join("include"),
+            &dir.join("direct"),
+            &link,
+        );
+        stdout_of(&run(&direct, &[], &[]))
+    };
+    let strings = |text: &str| {
+        text.lines()
+            .filter(|l| l.starts_with("ncclGetErrorString"))
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(strings(&out), strings(&reference));
+    assert_eq!(strings(&out).len(), 11);
+}
+
+#[test]
+fn the_build_default_is_used_when_no_variable_is_set() {
+    let real = real_library("2.27.7");
+    let target = workspace().join("target/build-default");
+    let status = Command::new(env!("CARGO"))
+        .args(["build", "--release", "--locked", "-p", "ncclshim"])
+        .env("CARGO_TARGET_DIR", &target)
+        .env("REAL_NCCL_LIB", &real)
+        .env("NCCL_VERSION", "2.27.7")
+        .current_dir(workspace())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let dir = scratch("locating-build-default");
+    let shim = target.join("release/libnccl.so");
+    let link: Vec<String> = ncclshim_tests::link_nccl(&real_nccl("2.27.7").join("lib"));
+    let link: Vec<&str> = link.iter().map(String::as_str).collect();
+    let direct = compile_c(
+        "api_client.c",
+        &real_nccl("2.27.7").join("include"),
+        &dir.join("direct"),
+        &link,
+    );
+    let (_, ours) = shim_lines(&direct, &[("LD_PRELOAD", shim.to_str().unwrap())]);
+    assert!(
+        found_line(&ours).contains(&format!(
+            "at {} (found by the build's REAL_NCCL_LIB)",
+            real.display()
+        )),
+        "{ours:?}"
+    );
+    // The variable still wins over the build's default.
+    let older = real_library("2.26.5");
+    let (_, ours) = shim_lines(
+        &direct,
+        &[
+            ("LD_PRELOAD", shim.to_str().unwrap()),
+            ("NCCLSHIM_REAL_NCCL", older.to_str().unwrap()),
+        ],
+    );
+    assert!(
+        found_line(&ours).contains("found by NCCLSHIM_REAL_NCCL"),
+        "{ours:?}"
+    );
+}

@@ -25,9 +25,20 @@ pub fn real_nccl() -> Option<&'static RealNccl> {
     REAL_NCCL.get_or_init(load).as_ref()
 }
 
-/// The real NCCL if it has been loaded already; never loads (safe while loading is under way).
-pub fn real_nccl_if_loaded() -> Option<&'static RealNccl> {
-    REAL_NCCL.get().and_then(Option::as_ref)
+/// Where loading the real NCCL stands.
+pub enum RealState {
+    Loading,
+    Loaded(&'static RealNccl),
+    Absent,
+}
+
+/// The real NCCL's state; never loads (safe while loading is under way).
+pub fn real_nccl_state() -> RealState {
+    match REAL_NCCL.get() {
+        None => RealState::Loading,
+        Some(Some(real)) => RealState::Loaded(real),
+        Some(None) => RealState::Absent,
+    }
 }
 
 impl RealNccl {

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 
 use crate::api::ffi::{ncclInternalError, ncclInvalidUsage, ncclResult_t, ncclSystemError};
 use crate::log::log_warn;
-use crate::real_nccl::{real_nccl, real_nccl_if_loaded};
+use crate::real_nccl::{RealState, real_nccl, real_nccl_state};
 
 thread_local! {
     static DEPTH: Cell<u32> = const { Cell::new(0) };
@@ -74,6 +74,13 @@ static LAST_SHIM_ERROR: AtomicPtr<c_char> = AtomicPtr::new(ptr::null_mut());
 static MESSAGES: Mutex<Option<HashMap<String, &'static CStr>>> = Mutex::new(None);
 
 fn fail(code: ncclResult_t, key: &str, make_message: impl FnOnce() -> String) -> Failure {
+    let failure = failure(code, key, make_message);
+    LAST_SHIM_ERROR.store(failure.message.cast_mut(), Ordering::Release);
+    failure
+}
+
+/// The failure with its message, made (and warned about) the first time `key` fails.
+fn failure(code: ncclResult_t, key: &str, make_message: impl FnOnce() -> String) -> Failure {
     let mut messages = MESSAGES.lock().unwrap_or_else(|e| e.into_inner());
     let message = *messages
         .get_or_insert_with(HashMap::new)
@@ -84,7 +91,6 @@ fn fail(code: ncclResult_t, key: &str, make_message: impl FnOnce() -> String) ->
             let text = CString::new(text.replace('\0', " ")).unwrap_or_default();
             Box::leak(text.into_boxed_c_str())
         });
-    LAST_SHIM_ERROR.store(message.as_ptr().cast_mut(), Ordering::Release);
     Failure {
         code,
         message: message.as_ptr(),
@@ -94,15 +100,15 @@ fn fail(code: ncclResult_t, key: &str, make_message: impl FnOnce() -> String) ->
 /// The answer of a function the real NCCL does not have (or of any function, with no real NCCL).
 /// Warns once per function.
 pub fn missing_function(name: &'static str) -> Failure {
-    match real_nccl_if_loaded() {
-        Some(real) => fail(ncclInvalidUsage, name, || {
+    match real_nccl_state() {
+        RealState::Loaded(real) => fail(ncclInvalidUsage, name, || {
             format!(
                 "{name} is not available: the real NCCL in use ({} at {}) does not provide it",
                 real.version(),
                 real.path.display()
             )
         }),
-        None => fail(
+        RealState::Absent => fail(
             ncclSystemError,
             &format!("{name} without a real NCCL"),
             || {
@@ -111,6 +117,11 @@ pub fn missing_function(name: &'static str) -> Failure {
                 )
             },
         ),
+        // A call from inside the real NCCL while we are still loading it (its initialisers): a
+        // passing state, so it leaves no last error behind.
+        RealState::Loading => failure(ncclSystemError, &format!("{name} while loading"), || {
+            format!("{name} was called by the real NCCL while ncclshim was still loading it")
+        }),
     }
 }
 

@@ -1,8 +1,10 @@
 //! What the integration tests share: where the built library and NVIDIA's libraries are, and
 //! compiling and running C clients with gcc.
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 /// The workspace's root folder.
 pub fn workspace() -> PathBuf {
@@ -63,6 +65,11 @@ pub fn compile_c(source: &str, include: &Path, out: &Path, link: &[&str]) -> Pat
         .args(["-O1", "-Wall", "-Werror", "-std=gnu11", "-pthread"])
         .arg(format!("-I{}", include.display()))
         .arg(format!("-I{}", workspace().join("tests/c").display()))
+        // nccl.h includes CUDA's headers; the clients need none of their contents.
+        .arg(format!(
+            "-I{}",
+            workspace().join("gen/cuda-stand-ins").display()
+        ))
         .arg(workspace().join("tests/c").join(source))
         .arg("-o")
         .arg(out)
@@ -73,17 +80,18 @@ pub fn compile_c(source: &str, include: &Path, out: &Path, link: &[&str]) -> Pat
     out.to_path_buf()
 }
 
-/// Links against the `libnccl.so.2` in `lib_dir` (`-L dir -lnccl`, with an rpath to it).
+/// Links against the `libnccl.so.2` in `lib_dir`, with an rpath to it.
 pub fn link_nccl(lib_dir: &Path) -> Vec<String> {
     vec![
         format!("-L{}", lib_dir.display()),
-        "-lnccl".into(),
+        "-l:libnccl.so.2".into(),
         format!("-Wl,-rpath,{}", lib_dir.display()),
     ]
 }
 
 /// Runs `program` with `args` and only the environment given (plus PATH), so that no
-/// `NCCL_*` or `NCCLSHIM_*` variable of the caller's leaks in.
+/// `NCCL_*` or `NCCLSHIM_*` variable of the caller's leaks in. A run that hangs is killed after
+/// two minutes and fails the test.
 pub fn run(program: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut command = Command::new(program);
     command
@@ -93,9 +101,49 @@ pub fn run(program: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
     for (key, value) in env {
         command.env(key, value);
     }
-    command
-        .output()
-        .unwrap_or_else(|e| panic!("running {}: {e}", program.display()))
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("running {}: {e}", program.display()));
+    // Drained while the child runs, so that a chatty child never blocks on a full pipe.
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_end(&mut bytes);
+            }
+            bytes
+        })
+    };
+    let stdout = drain(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let stderr = drain(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("{} {args:?} hung (killed after 120 s)", program.display());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    Output {
+        status,
+        stdout: stdout.join().unwrap(),
+        stderr: stderr.join().unwrap(),
+    }
 }
 
 /// stdout of a run that must have succeeded.
