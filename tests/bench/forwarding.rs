@@ -1,1 +1,90 @@
-fn main() {}
+//! Microbenchmark: the cost of one forwarded call. Calls `ncclGetErrorString` and
+//! `ncclGetVersion` through ncclshim and directly into the real NCCL 2.27.7, in one process,
+//! interleaved, and prints the time per call of each and the difference (the shim's overhead).
+//!   make microbench
+
+use std::ffi::{c_char, c_int};
+use std::hint::black_box;
+use std::time::Instant;
+
+use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
+use ncclshim_tests::{real_library, shim_library};
+
+const CALLS: u32 = 20_000_000;
+const ROUNDS: usize = 9;
+
+type GetErrorString = unsafe extern "C" fn(u32) -> *const c_char;
+type GetVersion = unsafe extern "C" fn(*mut c_int) -> u32;
+
+fn open(path: &std::path::Path) -> Library {
+    // SAFETY: NCCL and ncclshim are ordinary shared libraries without load-time requirements.
+    unsafe { Library::open(Some(path.to_str().unwrap()), RTLD_NOW | RTLD_LOCAL) }.unwrap()
+}
+
+/// Median nanoseconds per call of `call` over the rounds.
+fn per_call(mut call: impl FnMut(u32)) -> f64 {
+    let mut times: Vec<f64> = (0..ROUNDS)
+        .map(|_| {
+            let start = Instant::now();
+            for i in 0..CALLS {
+                call(black_box(i & 7));
+            }
+            start.elapsed().as_nanos() as f64 / CALLS as f64
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[ROUNDS / 2]
+}
+
+fn main() {
+    let real_path = real_library("2.27.7");
+    // SAFETY: set before any other thread exists; the shim reads it when it first loads.
+    unsafe { std::env::set_var("NCCLSHIM_REAL_NCCL", &real_path) };
+    let real = open(&real_path);
+    let shim = open(&shim_library("2.27.7"));
+    // SAFETY: both libraries export these with NCCL's signatures.
+    let (real_error_string, shim_error_string, real_version, shim_version) = unsafe {
+        (
+            *real.get::<GetErrorString>("ncclGetErrorString").unwrap(),
+            *shim.get::<GetErrorString>("ncclGetErrorString").unwrap(),
+            *real.get::<GetVersion>("ncclGetVersion").unwrap(),
+            *shim.get::<GetVersion>("ncclGetVersion").unwrap(),
+        )
+    };
+    let mut version: c_int = 0;
+    // SAFETY: valid arguments for both functions; results are only passed to black_box.
+    let benches: [(&str, Box<dyn FnMut(u32)>, Box<dyn FnMut(u32)>); 2] = [
+        (
+            "ncclGetErrorString",
+            Box::new(|r| {
+                black_box(unsafe { real_error_string(r) });
+            }),
+            Box::new(|r| {
+                black_box(unsafe { shim_error_string(r) });
+            }),
+        ),
+        (
+            "ncclGetVersion",
+            Box::new(move |_| {
+                black_box(unsafe { real_version(black_box(&mut version)) });
+            }),
+            Box::new(move |_| {
+                black_box(unsafe { shim_version(black_box(&mut version)) });
+            }),
+        ),
+    ];
+    println!(
+        "{:<20} {:>12} {:>12} {:>12}",
+        "function", "real ns/call", "shim ns/call", "overhead ns"
+    );
+    for (name, mut direct, mut through_shim) in benches {
+        through_shim(0); // loads the real NCCL behind the shim
+        let d = per_call(&mut direct);
+        let s = per_call(&mut through_shim);
+        println!("{name:<20} {d:>12.2} {s:>12.2} {:>12.2}", s - d);
+    }
+    println!(
+        "({ROUNDS} rounds of {CALLS} calls each, medians; real NCCL {})",
+        real_path.display()
+    );
+}
