@@ -1,6 +1,6 @@
 //! Logging like NCCL's, under NCCL's own variables: `NCCL_DEBUG` (VERSION, WARN, INFO, TRACE)
 //! and `NCCL_DEBUG_FILE` (`%h` host, `%p` pid). Lines are shaped like NCCL's
-//! (`host:pid:tid [dev] NCCL WARN ...`) with `[ncclshim]` where NCCL puts the device.
+//! (`[date time] host:pid:tid [dev] NCCL WARN ...`) with `[ncclshim]` where NCCL puts the device.
 //! Only set-up and error paths log; nothing here is on a forwarded call's path.
 
 use std::fmt;
@@ -92,6 +92,30 @@ fn thread_id() -> String {
         .unwrap_or_else(|| "?".into())
 }
 
+/// `2026-11-21 06:55:06` (UTC), the shape of NCCL's default timestamps.
+fn timestamp(now: std::time::SystemTime) -> String {
+    let secs = now
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (days, rest) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}",
+        rest / 3600,
+        rest % 3600 / 60,
+        rest % 60
+    )
+}
+
 pub fn enabled(level: Level) -> bool {
     level <= logger().level && logger().level != Level::None
 }
@@ -140,6 +164,14 @@ mod tests {
         assert_eq!(Level::from_setting(Some("VERSION")), Level::Version);
         assert_eq!(Level::from_setting(Some("bogus")), Level::None);
         assert!(Level::Warn < Level::Info);
+    }
+
+    #[test]
+    fn timestamps_read_like_nccls() {
+        let at = |secs| timestamp(std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs));
+        assert_eq!(at(0), "1970-01-01 00:00:00");
+        assert_eq!(at(951_782_400), "2000-02-29 00:00:00");
+        assert_eq!(at(1_795_244_106), "2026-11-21 06:55:06");
     }
 
     #[test]
