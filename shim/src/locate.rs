@@ -142,13 +142,13 @@ pub fn find_real_nccl(env: &SearchEnv, is_shim: impl Fn(&Path) -> bool) -> Resul
             Err(not_found)
         };
     }
-    if let Some(path) = &env.build_default {
-        if check(path, &mut not_found) {
-            return Ok(Found {
-                path: path.clone(),
-                origin: Origin::BuildDefault,
-            });
-        }
+    if let Some(path) = &env.build_default
+        && check(path, &mut not_found)
+    {
+        return Ok(Found {
+            path: path.clone(),
+            origin: Origin::BuildDefault,
+        });
     }
     for dir in search_dirs(env) {
         for name in FILE_NAMES {

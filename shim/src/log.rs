@@ -127,7 +127,8 @@ pub fn write(level: Level, always: bool, message: fmt::Arguments) {
     }
     let l = logger();
     let line = format!(
-        "{}:{}:{} [ncclshim] NCCL {} {}\n",
+        "[{}] {}:{}:{} [ncclshim] NCCL {} {}\n",
+        timestamp(std::time::SystemTime::now()),
         l.host,
         std::process::id(),
         thread_id(),

@@ -36,6 +36,14 @@ fn per_call(mut call: impl FnMut(u32)) -> f64 {
     times[ROUNDS / 2]
 }
 
+/// Times `direct` and `through_shim` and prints both and their difference.
+fn compare(name: &str, mut direct: impl FnMut(u32), mut through_shim: impl FnMut(u32)) {
+    through_shim(0); // loads the real NCCL behind the shim
+    let d = per_call(&mut direct);
+    let s = per_call(&mut through_shim);
+    println!("{name:<20} {d:>12.2} {s:>12.2} {:>12.2}", s - d);
+}
+
 fn main() {
     let real_path = real_library("2.27.7");
     // SAFETY: set before any other thread exists; the shim reads it when it first loads.
@@ -51,38 +59,30 @@ fn main() {
             *shim.get::<GetVersion>("ncclGetVersion").unwrap(),
         )
     };
-    let mut version: c_int = 0;
-    // SAFETY: valid arguments for both functions; results are only passed to black_box.
-    let benches: [(&str, Box<dyn FnMut(u32)>, Box<dyn FnMut(u32)>); 2] = [
-        (
-            "ncclGetErrorString",
-            Box::new(|r| {
-                black_box(unsafe { real_error_string(r) });
-            }),
-            Box::new(|r| {
-                black_box(unsafe { shim_error_string(r) });
-            }),
-        ),
-        (
-            "ncclGetVersion",
-            Box::new(move |_| {
-                black_box(unsafe { real_version(black_box(&mut version)) });
-            }),
-            Box::new(move |_| {
-                black_box(unsafe { shim_version(black_box(&mut version)) });
-            }),
-        ),
-    ];
     println!(
         "{:<20} {:>12} {:>12} {:>12}",
         "function", "real ns/call", "shim ns/call", "overhead ns"
     );
-    for (name, mut direct, mut through_shim) in benches {
-        through_shim(0); // loads the real NCCL behind the shim
-        let d = per_call(&mut direct);
-        let s = per_call(&mut through_shim);
-        println!("{name:<20} {d:>12.2} {s:>12.2} {:>12.2}", s - d);
-    }
+    // SAFETY (every call below): valid arguments for NCCL's signatures; results go to black_box.
+    compare(
+        "ncclGetErrorString",
+        |r| {
+            black_box(unsafe { real_error_string(r) });
+        },
+        |r| {
+            black_box(unsafe { shim_error_string(r) });
+        },
+    );
+    let (mut real_out, mut shim_out): (c_int, c_int) = (0, 0);
+    compare(
+        "ncclGetVersion",
+        |_| {
+            black_box(unsafe { real_version(black_box(&mut real_out)) });
+        },
+        |_| {
+            black_box(unsafe { shim_version(black_box(&mut shim_out)) });
+        },
+    );
     println!(
         "({ROUNDS} rounds of {CALLS} calls each, medians; real NCCL {})",
         real_path.display()
