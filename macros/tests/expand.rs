@@ -1,0 +1,213 @@
+//! `nccl_api!` expanded over the committed 2.27.7 spec, with a runtime and a router of the test's
+//! own: claimed functions route, others forward, missing ones get the stub, nested calls go
+//! straight to the real function, and panics stop at the C boundary.
+
+use std::ffi::{CStr, c_char, c_int, c_void};
+use std::sync::Mutex;
+
+/// A stand-in for the shim's runtime module, recording what the exports asked of it.
+mod runtime {
+    use super::*;
+    use std::cell::Cell;
+
+    thread_local! {
+        static DEPTH: Cell<u32> = const { Cell::new(0) };
+    }
+
+    pub struct Reentry(bool);
+    impl Reentry {
+        pub fn enter() -> Reentry {
+            let depth = DEPTH.with(|d| {
+                d.set(d.get() + 1);
+                d.get()
+            });
+            Reentry(depth == 1)
+        }
+        pub fn outermost(&self) -> bool {
+            self.0
+        }
+        pub fn depth() -> u32 {
+            DEPTH.with(Cell::get)
+        }
+    }
+    impl Drop for Reentry {
+        fn drop(&mut self) {
+            DEPTH.with(|d| d.set(d.get() - 1));
+        }
+    }
+
+    pub struct Failure {
+        pub code: u32,
+        pub message: *const c_char,
+    }
+
+    pub static EVENTS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+    fn record(event: String) {
+        EVENTS.lock().unwrap().push(event);
+    }
+
+    pub fn real_symbol(name: &CStr) -> *mut c_void {
+        match name.to_str().unwrap() {
+            "ncclGetVersion" => super::real_get_version as *mut c_void,
+            "ncclCommCount" => super::real_comm_count as *mut c_void,
+            _ => std::ptr::null_mut(),
+        }
+    }
+
+    pub fn missing_function(name: &'static str) -> Failure {
+        record(format!("missing {name}"));
+        Failure {
+            code: 5,
+            message: c"missing".as_ptr(),
+        }
+    }
+
+    pub fn panicked(name: &'static str) -> Failure {
+        record(format!("panicked {name}"));
+        Failure {
+            code: 3,
+            message: c"panicked".as_ptr(),
+        }
+    }
+
+    pub fn real_call_failed() {
+        record("real failed".into());
+    }
+}
+
+/// The router of this test: claims ncclCommCount only.
+struct Router;
+
+impl api::Route for Router {
+    unsafe fn ncclCommCount(
+        _comm: api::ffi::ncclComm_t,
+        count: *mut c_int,
+    ) -> api::ffi::ncclResult_t {
+        assert!(!count.is_null(), "the router was given a NULL count");
+        // SAFETY: checked non-null; the caller's int.
+        unsafe { *count = 42 };
+        0
+    }
+}
+
+mod api {
+    ncclshim_macros::nccl_api!(
+        specs_env = "NCCLSHIM_TEST_SPECS",
+        router = crate::Router,
+        runtime = crate::runtime
+    );
+}
+
+/// The "real NCCL": its ncclGetVersion calls the export ncclCommCount, as the real NCCL calls
+/// its own exports through the PLT.
+unsafe extern "C" fn real_get_version(version: *mut c_int) -> u32 {
+    let mut count: c_int = -1;
+    // SAFETY: a valid int to write; the comm is never dereferenced.
+    let nested = unsafe { api_exports::ncclCommCount(std::ptr::null_mut(), &mut count) };
+    // SAFETY: the caller's int.
+    unsafe { *version = 22707 + count };
+    nested
+}
+
+unsafe extern "C" fn real_comm_count(_comm: *mut c_void, count: *mut c_int) -> u32 {
+    // SAFETY: the caller's int.
+    unsafe { *count = 7 };
+    4 // ncclInvalidArgument: a failure of the real NCCL
+}
+
+/// The exports, as C callers see them.
+mod api_exports {
+    use std::ffi::{c_char, c_int};
+    unsafe extern "C" {
+        pub fn ncclGetVersion(version: *mut c_int) -> u32;
+        pub fn pncclGetVersion(version: *mut c_int) -> u32;
+        pub fn ncclCommCount(comm: *mut std::ffi::c_void, count: *mut c_int) -> u32;
+        pub fn pncclCommCount(comm: *mut std::ffi::c_void, count: *mut c_int) -> u32;
+        pub fn ncclCommShrink(
+            comm: *mut std::ffi::c_void,
+            exclude: *mut c_int,
+            n: c_int,
+            out: *mut *mut std::ffi::c_void,
+            config: *mut std::ffi::c_void,
+            flags: c_int,
+        ) -> u32;
+        pub fn ncclGetLastError(comm: *mut std::ffi::c_void) -> *const c_char;
+        pub fn ncclResetDebugInit();
+    }
+}
+
+fn events() -> Vec<String> {
+    std::mem::take(&mut *runtime::EVENTS.lock().unwrap())
+}
+
+// One test, so that the recorded events are this test's alone.
+#[test]
+fn exports_route_forward_stub_and_contain_panics() {
+    assert_eq!(api::ABI_VERSION, "2.27.7");
+    assert_eq!(api::ABI_VERSION_CODE, 22707);
+    assert_eq!(api::ABI_FUNCTIONS.len(), 37);
+    assert!(api::ABI_FUNCTIONS.contains(&"ncclCommInitRankScalable"));
+
+    // SAFETY (every call below): arguments as NCCL's C API takes them.
+    unsafe {
+        // Claimed: the router answers, through both exports.
+        let mut count = 0;
+        assert_eq!(
+            api_exports::ncclCommCount(std::ptr::null_mut(), &mut count),
+            0
+        );
+        assert_eq!(count, 42);
+        count = 0;
+        assert_eq!(
+            api_exports::pncclCommCount(std::ptr::null_mut(), &mut count),
+            0
+        );
+        assert_eq!(count, 42);
+        assert_eq!(events(), Vec::<String>::new());
+
+        // Forwarded; the nested call made by the "real" library skips the router and reaches
+        // the real ncclCommCount (7), whose failure is reported.
+        let mut version = 0;
+        assert_eq!(api_exports::ncclGetVersion(&mut version), 4);
+        assert_eq!(version, 22707 + 7);
+        assert_eq!(api_exports::pncclGetVersion(&mut version), 4);
+        // Each call: the nested ncclCommCount failed, then ncclGetVersion passed that on.
+        assert_eq!(events(), ["real failed"; 4]);
+
+        // Missing from the real library: the stub, by return type.
+        let mut child = std::ptr::null_mut();
+        let rc = api_exports::ncclCommShrink(
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            0,
+            &mut child,
+            std::ptr::null_mut(),
+            0,
+        );
+        assert_eq!(rc, 5);
+        assert_eq!(
+            CStr::from_ptr(api_exports::ncclGetLastError(std::ptr::null_mut())),
+            c"missing"
+        );
+        api_exports::ncclResetDebugInit();
+        assert_eq!(
+            events(),
+            [
+                "missing ncclCommShrink",
+                "missing ncclGetLastError",
+                "missing ncclResetDebugInit"
+            ]
+        );
+
+        // A panic in the router stops at the C boundary as ncclInternalError.
+        let rc = api_exports::ncclCommCount(std::ptr::null_mut(), std::ptr::null_mut());
+        assert_eq!(rc, 3);
+        assert_eq!(events(), ["panicked ncclCommCount"]);
+        assert_eq!(
+            runtime::Reentry::depth(),
+            0,
+            "the guard is released after a panic"
+        );
+    }
+}
