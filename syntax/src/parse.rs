@@ -198,7 +198,7 @@ mod tests {
         );
         let err = parse_spec(&variadic).err().unwrap();
         assert!(
-            err.contains("ncclLog") && err.contains("variadic") && err.contains("line 12"),
+            err.contains("ncclLog") && err.contains("variadic") && err.contains("line 10"),
             "{err}"
         );
         let no_version = SMALL.replace("pub const NCCL_PATCH: u32 = 7;", "");
