@@ -51,7 +51,23 @@ pub fn expand(spec: &Spec, paths: &[PathBuf], input: &ApiInput) -> TokenStream {
         ]
     });
 
+    let exported_arms = spec.functions.iter().map(|f| {
+        let ident = &f.ident;
+        quote! { (#ident { $($body:tt)* }) => { $($body)* }; }
+    });
+
     quote! {
+        /// Expands its body only if this build exports the named function, so that hand-written
+        /// code can claim functions that older NCCL versions lack:
+        /// `if_exported!(ncclCommShrink { unsafe fn ncclCommShrink(...) { ... } });`
+        #[allow(unused_macros)]
+        macro_rules! if_exported {
+            #(#exported_arms)*
+            ($other:ident { $($body:tt)* }) => {};
+        }
+        #[allow(unused_imports)]
+        pub(crate) use if_exported;
+
         /// The types and constants of the NCCL API, as the spec declares them.
         #[allow(non_camel_case_types, non_upper_case_globals, non_snake_case, dead_code, unused_imports)]
         #[allow(clippy::all)]

@@ -1,13 +1,36 @@
 //! Which NCCL functions ncclshim serves itself. Every function not claimed here forwards to the
-//! real NCCL (the `Route` trait's defaults, generated from the spec).
+//! real NCCL (the `Route` trait's defaults, generated from the spec). Functions that only some
+//! NCCL versions have are claimed inside `if_exported!`.
 
-use std::ffi::c_char;
+use std::ffi::{c_char, c_int, c_void};
 
 use crate::api::ffi::*;
-use crate::api::{Route, real, real_functions};
-use crate::{error_strings, runtime};
+use crate::api::{Route, if_exported, real, real_functions};
+use crate::{core, error_strings, runtime};
 
 pub struct Router;
+
+/// Whether a communicator made with `config` blocks (NULL: the default, blocking). The core is
+/// set up only for blocking communicators.
+///
+/// # Safety
+/// `config` is NULL or points to an `ncclConfig_t` the real NCCL accepted.
+unsafe fn blocking(config: *const ncclConfig_t) -> bool {
+    // SAFETY: the caller's; `blocking` sits at the same offset in every NCCL version's config.
+    config.is_null() || unsafe { (*config).blocking } != 0
+}
+
+/// Hands a communicator that the real NCCL just created to the core.
+///
+/// # Safety
+/// `comm` is NULL or points to the handle the real NCCL wrote.
+unsafe fn created(result: ncclResult_t, comm: *mut ncclComm_t, blocking: bool) -> ncclResult_t {
+    if result == ncclSuccess && blocking && !comm.is_null() {
+        // SAFETY: the real NCCL wrote it.
+        core::created(&[unsafe { *comm }]);
+    }
+    result
+}
 
 impl Route for Router {
     /// Answers even with no real NCCL.
@@ -30,5 +53,148 @@ impl Route for Router {
             Some(_) => unsafe { real::ncclGetLastError(comm) },
             None => c"".as_ptr(),
         }
+    }
+
+    unsafe fn ncclAllReduce(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        count: usize,
+        datatype: ncclDataType_t,
+        op: ncclRedOp_t,
+        comm: ncclComm_t,
+        stream: cudaStream_t,
+    ) -> ncclResult_t {
+        match core::all_reduce(sendbuff, recvbuff, count, datatype, op, comm, stream) {
+            Some(result) => result,
+            // SAFETY: the caller's arguments, unchanged.
+            None => unsafe {
+                real::ncclAllReduce(sendbuff, recvbuff, count, datatype, op, comm, stream)
+            },
+        }
+    }
+
+    unsafe fn ncclGroupStart() -> ncclResult_t {
+        // SAFETY: no arguments.
+        let result = unsafe { real::ncclGroupStart() };
+        if result == ncclSuccess {
+            core::group_start();
+        }
+        result
+    }
+
+    unsafe fn ncclGroupEnd() -> ncclResult_t {
+        // SAFETY: no arguments.
+        let result = unsafe { real::ncclGroupEnd() };
+        core::group_end(result)
+    }
+
+    unsafe fn ncclCommInitRank(
+        comm: *mut ncclComm_t,
+        nranks: c_int,
+        comm_id: ncclUniqueId,
+        rank: c_int,
+    ) -> ncclResult_t {
+        // SAFETY: the caller's arguments, unchanged; then the handle NCCL wrote.
+        unsafe {
+            created(
+                real::ncclCommInitRank(comm, nranks, comm_id, rank),
+                comm,
+                true,
+            )
+        }
+    }
+
+    unsafe fn ncclCommInitRankConfig(
+        comm: *mut ncclComm_t,
+        nranks: c_int,
+        comm_id: ncclUniqueId,
+        rank: c_int,
+        config: *mut ncclConfig_t,
+    ) -> ncclResult_t {
+        // SAFETY: as above; the config NCCL accepted.
+        unsafe {
+            let result = real::ncclCommInitRankConfig(comm, nranks, comm_id, rank, config);
+            created(result, comm, blocking(config))
+        }
+    }
+
+    unsafe fn ncclCommInitAll(
+        comms: *mut ncclComm_t,
+        ndev: c_int,
+        devlist: *const c_int,
+    ) -> ncclResult_t {
+        // SAFETY: the caller's arguments; on success NCCL wrote `ndev` handles.
+        unsafe {
+            let result = real::ncclCommInitAll(comms, ndev, devlist);
+            if result == ncclSuccess && !comms.is_null() && ndev > 0 {
+                core::created(std::slice::from_raw_parts(comms, ndev as usize));
+            }
+            result
+        }
+    }
+
+    unsafe fn ncclCommSplit(
+        comm: ncclComm_t,
+        color: c_int,
+        key: c_int,
+        newcomm: *mut ncclComm_t,
+        config: *mut ncclConfig_t,
+    ) -> ncclResult_t {
+        // SAFETY: as above. A child without config inherits its parent's blocking mode; a
+        // nonblocking one returns ncclInProgress and so gets no core.
+        unsafe {
+            created(
+                real::ncclCommSplit(comm, color, key, newcomm, config),
+                newcomm,
+                blocking(config),
+            )
+        }
+    }
+
+    if_exported!(ncclCommInitRankScalable {
+        unsafe fn ncclCommInitRankScalable(
+            newcomm: *mut ncclComm_t,
+            nranks: c_int,
+            myrank: c_int,
+            n_id: c_int,
+            comm_ids: *mut ncclUniqueId,
+            config: *mut ncclConfig_t,
+        ) -> ncclResult_t {
+            // SAFETY: as above.
+            unsafe {
+                let result = real::ncclCommInitRankScalable(newcomm, nranks, myrank, n_id, comm_ids, config);
+                created(result, newcomm, blocking(config))
+            }
+        }
+    });
+
+    if_exported!(ncclCommShrink {
+        unsafe fn ncclCommShrink(
+            comm: ncclComm_t,
+            exclude_ranks_list: *mut c_int,
+            exclude_ranks_count: c_int,
+            newcomm: *mut ncclComm_t,
+            config: *mut ncclConfig_t,
+            shrink_flags: c_int,
+        ) -> ncclResult_t {
+            // SAFETY: as above.
+            unsafe {
+                let result =
+                    real::ncclCommShrink(comm, exclude_ranks_list, exclude_ranks_count, newcomm, config, shrink_flags);
+                created(result, newcomm, blocking(config))
+            }
+        }
+    });
+
+    unsafe fn ncclCommDestroy(comm: ncclComm_t) -> ncclResult_t {
+        core::destroyed(comm, false);
+        // SAFETY: the caller's handle.
+        unsafe { real::ncclCommDestroy(comm) }
+    }
+
+    unsafe fn ncclCommAbort(comm: ncclComm_t) -> ncclResult_t {
+        core::destroyed(comm, true);
+        // SAFETY: the caller's handle.
+        unsafe { real::ncclCommAbort(comm) }
     }
 }

@@ -1,0 +1,436 @@
+// ncclshim's all-reduce over NVLink: one-shot and two-shot kernels that read the peers' staging
+// buffers directly (peer pointers in one process, CUDA IPC mappings across processes).
+// Compiled at run time by NVRTC (no CUDA headers needed), one kernel per (algorithm, type, op):
+//   ncclshim_<one_shot|two_shot>_<type>_<op>
+//
+// Memory layout of one rank's buffer (allocated and exchanged by the host side):
+//   flags:   [BARRIERS][MAX_BLOCKS][MAX_RANKS] u32  arrival epochs, written by the peers
+//            [MAX_BLOCKS] u32                        this rank's epoch per block
+//   staging: two input halves (by epoch parity) of `half_bytes` each, then a result area of
+//            `half_bytes` (two-shot: the chunk this rank reduced)
+//
+// Ordering. Element i is handled by the same block index in every phase on every rank (the
+// same grid-stride partition), so block b of each rank only ever waits for block b of its
+// peers: a barrier is per block. A barrier is `__syncthreads(); thread p < nranks stores the
+// epoch into peer p's slot for us with st.release.sys, then spins with ld.acquire.sys on our
+// slot for peer p; __syncthreads()`. The release is cumulative over what the CTA barrier
+// ordered before it (every thread's staging writes); the acquire orders our later loads of
+// the peer's staging after the peer's writes. Epochs grow by one per call and are kept in
+// device memory by the kernel itself, so back-to-back calls and CUDA graph replays (which
+// replay the same parameters) stay in step. A peer may already have moved to the next epoch
+// when we look, so arrival is `flag - epoch >= 0` (wrap-safe). No end barrier is needed: the
+// input staging alternates halves by epoch parity, and a rank can only start writing a half
+// again two calls later, after every peer has passed the next call's start barrier, i.e.
+// finished reading this call's half. The two-shot result area is written only after the start
+// barrier of the next call, which every peer reaches only once done with this call.
+//
+// Results are bitwise identical on every rank: one-shot reduces in rank order 0..n-1 on every
+// rank; two-shot reduces each chunk once, on its owner, and the others copy it.
+
+#define MAX_RANKS 8
+#define MAX_BLOCKS 64
+#define BARRIERS 2
+#define BARRIER_START 0
+#define BARRIER_MIDDLE 1
+
+typedef unsigned long long u64;
+typedef unsigned int u32;
+
+struct Peers {
+  char* staging[MAX_RANKS];
+  u32* flags[MAX_RANKS];
+};
+
+// ---- element types and their conversions to and from the accumulator --------------------------
+
+struct f16 { unsigned short bits; };
+struct bf16 { unsigned short bits; };
+struct e4m3 { unsigned char bits; };
+struct e5m2 { unsigned char bits; };
+
+__device__ __forceinline__ float to_float(f16 v) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v.bits));
+  return f;
+}
+__device__ __forceinline__ f16 from_float(float f, f16) {
+  f16 v;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(v.bits) : "f"(f));
+  return v;
+}
+__device__ __forceinline__ float to_float(bf16 v) { return __uint_as_float(((u32)v.bits) << 16); }
+__device__ __forceinline__ bf16 from_float(float f, bf16) {
+  u32 u = __float_as_uint(f);
+  bf16 v;
+  if ((u & 0x7fffffffu) > 0x7f800000u) {
+    v.bits = (unsigned short)((u >> 16) | 0x40);  // NaN stays a (quiet) NaN
+  } else {
+    v.bits = (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);  // round to nearest even
+  }
+  return v;
+}
+// The fp8 pair conversions put our byte in the low half (sm_89 and later).
+__device__ __forceinline__ float to_float(e4m3 v) {
+  unsigned short pair = v.bits;
+  u32 halfs;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(halfs) : "h"(pair));
+  return to_float(f16{(unsigned short)(halfs & 0xffff)});
+}
+__device__ __forceinline__ e4m3 from_float(float f, e4m3) {
+  unsigned short pair;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(0.0f), "f"(f));
+  return e4m3{(unsigned char)(pair & 0xff)};
+}
+__device__ __forceinline__ float to_float(e5m2 v) {
+  unsigned short pair = v.bits;
+  u32 halfs;
+  asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(halfs) : "h"(pair));
+  return to_float(f16{(unsigned short)(halfs & 0xffff)});
+}
+__device__ __forceinline__ e5m2 from_float(float f, e5m2) {
+  unsigned short pair;
+  asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(0.0f), "f"(f));
+  return e5m2{(unsigned char)(pair & 0xff)};
+}
+
+// How each type is reduced: in `Acc`, converted once at the end. Integers wrap (computed
+// unsigned), as NCCL's do.
+template <typename T> struct Traits;
+#define INTEGER_TRAITS(T, U)                                                     \
+  template <> struct Traits<T> {                                                 \
+    typedef U Acc;                                                               \
+    static const bool is_signed = (T)(-1) < (T)0;                                \
+    __device__ static Acc load(T v) { return (Acc)v; }                           \
+    __device__ static T store(Acc a) { return (T)a; }                            \
+  };
+INTEGER_TRAITS(signed char, unsigned char)
+INTEGER_TRAITS(unsigned char, unsigned char)
+INTEGER_TRAITS(int, u32)
+INTEGER_TRAITS(u32, u32)
+INTEGER_TRAITS(long long, u64)
+INTEGER_TRAITS(u64, u64)
+#define FLOAT_TRAITS(T, A)                                                       \
+  template <> struct Traits<T> {                                                 \
+    typedef A Acc;                                                               \
+    static const bool is_signed = true;                                          \
+    __device__ static Acc load(T v) { return (Acc)v; }                           \
+    __device__ static T store(Acc a) { return (T)a; }                            \
+  };
+FLOAT_TRAITS(float, float)
+FLOAT_TRAITS(double, double)
+#define NARROW_FLOAT_TRAITS(T)                                                   \
+  template <> struct Traits<T> {                                                 \
+    typedef float Acc;                                                           \
+    static const bool is_signed = true;                                          \
+    __device__ static Acc load(T v) { return to_float(v); }                      \
+    __device__ static T store(Acc a) { return from_float(a, T()); }              \
+  };
+NARROW_FLOAT_TRAITS(f16)
+NARROW_FLOAT_TRAITS(bf16)
+NARROW_FLOAT_TRAITS(e4m3)
+NARROW_FLOAT_TRAITS(e5m2)
+
+template <typename T> struct IsInteger { static const bool value = true; };
+template <> struct IsInteger<float> { static const bool value = false; };
+template <> struct IsInteger<double> { static const bool value = false; };
+template <> struct IsInteger<f16> { static const bool value = false; };
+template <> struct IsInteger<bf16> { static const bool value = false; };
+template <> struct IsInteger<e4m3> { static const bool value = false; };
+template <> struct IsInteger<e5m2> { static const bool value = false; };
+
+// ---- operations ---------------------------------------------------------------------------------
+
+#define OP_SUM 0
+#define OP_PROD 1
+#define OP_MAX 2
+#define OP_MIN 3
+#define OP_AVG 4
+
+// Signed comparison of accumulators that hold signed integers as unsigned bits.
+template <typename T, typename A> __device__ __forceinline__ bool less(A a, A b) {
+  if constexpr (IsInteger<T>::value && Traits<T>::is_signed) {
+    return (T)a < (T)b;
+  } else {
+    return a < b;
+  }
+}
+
+template <typename T, int OP> struct Reduce {
+  typedef typename Traits<T>::Acc Acc;
+  // The first value, as it enters the reduction (avg pre-multiplies floats by 1/n, as NCCL).
+  __device__ static Acc first(T v, int nranks) {
+    Acc a = Traits<T>::load(v);
+    if constexpr (OP == OP_AVG && !IsInteger<T>::value) a = a * ((Acc)1 / (Acc)nranks);
+    return a;
+  }
+  __device__ static Acc combine(Acc a, T v, int nranks) {
+    Acc b = first(v, nranks);
+    switch (OP) {
+      case OP_PROD: return a * b;
+      case OP_MAX: return less<T>(a, b) ? b : a;
+      case OP_MIN: return less<T>(b, a) ? b : a;
+      default: return a + b;  // sum, avg
+    }
+  }
+  // Integer avg divides the sum, truncating like C (and NCCL).
+  __device__ static T finish(Acc a, int nranks) {
+    if constexpr (OP == OP_AVG && IsInteger<T>::value) {
+      if constexpr (Traits<T>::is_signed) {
+        return (T)((long long)(T)a / nranks);
+      } else {
+        return (T)(a / (Acc)nranks);
+      }
+    } else {
+      return Traits<T>::store(a);
+    }
+  }
+};
+
+// ---- signals ------------------------------------------------------------------------------------
+
+__device__ __forceinline__ void store_release(u32* address, u32 value) {
+  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(address), "r"(value) : "memory");
+}
+__device__ __forceinline__ u32 load_acquire(const u32* address) {
+  u32 value;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(value) : "l"(address) : "memory");
+  return value;
+}
+__device__ __forceinline__ int load_volatile(const volatile int* address) { return *address; }
+
+__device__ __forceinline__ u32* flag_slot(u32* flags, int barrier, int block, int rank) {
+  return flags + ((barrier * MAX_BLOCKS + block) * MAX_RANKS + rank);
+}
+
+// Waits for block `blockIdx.x` of every rank to reach `barrier` of `epoch`. Gives up when the
+// host raises `abort` (a communicator aborted or destroyed while a peer never came).
+__device__ __forceinline__ void barrier(const Peers& peers, int rank, int nranks, int which, u32 epoch,
+                                        const volatile int* abort) {
+  __syncthreads();
+  int p = threadIdx.x;
+  if (p < nranks) {
+    store_release(flag_slot(peers.flags[p], which, blockIdx.x, rank), epoch);
+    const u32* mine = flag_slot(peers.flags[rank], which, blockIdx.x, p);
+    unsigned spins = 0;
+    while ((int)(load_acquire(mine) - epoch) < 0) {
+      if ((++spins & 1023u) == 0 && load_volatile(abort)) break;
+    }
+  }
+  __syncthreads();
+}
+
+// The epoch of this call, for this block: one more than the last.
+__device__ __forceinline__ u32 next_epoch(const Peers& peers, int rank) {
+  __shared__ u32 epoch;
+  u32* epochs = peers.flags[rank] + BARRIERS * MAX_BLOCKS * MAX_RANKS;
+  if (threadIdx.x == 0) {
+    epoch = epochs[blockIdx.x] + 1;
+    epochs[blockIdx.x] = epoch;
+  }
+  __syncthreads();
+  return epoch;
+}
+
+// ---- data movement ------------------------------------------------------------------------------
+
+// A pack is 16 bytes: the unit of the bulk of the work. Pack j (elements j*N .. j*N+N-1) is
+// always handled by thread j mod (grid size), and the few elements past the last whole pack by
+// the first threads of block 0, in every phase, whatever the alignment of the user's pointers:
+// that is what makes per-block barriers enough.
+struct __align__(16) Pack { u32 w[4]; };
+
+template <typename T> struct PackOf {
+  static const int N = 16 / sizeof(T);
+  union U {
+    Pack pack;
+    T v[N];
+  };
+};
+
+__device__ __forceinline__ bool aligned16(const void* p) { return ((u64)p & 15) == 0; }
+__device__ __forceinline__ u64 grid_threads() { return (u64)gridDim.x * blockDim.x; }
+__device__ __forceinline__ u64 thread_index() { return (u64)blockIdx.x * blockDim.x + threadIdx.x; }
+
+// The first pack index >= `lo` that this thread handles.
+__device__ __forceinline__ u64 first_pack(u64 lo) {
+  u64 s = grid_threads();
+  return lo + (thread_index() + s - lo % s) % s;
+}
+
+// The element past the last whole pack that this thread handles, if any, within [lo, hi).
+template <typename T>
+__device__ __forceinline__ bool my_tail_element(u64 count, u64 lo, u64 hi, u64* element) {
+  u64 tail_start = count / PackOf<T>::N * PackOf<T>::N;
+  if (blockIdx.x != 0) return false;
+  u64 e = tail_start + threadIdx.x;
+  *element = e;
+  return e < count && e >= lo && e < hi;
+}
+
+// Copies this thread's share of `count` elements from `src` into the (16-aligned) `dst`.
+template <typename T>
+__device__ void copy_in(T* dst, const T* src, u64 count) {
+  const int N = PackOf<T>::N;
+  u64 packs = count / N;
+  if (aligned16(src)) {
+    for (u64 j = first_pack(0); j < packs; j += grid_threads()) ((Pack*)dst)[j] = ((const Pack*)src)[j];
+  } else {
+    for (u64 j = first_pack(0); j < packs; j += grid_threads()) {
+      typename PackOf<T>::U p;
+#pragma unroll
+      for (int k = 0; k < N; k++) p.v[k] = src[j * N + k];
+      ((Pack*)dst)[j] = p.pack;
+    }
+  }
+  u64 e;
+  if (my_tail_element<T>(count, 0, count, &e)) dst[e] = src[e];
+}
+
+// Reduces elements [begin, end) (`begin` a multiple of the pack) of every rank's input staging,
+// in rank order, into `out` and, when given, into `keep` (16-aligned, indexed from `begin`).
+template <typename T, int OP>
+__device__ void reduce_range(const Peers& peers, u64 input_offset, int nranks, u64 count, u64 begin, u64 end,
+                             T* out, T* keep) {
+  typedef Reduce<T, OP> R;
+  typedef typename Traits<T>::Acc Acc;
+  const int N = PackOf<T>::N;
+  bool out_aligned = aligned16(out);
+  u64 whole_end = (end < count / N * N ? end : count / N * N) / N;
+  for (u64 j = first_pack(begin / N); j < whole_end; j += grid_threads()) {
+    typename PackOf<T>::U in[MAX_RANKS];
+#pragma unroll
+    for (int r = 0; r < MAX_RANKS; r++) {
+      if (r < nranks) in[r].pack = *(const Pack*)(peers.staging[r] + input_offset + j * 16);
+    }
+    typename PackOf<T>::U result;
+#pragma unroll
+    for (int k = 0; k < N; k++) {
+      Acc a = R::first(in[0].v[k], nranks);
+#pragma unroll
+      for (int r = 1; r < MAX_RANKS; r++) {
+        if (r < nranks) a = R::combine(a, in[r].v[k], nranks);
+      }
+      result.v[k] = R::finish(a, nranks);
+    }
+    if (out_aligned) {
+      ((Pack*)out)[j] = result.pack;
+    } else {
+#pragma unroll
+      for (int k = 0; k < N; k++) out[j * N + k] = result.v[k];
+    }
+    if (keep) *(Pack*)(keep + (j * N - begin)) = result.pack;
+  }
+  u64 e;
+  if (my_tail_element<T>(count, begin, end, &e)) {
+    Acc a = R::first(*(const T*)(peers.staging[0] + input_offset + e * sizeof(T)), nranks);
+    for (int r = 1; r < nranks; r++) {
+      a = R::combine(a, *(const T*)(peers.staging[r] + input_offset + e * sizeof(T)), nranks);
+    }
+    T v = R::finish(a, nranks);
+    out[e] = v;
+    if (keep) keep[e - begin] = v;
+  }
+}
+
+// Copies elements [begin, end) (`begin` a multiple of the pack) from the 16-aligned `src`,
+// which holds them from `begin` on, into `out`.
+template <typename T>
+__device__ void copy_out(T* out, const T* src, u64 count, u64 begin, u64 end) {
+  const int N = PackOf<T>::N;
+  u64 whole_end = (end < count / N * N ? end : count / N * N) / N;
+  const Pack* packs = (const Pack*)src - begin / N;
+  if (aligned16(out)) {
+    for (u64 j = first_pack(begin / N); j < whole_end; j += grid_threads()) ((Pack*)out)[j] = packs[j];
+  } else {
+    for (u64 j = first_pack(begin / N); j < whole_end; j += grid_threads()) {
+      typename PackOf<T>::U p;
+      p.pack = packs[j];
+#pragma unroll
+      for (int k = 0; k < N; k++) out[j * N + k] = p.v[k];
+    }
+  }
+  u64 e;
+  if (my_tail_element<T>(count, begin, end, &e)) out[e] = src[e - begin];
+}
+
+// ---- the kernels --------------------------------------------------------------------------------
+
+// One-shot: stage the input, meet, every rank reduces everything.
+template <typename T, int OP>
+__device__ void one_shot(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,
+                         const volatile int* abort) {
+  u32 epoch = next_epoch(peers, rank);
+  u64 input_offset = (epoch & 1) * half_bytes;
+  copy_in((T*)(peers.staging[rank] + input_offset), in, count);
+  barrier(peers, rank, nranks, BARRIER_START, epoch, abort);
+  reduce_range<T, OP>(peers, input_offset, nranks, count, 0, count, out, (T*)0);
+}
+
+// The chunk of `owner` in two-shot: whole packs, so that every chunk starts 16-aligned in
+// staging; the last owner also takes the elements past the last whole pack.
+template <typename T>
+__device__ __forceinline__ void chunk_bounds(int owner, int nranks, u64 count, u64* begin, u64* end) {
+  const u64 N = PackOf<T>::N;
+  u64 chunk = (count / N + nranks - 1) / nranks * N;
+  *begin = owner * chunk < count ? owner * chunk : count;
+  *end = owner == nranks - 1 ? count : (*begin + chunk < count ? *begin + chunk : count);
+}
+
+// Two-shot: stage, meet, reduce our chunk (keeping it in our result area), meet, copy the other
+// chunks from their owners.
+template <typename T, int OP>
+__device__ void two_shot(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,
+                         const volatile int* abort) {
+  u32 epoch = next_epoch(peers, rank);
+  u64 input_offset = (epoch & 1) * half_bytes;
+  u64 result_offset = 2 * half_bytes;
+  copy_in((T*)(peers.staging[rank] + input_offset), in, count);
+  barrier(peers, rank, nranks, BARRIER_START, epoch, abort);
+  u64 begin, end;
+  chunk_bounds<T>(rank, nranks, count, &begin, &end);
+  reduce_range<T, OP>(peers, input_offset, nranks, count, begin, end, out,
+                      (T*)(peers.staging[rank] + result_offset));
+  barrier(peers, rank, nranks, BARRIER_MIDDLE, epoch, abort);
+  for (int step = 1; step < nranks; step++) {
+    int owner = (rank + step) % nranks;
+    chunk_bounds<T>(owner, nranks, count, &begin, &end);
+    copy_out(out, (const T*)(peers.staging[owner] + result_offset), count, begin, end);
+  }
+}
+
+#define KERNELS(NAME, T)                                                                              \
+  KERNEL(NAME, T, sum, OP_SUM)                                                                        \
+  KERNEL(NAME, T, prod, OP_PROD)                                                                      \
+  KERNEL(NAME, T, max, OP_MAX)                                                                        \
+  KERNEL(NAME, T, min, OP_MIN)                                                                        \
+  KERNEL(NAME, T, avg, OP_AVG)
+
+#define KERNEL(NAME, T, OPNAME, OP)                                                                   \
+  extern "C" __global__ void __launch_bounds__(512) ncclshim_one_shot_##NAME##_##OPNAME(               \
+      Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,               \
+      const volatile int* abort) {                                                                    \
+    one_shot<T, OP>(peers, rank, nranks, in, out, count, half_bytes, abort);                           \
+  }                                                                                                   \
+  extern "C" __global__ void __launch_bounds__(512) ncclshim_two_shot_##NAME##_##OPNAME(               \
+      Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,               \
+      const volatile int* abort) {                                                                    \
+    two_shot<T, OP>(peers, rank, nranks, in, out, count, half_bytes, abort);                           \
+  }
+
+// NCCL_TYPES is defined by the host to the types wanted (all of them by default).
+#ifndef NCCL_TYPES
+#define NCCL_TYPES                                                                                    \
+  KERNELS(i8, signed char)                                                                            \
+  KERNELS(u8, unsigned char)                                                                          \
+  KERNELS(i32, int)                                                                                   \
+  KERNELS(u32, u32)                                                                                   \
+  KERNELS(i64, long long)                                                                             \
+  KERNELS(u64, u64)                                                                                   \
+  KERNELS(f16, f16)                                                                                   \
+  KERNELS(f32, float)                                                                                 \
+  KERNELS(f64, double)                                                                                \
+  KERNELS(bf16, bf16)                                                                                 \
+  KERNELS(e4m3, e4m3)                                                                                 \
+  KERNELS(e5m2, e5m2)
+#endif
+NCCL_TYPES

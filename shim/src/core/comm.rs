@@ -1,0 +1,151 @@
+//! One communicator's core: its buffer (flags and staging), the peers' buffers as this rank sees
+//! them, the kernels of its device; launching an all-reduce on the caller's stream; releasing
+//! everything without hanging.
+
+use std::ffi::c_void;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cudarc::driver::sys;
+
+use super::cuda::{self, Cuda, Device, DevicePtr, HostFlag};
+use super::kernels::Kernels;
+use super::policy::{MAX_RANKS, Plan, THREADS};
+
+/// Bytes at the start of each rank's buffer for the flags (see all_reduce.cu), rounded up.
+pub const FLAGS_BYTES: usize = 64 << 10;
+
+/// The kernels' view of every rank's buffer: `struct Peers` in all_reduce.cu.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Peers {
+    pub staging: [u64; MAX_RANKS],
+    pub flags: [u64; MAX_RANKS],
+}
+
+impl Peers {
+    /// Every rank's buffer base (as this rank maps it) to the kernels' view.
+    pub fn from_bases(bases: &[DevicePtr]) -> Peers {
+        let mut peers = Peers::default();
+        for (r, &base) in bases.iter().enumerate() {
+            peers.flags[r] = base;
+            peers.staging[r] = base + FLAGS_BYTES as u64;
+        }
+        peers
+    }
+}
+
+pub struct CoreComm {
+    pub rank: usize,
+    pub nranks: usize,
+    pub device: Device,
+    kernels: Arc<Kernels>,
+    peers: Peers,
+    half_bytes: u64,
+    /// This rank's own allocation.
+    buffer: DevicePtr,
+    /// Peers' allocations mapped through CUDA IPC, to close.
+    opened: Vec<DevicePtr>,
+    abort: HostFlag,
+    /// Recorded after each launch: release waits for it.
+    last_launch: sys::CUevent,
+}
+
+// SAFETY: the CUDA handles inside may be used from any thread; launches only read the struct.
+unsafe impl Send for CoreComm {}
+// SAFETY: as above.
+unsafe impl Sync for CoreComm {}
+
+/// What a rank sets up before the exchange, and what `CoreComm` is made of.
+pub struct Parts {
+    pub device: Device,
+    pub kernels: Arc<Kernels>,
+    pub buffer: DevicePtr,
+    pub half_bytes: u64,
+    pub abort: HostFlag,
+    pub last_launch: sys::CUevent,
+}
+
+impl CoreComm {
+    pub fn new(
+        rank: usize,
+        nranks: usize,
+        parts: Parts,
+        bases: &[DevicePtr],
+        opened: Vec<DevicePtr>,
+    ) -> CoreComm {
+        CoreComm {
+            rank,
+            nranks,
+            device: parts.device,
+            kernels: parts.kernels,
+            peers: Peers::from_bases(bases),
+            half_bytes: parts.half_bytes,
+            buffer: parts.buffer,
+            opened,
+            abort: parts.abort,
+            last_launch: parts.last_launch,
+        }
+    }
+
+    /// Launches the all-reduce on the caller's stream, in this communicator's device context.
+    pub fn launch_all_reduce(
+        &self,
+        plan: &Plan,
+        send: *const c_void,
+        recv: *mut c_void,
+        count: usize,
+        stream: cuda::Stream,
+    ) -> Cuda<()> {
+        let _context = self.device.enter()?;
+        let function = self.kernels.get(plan.algorithm, plan.dtype, plan.op);
+        let mut peers = self.peers;
+        let mut rank = self.rank as i32;
+        let mut nranks = self.nranks as i32;
+        let mut input = send as u64;
+        let mut output = recv as u64;
+        let mut count = count as u64;
+        let mut half_bytes = self.half_bytes;
+        let mut abort = self.abort.device;
+        let mut params: [*mut c_void; 8] = [
+            (&raw mut peers).cast(),
+            (&raw mut rank).cast(),
+            (&raw mut nranks).cast(),
+            (&raw mut input).cast(),
+            (&raw mut output).cast(),
+            (&raw mut count).cast(),
+            (&raw mut half_bytes).cast(),
+            (&raw mut abort).cast(),
+        ];
+        // SAFETY: the parameters are the kernel's, in order; cuLaunchKernel copies them.
+        unsafe { cuda::launch(function, plan.blocks, THREADS, stream, &mut params)? };
+        cuda::event_record(self.last_launch, stream)
+    }
+
+    /// Frees everything once our last kernel is done. `abort` first tells waiting kernels to
+    /// give up (ncclCommAbort); a plain destroy waits, and gives up waiting after a while.
+    pub fn release(self, abort: bool) {
+        if abort {
+            self.abort.raise();
+        }
+        let Ok(_context) = self.device.enter() else {
+            return;
+        };
+        let start = Instant::now();
+        while !cuda::event_done(self.last_launch) {
+            if start.elapsed() > Duration::from_secs(10) {
+                self.abort.raise();
+            }
+            if start.elapsed() > Duration::from_secs(20) {
+                // A kernel that ignores the abort flag still uses the buffers: keep them.
+                return;
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        cuda::event_destroy(self.last_launch);
+        for &pointer in &self.opened {
+            cuda::ipc_close(pointer);
+        }
+        cuda::free(self.buffer);
+    }
+}

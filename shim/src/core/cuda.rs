@@ -1,0 +1,319 @@
+//! The CUDA driver calls the core makes, each wrapped into a `Result` with the call named in the
+//! error. cudarc's `result` layer where it has the call; raw `sys` calls (IPC, peer access,
+//! host-mapped memory, context push/pop) only here.
+
+use std::ffi::{c_int, c_uint, c_void};
+use std::fmt;
+
+use cudarc::driver::{result, sys};
+
+/// A failed driver call: which one, and the driver's error.
+#[derive(Debug)]
+pub struct CudaError {
+    pub call: &'static str,
+    pub error: String,
+}
+
+impl fmt::Display for CudaError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} failed: {}", self.call, self.error)
+    }
+}
+
+pub type Cuda<T> = Result<T, CudaError>;
+
+fn check(call: &'static str, result: sys::CUresult) -> Cuda<()> {
+    if result == sys::CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(CudaError {
+            call,
+            error: format!("{result:?}"),
+        })
+    }
+}
+
+trait Named<T> {
+    fn named(self, call: &'static str) -> Cuda<T>;
+}
+
+impl<T> Named<T> for Result<T, result::DriverError> {
+    fn named(self, call: &'static str) -> Cuda<T> {
+        self.map_err(|e| CudaError {
+            call,
+            error: format!("{:?}", e.0),
+        })
+    }
+}
+
+/// Whether libcuda can be loaded at all (cudarc panics on first use otherwise).
+pub fn driver_present() -> bool {
+    // SAFETY: only tries to dlopen the driver library.
+    unsafe { sys::is_culib_present() }
+}
+
+pub fn init() -> Cuda<()> {
+    result::init().named("cuInit")
+}
+
+/// A device's primary context: the one the CUDA runtime (and so NCCL and the application) uses.
+#[derive(Clone, Copy, Debug)]
+pub struct Device {
+    pub ordinal: i32,
+    pub handle: sys::CUdevice,
+    pub context: sys::CUcontext,
+}
+
+// SAFETY: CUDA contexts and device handles may be used from any thread.
+unsafe impl Send for Device {}
+// SAFETY: as above.
+unsafe impl Sync for Device {}
+
+impl Device {
+    pub fn open(ordinal: i32) -> Cuda<Device> {
+        let handle = result::device::get(ordinal).named("cuDeviceGet")?;
+        // SAFETY: a valid device; the retained context is never released (it outlives us).
+        let context =
+            unsafe { result::primary_ctx::retain(handle) }.named("cuDevicePrimaryCtxRetain")?;
+        Ok(Device {
+            ordinal,
+            handle,
+            context,
+        })
+    }
+
+    /// Makes this device's context current until the guard is dropped (restoring the caller's).
+    pub fn enter(&self) -> Cuda<ContextGuard> {
+        // SAFETY: a retained primary context.
+        check("cuCtxPushCurrent", unsafe {
+            sys::cuCtxPushCurrent_v2(self.context)
+        })?;
+        Ok(ContextGuard)
+    }
+
+    pub fn compute_capability(&self) -> Cuda<(i32, i32)> {
+        use sys::CUdevice_attribute::*;
+        // SAFETY: valid device and attributes.
+        unsafe {
+            Ok((
+                result::device::get_attribute(
+                    self.handle,
+                    CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                )
+                .named("cuDeviceGetAttribute")?,
+                result::device::get_attribute(
+                    self.handle,
+                    CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+                )
+                .named("cuDeviceGetAttribute")?,
+            ))
+        }
+    }
+
+    /// The PCI bus id, e.g. "0000:1B:00.0": identifies a GPU across processes.
+    pub fn pci_bus_id(&self) -> Cuda<[u8; 16]> {
+        let mut id = [0u8; 16];
+        // SAFETY: the buffer holds 16 bytes, NUL-terminated by the driver.
+        check("cuDeviceGetPCIBusId", unsafe {
+            sys::cuDeviceGetPCIBusId(id.as_mut_ptr().cast(), id.len() as c_int, self.handle)
+        })?;
+        Ok(id)
+    }
+
+    pub fn can_access_peer(&self, peer: &Device) -> Cuda<bool> {
+        let mut can: c_int = 0;
+        // SAFETY: valid devices; `can` is written.
+        check("cuDeviceCanAccessPeer", unsafe {
+            sys::cuDeviceCanAccessPeer(&mut can, self.handle, peer.handle)
+        })?;
+        Ok(can != 0)
+    }
+
+    /// Lets this context map `peer`'s memory (needs this context current). Already enabled is fine.
+    pub fn enable_peer_access(&self, peer: &Device) -> Cuda<()> {
+        // SAFETY: valid contexts.
+        let result = unsafe { sys::cuCtxEnablePeerAccess(peer.context, 0) };
+        if result == sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
+            return Ok(());
+        }
+        check("cuCtxEnablePeerAccess", result)
+    }
+}
+
+/// Restores the caller's context when dropped.
+pub struct ContextGuard;
+
+impl Drop for ContextGuard {
+    fn drop(&mut self) {
+        let mut previous: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: pops what `Device::enter` pushed.
+        unsafe { sys::cuCtxPopCurrent_v2(&mut previous) };
+    }
+}
+
+pub type DevicePtr = sys::CUdeviceptr;
+
+/// Device memory of the current context.
+pub fn alloc(bytes: usize) -> Cuda<DevicePtr> {
+    // SAFETY: plain allocation in the current context.
+    unsafe { result::malloc_sync(bytes) }.named("cuMemAlloc")
+}
+
+pub fn free(pointer: DevicePtr) {
+    // SAFETY: memory from `alloc`, no longer used by any kernel.
+    let _ = unsafe { result::free_sync(pointer) };
+}
+
+pub fn zero(pointer: DevicePtr, bytes: usize) -> Cuda<()> {
+    // SAFETY: `bytes` of device memory at `pointer`.
+    unsafe { result::memset_d8_sync(pointer, 0, bytes) }.named("cuMemsetD8")
+}
+
+pub fn copy_to_device(dst: DevicePtr, src: &[u8]) -> Cuda<()> {
+    // SAFETY: `dst` holds at least `src.len()` bytes.
+    unsafe { result::memcpy_htod_sync(dst, src) }.named("cuMemcpyHtoD")
+}
+
+pub fn copy_to_host(dst: &mut [u8], src: DevicePtr) -> Cuda<()> {
+    // SAFETY: `src` holds at least `dst.len()` bytes.
+    unsafe { result::memcpy_dtoh_sync(dst, src) }.named("cuMemcpyDtoH")
+}
+
+pub type IpcHandle = [u8; 64];
+
+pub fn ipc_handle(pointer: DevicePtr) -> Cuda<IpcHandle> {
+    let mut handle = sys::CUipcMemHandle { reserved: [0; 64] };
+    // SAFETY: `pointer` is the base of an allocation of ours.
+    check("cuIpcGetMemHandle", unsafe {
+        sys::cuIpcGetMemHandle(&mut handle, pointer)
+    })?;
+    Ok(handle.reserved.map(|b| b as u8))
+}
+
+/// Maps another process's allocation into the current context.
+pub fn ipc_open(handle: &IpcHandle) -> Cuda<DevicePtr> {
+    let handle = sys::CUipcMemHandle {
+        reserved: handle.map(|b| b as _),
+    };
+    let mut pointer: DevicePtr = 0;
+    // SAFETY: a handle another process made with cuIpcGetMemHandle.
+    check("cuIpcOpenMemHandle", unsafe {
+        sys::cuIpcOpenMemHandle_v2(
+            &mut pointer,
+            handle,
+            sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as c_uint,
+        )
+    })?;
+    Ok(pointer)
+}
+
+pub fn ipc_close(pointer: DevicePtr) {
+    // SAFETY: a pointer from `ipc_open`.
+    let _ = unsafe { sys::cuIpcCloseMemHandle(pointer) };
+}
+
+/// One int of pinned host memory that kernels can read: the abort flag.
+pub struct HostFlag {
+    host: *mut i32,
+    pub device: DevicePtr,
+}
+
+// SAFETY: pinned host memory, written with volatile stores only.
+unsafe impl Send for HostFlag {}
+// SAFETY: as above.
+unsafe impl Sync for HostFlag {}
+
+impl HostFlag {
+    pub fn new() -> Cuda<HostFlag> {
+        let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
+        // SAFETY: a fresh pinned allocation of one int.
+        let host = unsafe { result::malloc_host(std::mem::size_of::<i32>(), flags) }
+            .named("cuMemHostAlloc")?;
+        let host = host.cast::<i32>();
+        // SAFETY: the allocation above.
+        unsafe { host.write_volatile(0) };
+        let mut device: DevicePtr = 0;
+        // SAFETY: mapped pinned memory.
+        check("cuMemHostGetDevicePointer", unsafe {
+            sys::cuMemHostGetDevicePointer_v2(&mut device, host.cast(), 0)
+        })?;
+        Ok(HostFlag { host, device })
+    }
+
+    pub fn raise(&self) {
+        // SAFETY: our pinned allocation, alive until drop.
+        unsafe { self.host.write_volatile(1) };
+    }
+}
+
+impl Drop for HostFlag {
+    fn drop(&mut self) {
+        // SAFETY: our pinned allocation; no kernel uses it any more.
+        let _ = unsafe { result::free_host(self.host.cast()) };
+    }
+}
+
+pub fn stream_create() -> Cuda<sys::CUstream> {
+    result::stream::create(result::stream::StreamKind::NonBlocking).named("cuStreamCreate")
+}
+
+pub fn stream_synchronize(stream: sys::CUstream) -> Cuda<()> {
+    // SAFETY: a stream of ours.
+    unsafe { result::stream::synchronize(stream) }.named("cuStreamSynchronize")
+}
+
+pub fn stream_destroy(stream: sys::CUstream) {
+    // SAFETY: a stream of ours with no work left.
+    let _ = unsafe { result::stream::destroy(stream) };
+}
+
+pub fn event_create() -> Cuda<sys::CUevent> {
+    result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).named("cuEventCreate")
+}
+
+pub fn event_record(event: sys::CUevent, stream: sys::CUstream) -> Cuda<()> {
+    // SAFETY: our event, the caller's stream.
+    unsafe { result::event::record(event, stream) }.named("cuEventRecord")
+}
+
+/// Whether everything recorded in `event` has finished.
+pub fn event_done(event: sys::CUevent) -> bool {
+    // SAFETY: our event.
+    let state = unsafe { sys::cuEventQuery(event) };
+    state != sys::CUresult::CUDA_ERROR_NOT_READY
+}
+
+pub fn event_destroy(event: sys::CUevent) {
+    // SAFETY: our event, done.
+    let _ = unsafe { result::event::destroy(event) };
+}
+
+pub type Function = sys::CUfunction;
+pub type Stream = sys::CUstream;
+
+pub fn load_module(cubin: &[u8]) -> Cuda<sys::CUmodule> {
+    // SAFETY: a cubin image NVRTC made for this device; cuModuleLoadData copies it.
+    unsafe { result::module::load_data(cubin.as_ptr().cast::<c_void>()) }.named("cuModuleLoadData")
+}
+
+pub fn get_function(module: sys::CUmodule, name: &str) -> Cuda<Function> {
+    let name = std::ffi::CString::new(name).expect("kernel names have no NUL");
+    // SAFETY: a loaded module.
+    unsafe { result::module::get_function(module, name) }.named("cuModuleGetFunction")
+}
+
+/// Launches `function` on the caller's `stream` (in the current context).
+///
+/// # Safety
+/// `params` must match the kernel's parameters and point to live values.
+pub unsafe fn launch(
+    function: Function,
+    blocks: u32,
+    threads: u32,
+    stream: Stream,
+    params: &mut [*mut c_void],
+) -> Cuda<()> {
+    // SAFETY: the caller's contract.
+    unsafe { result::launch_kernel(function, (blocks, 1, 1), (threads, 1, 1), 0, stream, params) }
+        .named("cuLaunchKernel")
+}

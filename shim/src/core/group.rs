@@ -1,0 +1,54 @@
+//! NCCL's groups as the core sees them, per thread: communicators created inside a group are set
+//! up at the outermost ncclGroupEnd (once the real NCCL has initialised them), and core
+//! all-reduces issued inside a group are launched there, after the real NCCL's own operations
+//! (NCCL promises no order inside a group).
+
+use std::cell::{Cell, RefCell};
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use super::comm::CoreComm;
+use super::cuda::Stream;
+use super::policy::Plan;
+use crate::api::ffi::ncclComm_t;
+
+pub struct Queued {
+    pub core: Arc<CoreComm>,
+    pub plan: Plan,
+    pub send: *const c_void,
+    pub recv: *mut c_void,
+    pub count: usize,
+    pub stream: Stream,
+}
+
+thread_local! {
+    static DEPTH: Cell<u32> = const { Cell::new(0) };
+    static NEW_COMMS: RefCell<Vec<ncclComm_t>> = const { RefCell::new(Vec::new()) };
+    static QUEUED: RefCell<Vec<Queued>> = const { RefCell::new(Vec::new()) };
+}
+
+pub fn inside() -> bool {
+    DEPTH.with(Cell::get) > 0
+}
+
+pub fn start() {
+    DEPTH.with(|d| d.set(d.get() + 1));
+}
+
+/// Leaves one group level; at the outermost, hands back what waited for it.
+pub fn end() -> Option<(Vec<ncclComm_t>, Vec<Queued>)> {
+    let depth = DEPTH.with(|d| {
+        let depth = d.get().saturating_sub(1);
+        d.set(depth);
+        depth
+    });
+    (depth == 0).then(|| (NEW_COMMS.with(|c| c.take()), QUEUED.with(|q| q.take())))
+}
+
+pub fn defer_setup(comm: ncclComm_t) {
+    NEW_COMMS.with(|c| c.borrow_mut().push(comm));
+}
+
+pub fn queue(op: Queued) {
+    QUEUED.with(|q| q.borrow_mut().push(op));
+}

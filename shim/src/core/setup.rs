@@ -1,0 +1,483 @@
+//! Setting up the core of new communicators. What ranks need of each other (host, process,
+//! device, buffer and its CUDA IPC handle) goes through the real NCCL on the communicator
+//! itself, as an all-gather: no bootstrap of our own. Every rank takes part in both exchanges
+//! whatever happened locally (a local failure is a "no"), and the core is enabled only if every
+//! rank's verdict, gathered in the second exchange, is yes: the same decision on every rank.
+
+use std::ffi::c_void;
+use std::sync::{Arc, OnceLock};
+
+use super::comm::{CoreComm, FLAGS_BYTES, Parts};
+use super::cuda::{self, Cuda, Device, DevicePtr, HostFlag};
+use super::policy::{self, MAX_RANKS, STAGING_HALF_BYTES};
+use super::{kernels, table};
+use crate::api::ffi::{cudaStream_t, ncclComm_t, ncclSuccess, ncclUint8};
+use crate::api::real;
+use crate::log::log_info;
+
+const MAGIC: u64 = 0x6e63_636c_7368_696d; // "ncclshim"
+const LAYOUT: u32 = 1;
+
+/// What one rank tells the others, as plain bytes.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Record {
+    magic: u64,
+    layout: u32,
+    /// 1 if this rank could set up its side.
+    ready: u32,
+    host: u64,
+    process: u64,
+    settings: u64,
+    buffer: u64,
+    device: i32,
+    _pad: i32,
+    pci_bus_id: [u8; 16],
+    ipc: [u8; 64],
+}
+
+const RECORD_BYTES: usize = size_of::<Record>();
+
+impl Record {
+    /// A "no" from a rank that could not set up its side.
+    fn not_ready() -> Record {
+        Record {
+            magic: MAGIC,
+            layout: LAYOUT,
+            ready: 0,
+            host: 0,
+            process: 0,
+            settings: 0,
+            buffer: 0,
+            device: -1,
+            _pad: 0,
+            pci_bus_id: [0; 16],
+            ipc: [0; 64],
+        }
+    }
+
+    fn to_bytes(self) -> Vec<u8> {
+        // SAFETY: a repr(C) struct of integers, fully initialised (padding fields included).
+        unsafe { std::slice::from_raw_parts((&raw const self).cast::<u8>(), RECORD_BYTES) }.to_vec()
+    }
+
+    fn from_bytes(bytes: &[u8]) -> Record {
+        assert_eq!(bytes.len(), RECORD_BYTES);
+        // SAFETY: any bytes make a valid Record of integers.
+        unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<Record>()) }
+    }
+}
+
+/// One communicator being set up by this thread.
+struct Candidate {
+    comm: ncclComm_t,
+    rank: usize,
+    nranks: usize,
+    /// Where the exchanges happen; `None` if even that could not be had.
+    exchange: Option<Exchange>,
+    parts: Option<Parts>,
+    why_not: Option<String>,
+}
+
+struct Exchange {
+    device: Device,
+    buffer: DevicePtr,
+    stream: cuda::Stream,
+}
+
+/// What a rank opened of its peers' buffers, for a yes verdict.
+struct Mapped {
+    bases: Vec<DevicePtr>,
+    opened: Vec<DevicePtr>,
+}
+
+/// Sets up the core for `comms` (all driven by this thread, e.g. those of one group), after the
+/// real NCCL has initialised them, outside any group; or leaves them to NCCL.
+pub fn set_up(comms: &[ncclComm_t]) {
+    if !policy::settings().enabled || comms.is_empty() || !cuda_ready() {
+        return;
+    }
+    let mut candidates: Vec<Candidate> = comms.iter().map(|&comm| prepare(comm)).collect();
+
+    let records: Vec<Vec<u8>> = candidates
+        .iter()
+        .map(|c| own_record(c).to_bytes())
+        .collect();
+    let gathered = all_gather(&candidates, &records);
+    let mapped: Vec<Result<Mapped, String>> = candidates
+        .iter()
+        .zip(&gathered)
+        .map(|(candidate, all)| match all {
+            Some(all) => map_peers(candidate, all),
+            None => Err("the exchange through NCCL failed".into()),
+        })
+        .collect();
+
+    let verdicts: Vec<Vec<u8>> = mapped
+        .iter()
+        .map(|m| vec![m.is_ok() as u8, 0, 0, 0])
+        .collect();
+    let gathered = all_gather(&candidates, &verdicts);
+
+    for ((candidate, mapped), verdicts) in candidates.iter_mut().zip(mapped).zip(gathered) {
+        let everyone = verdicts
+            .as_ref()
+            .is_some_and(|v| v.chunks(4).all(|c| c[0] == 1));
+        finish(candidate, mapped, everyone);
+    }
+    for candidate in &mut candidates {
+        if let Some(exchange) = candidate.exchange.take() {
+            let _context = exchange.device.enter();
+            cuda::free(exchange.buffer);
+            cuda::stream_destroy(exchange.stream);
+        }
+    }
+}
+
+fn cuda_ready() -> bool {
+    static READY: OnceLock<bool> = OnceLock::new();
+    *READY.get_or_init(|| {
+        if !cuda::driver_present() {
+            log_info!("core off: libcuda cannot be loaded; every call forwards");
+            return false;
+        }
+        if let Err(e) = cuda::init() {
+            log_info!("core off: {e}; every call forwards");
+            return false;
+        }
+        if let Err(e) = super::nvrtc::load() {
+            log_info!("core off: {e}; every call forwards");
+            return false;
+        }
+        true
+    })
+}
+
+/// Asks the real NCCL about the communicator and sets up this rank's side.
+fn prepare(comm: ncclComm_t) -> Candidate {
+    let (mut rank, mut nranks, mut ordinal) = (0, 0, 0);
+    // SAFETY: a communicator the real NCCL has just initialised; the ints are written.
+    let asked = unsafe {
+        real::ncclCommUserRank(comm, &mut rank) == ncclSuccess
+            && real::ncclCommCount(comm, &mut nranks) == ncclSuccess
+            && real::ncclCommCuDevice(comm, &mut ordinal) == ncclSuccess
+    };
+    let mut candidate = Candidate {
+        comm,
+        rank: rank as usize,
+        nranks: nranks as usize,
+        exchange: None,
+        parts: None,
+        why_not: None,
+    };
+    if !asked {
+        candidate.why_not = Some("the real NCCL could not describe the communicator".into());
+        return candidate;
+    }
+    match exchange_space(ordinal, candidate.nranks) {
+        Ok(exchange) => candidate.exchange = Some(exchange),
+        Err(e) => {
+            candidate.why_not = Some(e.to_string());
+            return candidate;
+        }
+    }
+    if !(2..=MAX_RANKS).contains(&candidate.nranks) {
+        candidate.why_not = Some(format!(
+            "{} ranks (the core takes 2 to {MAX_RANKS})",
+            candidate.nranks
+        ));
+        return candidate;
+    }
+    match own_parts(candidate.exchange.as_ref().unwrap().device) {
+        Ok(parts) => candidate.parts = Some(parts),
+        Err(e) => candidate.why_not = Some(e),
+    }
+    candidate
+}
+
+fn exchange_space(ordinal: i32, nranks: usize) -> Cuda<Exchange> {
+    let device = Device::open(ordinal)?;
+    let _context = device.enter()?;
+    let buffer = cuda::alloc(nranks.max(1) * RECORD_BYTES)?;
+    let stream = cuda::stream_create()?;
+    Ok(Exchange {
+        device,
+        buffer,
+        stream,
+    })
+}
+
+/// Kernels, buffer, abort flag and event of this rank.
+fn own_parts(device: Device) -> Result<Parts, String> {
+    let _context = device.enter().map_err(|e| e.to_string())?;
+    let (major, minor) = device.compute_capability().map_err(|e| e.to_string())?;
+    if major < 9 {
+        return Err(format!("sm_{major}{minor}: the core needs sm_90 or newer"));
+    }
+    let kernels = kernels::for_device(&device)?;
+    let half_bytes = STAGING_HALF_BYTES as u64;
+    let bytes = FLAGS_BYTES + 3 * STAGING_HALF_BYTES;
+    let make = || -> Cuda<Parts> {
+        let buffer = cuda::alloc(bytes)?;
+        cuda::zero(buffer, FLAGS_BYTES)?;
+        Ok(Parts {
+            device,
+            kernels: kernels.clone(),
+            buffer,
+            half_bytes,
+            abort: HostFlag::new()?,
+            last_launch: cuda::event_create()?,
+        })
+    };
+    make().map_err(|e| e.to_string())
+}
+
+fn own_record(candidate: &Candidate) -> Record {
+    let (Some(parts), Some(exchange)) = (&candidate.parts, &candidate.exchange) else {
+        return Record::not_ready();
+    };
+    let pci_bus_id = exchange.device.pci_bus_id();
+    let ipc = {
+        let _context = exchange.device.enter();
+        cuda::ipc_handle(parts.buffer)
+    };
+    let (Ok(pci_bus_id), Ok(ipc)) = (pci_bus_id, ipc) else {
+        return Record::not_ready();
+    };
+    Record {
+        magic: MAGIC,
+        layout: LAYOUT,
+        ready: 1,
+        host: identity::host(),
+        process: identity::process(),
+        settings: settings_key(parts.half_bytes),
+        buffer: parts.buffer,
+        device: exchange.device.ordinal,
+        _pad: 0,
+        pci_bus_id,
+        ipc,
+    }
+}
+
+/// What must be equal on every rank for the kernels to agree (policy and buffer layout).
+fn settings_key(half_bytes: u64) -> u64 {
+    let s = policy::settings();
+    let mut key = half_bytes ^ (FLAGS_BYTES as u64).rotate_left(40);
+    for v in [
+        s.one_shot_max_bytes as u64,
+        s.all_reduce_max_bytes as u64,
+        s.force_core as u64,
+    ] {
+        key = (key ^ v).wrapping_mul(0x100000001b3);
+    }
+    key
+}
+
+/// One all-gather of `payloads[i]` (equal lengths) per candidate, grouped, through the real
+/// NCCL; the gathered bytes, or `None` where it failed.
+fn all_gather(candidates: &[Candidate], payloads: &[Vec<u8>]) -> Vec<Option<Vec<u8>>> {
+    let len = payloads.first().map_or(0, Vec::len);
+    assert!(len <= RECORD_BYTES && payloads.iter().all(|p| p.len() == len));
+    let staged: Vec<bool> = candidates
+        .iter()
+        .zip(payloads)
+        .map(|(c, payload)| {
+            c.exchange.as_ref().is_some_and(|x| {
+                let _context = x.device.enter();
+                cuda::copy_to_device(x.buffer + (c.rank * len) as u64, payload).is_ok()
+            })
+        })
+        .collect();
+    // SAFETY: communicators the real NCCL initialised; buffers of nranks * len bytes.
+    let launched = unsafe {
+        real::ncclGroupStart();
+        for (c, _) in candidates
+            .iter()
+            .zip(&staged)
+            .filter(|(_, staged)| **staged)
+        {
+            let x = c.exchange.as_ref().unwrap();
+            let _context = x.device.enter();
+            let recv = x.buffer as *mut c_void;
+            let send = (x.buffer + (c.rank * len) as u64) as *const c_void;
+            real::ncclAllGather(send, recv, len, ncclUint8, c.comm, x.stream as cudaStream_t);
+        }
+        real::ncclGroupEnd() == ncclSuccess
+    };
+    candidates
+        .iter()
+        .zip(staged)
+        .map(|(c, staged)| {
+            let x = c.exchange.as_ref()?;
+            if !(staged && launched) {
+                return None;
+            }
+            let _context = x.device.enter().ok()?;
+            cuda::stream_synchronize(x.stream).ok()?;
+            let mut all = vec![0u8; c.nranks * len];
+            cuda::copy_to_host(&mut all, x.buffer).ok()?;
+            Some(all)
+        })
+        .collect()
+}
+
+/// This rank's verdict: can it reach every peer's buffer? Peers in this process by their device
+/// pointers (with peer access), others through CUDA IPC.
+fn map_peers(candidate: &Candidate, gathered: &[u8]) -> Result<Mapped, String> {
+    if let Some(why) = &candidate.why_not {
+        return Err(why.clone());
+    }
+    let parts = candidate.parts.as_ref().ok_or("no local set-up")?;
+    let records: Vec<Record> = gathered
+        .chunks(RECORD_BYTES)
+        .map(Record::from_bytes)
+        .collect();
+    let me = &records[candidate.rank];
+    for (r, record) in records.iter().enumerate() {
+        if record.magic != MAGIC || record.layout != LAYOUT || record.ready != 1 {
+            return Err(format!("rank {r} cannot use the core"));
+        }
+        if record.host != me.host {
+            return Err(format!("rank {r} is on another host"));
+        }
+        if record.settings != me.settings {
+            return Err(format!("rank {r} has other NCCLSHIM_* settings"));
+        }
+        if records[..r]
+            .iter()
+            .any(|other| other.pci_bus_id == record.pci_bus_id)
+        {
+            return Err(format!("rank {r} shares its GPU with another rank"));
+        }
+    }
+    let _context = parts.device.enter().map_err(|e| e.to_string())?;
+    let mut mapped = Mapped {
+        bases: Vec::new(),
+        opened: Vec::new(),
+    };
+    for (r, record) in records.iter().enumerate() {
+        let base = if r == candidate.rank {
+            parts.buffer
+        } else if record.process == me.process {
+            let peer = Device::open(record.device).map_err(|e| e.to_string())?;
+            if !parts
+                .device
+                .can_access_peer(&peer)
+                .map_err(|e| e.to_string())?
+            {
+                close(&mapped.opened);
+                return Err(format!(
+                    "no peer access from GPU {} to GPU {}",
+                    parts.device.ordinal, peer.ordinal
+                ));
+            }
+            parts
+                .device
+                .enable_peer_access(&peer)
+                .map_err(|e| e.to_string())?;
+            record.buffer
+        } else {
+            match cuda::ipc_open(&record.ipc) {
+                Ok(pointer) => {
+                    mapped.opened.push(pointer);
+                    pointer
+                }
+                Err(e) => {
+                    close(&mapped.opened);
+                    return Err(format!("rank {r}'s buffer: {e}"));
+                }
+            }
+        };
+        mapped.bases.push(base);
+    }
+    Ok(mapped)
+}
+
+fn close(opened: &[DevicePtr]) {
+    for &pointer in opened {
+        cuda::ipc_close(pointer);
+    }
+}
+
+fn finish(candidate: &mut Candidate, mapped: Result<Mapped, String>, everyone: bool) {
+    let parts = candidate.parts.take();
+    match (parts, mapped, everyone) {
+        (Some(parts), Ok(mapped), true) => {
+            log_info!(
+                "core on for comm {:p} rank {}/{} on GPU {} (all-reduce: one-shot up to {} B, two-shot up to {} B)",
+                candidate.comm,
+                candidate.rank,
+                candidate.nranks,
+                parts.device.ordinal,
+                policy::settings().one_shot_max_bytes,
+                policy::settings().all_reduce_max_bytes
+            );
+            let core = CoreComm::new(
+                candidate.rank,
+                candidate.nranks,
+                parts,
+                &mapped.bases,
+                mapped.opened,
+            );
+            table::insert(candidate.comm, Arc::new(core));
+        }
+        (parts, mapped, _) => {
+            let why = match (&mapped, &candidate.why_not) {
+                (_, Some(why)) => why.clone(),
+                (Err(why), _) => why.clone(),
+                (Ok(_), None) => "another rank cannot use it".into(),
+            };
+            log_info!(
+                "core off for comm {:p} rank {}: {why}; its calls forward",
+                candidate.comm,
+                candidate.rank
+            );
+            if let Ok(mapped) = mapped {
+                let _context = parts.as_ref().map(|p| p.device.enter());
+                close(&mapped.opened);
+            }
+            if let Some(parts) = parts {
+                let _context = parts.device.enter();
+                cuda::free(parts.buffer);
+                cuda::event_destroy(parts.last_launch);
+            }
+        }
+    }
+}
+
+/// Who we are: a host (name and boot) and a process (a random number, not the pid, which
+/// containers can share).
+mod identity {
+    use std::io::Read;
+    use std::sync::OnceLock;
+
+    fn fnv(bytes: &[u8]) -> u64 {
+        bytes.iter().fold(0xcbf29ce484222325u64, |h, &b| {
+            (h ^ b as u64).wrapping_mul(0x100000001b3)
+        })
+    }
+
+    pub fn host() -> u64 {
+        let name = std::fs::read("/proc/sys/kernel/hostname").unwrap_or_default();
+        let boot = std::fs::read("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+        fnv(&[name, boot].concat())
+    }
+
+    pub fn process() -> u64 {
+        static PROCESS: OnceLock<u64> = OnceLock::new();
+        *PROCESS.get_or_init(|| {
+            let mut bytes = [0u8; 8];
+            let random =
+                std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes));
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos());
+            u64::from_le_bytes(bytes)
+                ^ if random.is_ok() {
+                    0
+                } else {
+                    nanos as u64 ^ std::process::id() as u64
+                }
+        })
+    }
+}
