@@ -21,6 +21,11 @@ use crate::api::ffi::{
 };
 use crate::log::log_warn;
 
+/// Makes NVRTC loadable (for the core, and for tests that compile its kernels).
+pub fn nvrtc_load() -> Result<(), String> {
+    nvrtc::load()
+}
+
 /// A communicator (or several, from one call such as ncclCommInitAll) was created: set up its
 /// core now, or at the end of the group it was created in.
 pub fn created(comms: &[ncclComm_t]) {
