@@ -140,6 +140,26 @@ impl Device {
     }
 }
 
+/// The calling thread's current context, restored when dropped: the core's set-up makes NCCL
+/// calls that may change it, and the application must not notice.
+pub struct KeepCurrent(Option<sys::CUcontext>);
+
+impl KeepCurrent {
+    pub fn new() -> KeepCurrent {
+        KeepCurrent(result::ctx::get_current().ok().flatten())
+    }
+}
+
+impl Drop for KeepCurrent {
+    fn drop(&mut self) {
+        if let Some(context) = self.0 {
+            // SAFETY: a context that was current on this thread, still alive (primary contexts
+            // are never released by us).
+            let _ = unsafe { result::ctx::set_current(context) };
+        }
+    }
+}
+
 /// Restores the caller's context when dropped.
 pub struct ContextGuard;
 

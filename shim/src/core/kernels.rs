@@ -68,7 +68,7 @@ pub fn for_device(device: &Device) -> Result<Arc<Kernels>, String> {
     let cubins = compile_all(arch)?;
     let mut functions = Vec::new();
     for algorithm in Algorithm::ALL {
-        for (dtype, cubin) in DataType::ALL.iter().zip(&cubins) {
+        for (dtype, cubin) in DataType::ALL.iter().zip(cubins.iter()) {
             let module = cuda::load_module(cubin).map_err(|e| e.to_string())?;
             for op in Op::ALL {
                 let name = kernel_name(algorithm, *dtype, op);
@@ -84,8 +84,22 @@ pub fn for_device(device: &Device) -> Result<Arc<Kernels>, String> {
     Ok(kernels)
 }
 
-/// One cubin per element type, in `DataType::ALL` order, compiled in parallel.
-pub fn compile_all(arch: (i32, i32)) -> Result<Vec<Vec<u8>>, String> {
+/// One cubin per element type, in `DataType::ALL` order, compiled in parallel (or read from the
+/// disk cache) once per architecture in this process.
+pub fn compile_all(arch: (i32, i32)) -> Result<Arc<Vec<Vec<u8>>>, String> {
+    static COMPILED: Mutex<Option<HashMap<(i32, i32), Arc<Vec<Vec<u8>>>>>> = Mutex::new(None);
+    let mut compiled = COMPILED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(cubins) = compiled.get_or_insert_with(HashMap::new).get(&arch) {
+        return Ok(cubins.clone());
+    }
+    let cubins = Arc::new(compile_each_type(arch)?);
+    compiled
+        .get_or_insert_with(HashMap::new)
+        .insert(arch, cubins.clone());
+    Ok(cubins)
+}
+
+fn compile_each_type(arch: (i32, i32)) -> Result<Vec<Vec<u8>>, String> {
     std::thread::scope(|scope| {
         let jobs: Vec<_> = DataType::ALL
             .iter()

@@ -97,6 +97,7 @@ pub fn set_up(comms: &[ncclComm_t]) {
     if !policy::settings().enabled || comms.is_empty() || !cuda_ready() {
         return;
     }
+    let _keep = cuda::KeepCurrent::new();
     let mut candidates: Vec<Candidate> = comms.iter().map(|&comm| prepare(comm)).collect();
 
     let records: Vec<Vec<u8>> = candidates
