@@ -1,5 +1,6 @@
 use std::path::Path;
 
+use crate::declarations;
 use crate::model::{Function, Param, Returns, Spec, Version};
 
 /// Reads and parses one spec file. Errors name the file and, where they can, the line.
@@ -19,7 +20,9 @@ pub fn parse_spec(text: &str) -> Result<Spec, String> {
             syn::Item::ForeignMod(block) => {
                 for foreign in block.items {
                     match foreign {
-                        syn::ForeignItem::Fn(f) => functions.push(function(&f.sig, text)?),
+                        syn::ForeignItem::Fn(f) => {
+                            functions.push(function(&f.sig, &f.attrs, text)?)
+                        }
                         other => {
                             return Err(format!(
                                 "only functions are supported in extern blocks, found `{}`",
@@ -52,6 +55,7 @@ pub fn parse_spec(text: &str) -> Result<Spec, String> {
     };
     // The profiling twins are implied by their `ncclX`; a spec lists only the `ncclX`.
     functions.retain(|f: &Function| !f.name.starts_with("pnccl"));
+    let declarations = declarations::collect(&items);
     Ok(Spec {
         version: Version {
             major,
@@ -60,6 +64,9 @@ pub fn parse_spec(text: &str) -> Result<Spec, String> {
         },
         items,
         functions,
+        records: declarations.records,
+        aliases: declarations.aliases,
+        constants: declarations.constants,
     })
 }
 
@@ -73,9 +80,19 @@ fn integer(expr: &syn::Expr) -> Option<u32> {
     }
 }
 
-fn function(sig: &syn::Signature, text: &str) -> Result<Function, String> {
+fn function(
+    sig: &syn::Signature,
+    attrs: &[syn::Attribute],
+    text: &str,
+) -> Result<Function, String> {
     let name = sig.ident.to_string();
     let at = || line_of(text, &format!("fn {name}"));
+    if attrs.iter().any(|a| a.path().is_ident("link_name")) {
+        return Err(format!(
+            "line {}: `{name}` has C++ linkage (a link_name), which the exports cannot forward",
+            at()
+        ));
+    }
     if sig.variadic.is_some() {
         return Err(format!(
             "line {}: `{name}` is variadic, which the exports cannot forward",
@@ -207,6 +224,15 @@ mod tests {
                 .err()
                 .unwrap()
                 .contains("NCCL_PATCH")
+        );
+        let mangled = SMALL.replace(
+            "pub fn ncclResetDebugInit();",
+            "#[link_name = \"\\u{1}_Z18ncclResetDebugInitv\"] pub fn ncclResetDebugInit();",
+        );
+        let err = parse_spec(&mangled).err().unwrap();
+        assert!(
+            err.contains("ncclResetDebugInit") && err.contains("C++"),
+            "{err}"
         );
         let stranger = SMALL.replace("ncclResetDebugInit", "cudaMalloc");
         assert!(parse_spec(&stranger).err().unwrap().contains("cudaMalloc"));
