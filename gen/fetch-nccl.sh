@@ -15,8 +15,9 @@ if [ ! -f "$dest/nvidia/nccl/include/nccl.h" ]; then
   wheel=$(ls "$cache"/wheels/nvidia_nccl_cu12-"$version"-*.whl 2>/dev/null | head -1 || true)
   if [ -z "$wheel" ]; then
     echo "fetch-nccl: downloading nvidia-nccl-cu12==$version" >&2
-    python3 -m pip download --quiet --no-deps --only-binary=:all: --platform manylinux_2_18_x86_64 \
-      --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+    python3 -m pip download --quiet --no-deps --only-binary=:all: --platform manylinux_2_28_x86_64 \
+      --platform manylinux_2_27_x86_64 --platform manylinux_2_18_x86_64 --platform manylinux_2_17_x86_64 \
+      --platform manylinux2014_x86_64 \
       -d "$cache/wheels" "nvidia-nccl-cu12==$version" >&2
     wheel=$(ls "$cache"/wheels/nvidia_nccl_cu12-"$version"-*.whl | head -1)
   fi

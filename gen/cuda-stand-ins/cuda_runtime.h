@@ -6,4 +6,5 @@
 #include <stdint.h>
 #define CUDART_VERSION 12080
 typedef struct CUstream_st* cudaStream_t;
+typedef struct CUevent_st* cudaEvent_t;
 #endif

@@ -1,11 +1,13 @@
-//! ncclshim-gen: turns an NVIDIA `nccl.h` into `spec/nccl-<version>.rs`, and tells the difference
-//! between two specs.
+//! ncclshim-gen: turns an NVIDIA `nccl.h` (with `nccl_device.h` beside it, from 2.28 on) into
+//! `spec/nccl-<version>.rs`, and tells the difference between two specs.
 //!
 //!   ncclshim-gen spec <nccl.h> <out-dir>     writes <out-dir>/nccl-X.Y.Z.rs, prints its path
 //!   ncclshim-gen diff <from.rs> <to.rs>      prints what changed between two specs
 
 mod bindgen_run;
 mod diff;
+mod headers;
+mod spec_file;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -19,7 +21,7 @@ fn main() -> ExitCode {
         .as_slice()
     {
         ["spec", header, out_dir] => {
-            bindgen_run::write_spec(&PathBuf::from(header), &PathBuf::from(out_dir))
+            spec_file::write_spec(&PathBuf::from(header), &PathBuf::from(out_dir))
                 .map(|path| println!("{}", path.display()))
         }
         ["diff", from, to] => {
