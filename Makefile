@@ -1,7 +1,8 @@
 # ncclshim: `make build` (the library), `make test` (the whole CPU suite).
-#   make build [NCCL_VERSION=2.27.7] [REAL_NCCL_LIB=/abs/path/libnccl.so.2]
+#   make build [NCCL_VERSION=2.27.7|all] [REAL_NCCL_LIB=/abs/path/libnccl.so.2] [BUILD=build]
 #   make test
-#   make spec NCCL_H=path/to/nccl.h
+#   make spec NCCL_H=path/to/nccl.h | make spec NCCL_VERSION=2.29.7 | make specs
+#   make spec-diff FROM=2.27.7 TO=2.28.9
 #   make microbench
 
 SHELL := /bin/bash
@@ -11,21 +12,28 @@ CARGO ?= cargo
 BUILD ?= $(CURDIR)/build
 TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 FETCH := $(CURDIR)/gen/fetch-nccl.sh
-# The real NCCL releases the CPU tests run against.
-TEST_NCCL_VERSIONS := 2.27.7 2.26.5
+# Every release with a spec, oldest first. NCCL_VERSION=all exports the union of their APIs and
+# installs the newest one's headers.
+SPEC_VERSIONS := $(shell ls spec | sed -n 's/^nccl-\(.*\)\.rs$$/\1/p' | sort -V)
+NEWEST_SPEC := $(lastword $(SPEC_VERSIONS))
+# The real NCCL releases the CPU tests run against (and the newest, whose headers the build for
+# all versions installs).
+TEST_NCCL_VERSIONS := 2.27.7 2.26.5 2.28.9 $(NEWEST_SPEC)
+HEADERS_VERSION := $(if $(filter all,$(NCCL_VERSION)),$(NEWEST_SPEC),$(NCCL_VERSION))
+BUILT_ABI := $(if $(filter all,$(NCCL_VERSION)),the ABI of every NCCL from $(firstword $(SPEC_VERSIONS)) to $(NEWEST_SPEC),NCCL $(NCCL_VERSION) ABI)
 
-.PHONY: build test lint unit-tests integration-tests spec microbench deps-test clean
+.PHONY: build test lint unit-tests integration-tests spec specs spec-diff microbench deps-test clean
 
 build:
 	@command -v $(CARGO) >/dev/null || { echo "make build needs Rust (cargo): https://rustup.rs"; exit 1; }
 	NCCL_VERSION=$(NCCL_VERSION) REAL_NCCL_LIB=$(REAL_NCCL_LIB) $(CARGO) build --release --locked -p ncclshim
-	@header_dir=$$($(FETCH) $(NCCL_VERSION))/include && \
+	@header_dir=$$($(FETCH) $(HEADERS_VERSION))/include && \
 	  rm -rf $(BUILD)/lib $(BUILD)/include && mkdir -p $(BUILD)/lib $(BUILD)/include && \
 	  cp $(TARGET_DIR)/release/libnccl.so $(BUILD)/lib/libnccl.so.$(NCCL_VERSION) && \
 	  ln -s libnccl.so.$(NCCL_VERSION) $(BUILD)/lib/libnccl.so.2 && \
 	  ln -s libnccl.so.2 $(BUILD)/lib/libnccl.so && \
-	  cp -r $$header_dir/. $(BUILD)/include/
-	@echo "built $(BUILD)/lib/libnccl.so.$(NCCL_VERSION) (NCCL $(NCCL_VERSION) ABI)"
+	  cp -r $$header_dir/. $(BUILD)/include/ && rm -f $(BUILD)/include/__init__.py
+	@echo "built $(BUILD)/lib/libnccl.so.$(NCCL_VERSION) ($(BUILT_ABI), headers of $(HEADERS_VERSION))"
 
 # What the tests need beyond Rust: gcc, libclang (bindgen), NVIDIA's libraries from PyPI.
 deps-test:
@@ -42,9 +50,22 @@ test: build deps-test lint
 	NCCLSHIM_BUILD=$(BUILD) NCCLSHIM_CACHE=$${NCCLSHIM_CACHE:-$$HOME/.cache/ncclshim} \
 	  $(CARGO) test --locked --workspace --all-targets
 
+# A spec from a release's headers (nccl.h, and nccl_device.h beside it from 2.28 on): given, or
+# fetched from NVIDIA's wheel on PyPI for NCCL_VERSION.
 spec:
-	@[ -n "$(NCCL_H)" ] || { echo "usage: make spec NCCL_H=path/to/nccl.h"; exit 1; }
-	$(CARGO) run --locked --release -q -p ncclshim-gen -- spec $(NCCL_H) spec/
+	@[ -n "$(NCCL_H)" ] || [ "$(origin NCCL_VERSION)" != file ] || { \
+	  echo "usage: make spec NCCL_H=path/to/nccl.h | make spec NCCL_VERSION=X.Y.Z"; exit 1; }
+	@header=$(or $(NCCL_H),$$($(FETCH) $(NCCL_VERSION))/include/nccl.h) && \
+	  $(CARGO) run --locked --release -q -p ncclshim-gen -- spec $$header spec/
+
+# Every committed spec again, from its release's headers (after a change to the generator).
+specs:
+	@for v in $(SPEC_VERSIONS); do $(MAKE) --no-print-directory spec NCCL_VERSION=$$v || exit 1; done
+
+# What changed between two releases' specs: functions, types with their layout, constants.
+spec-diff:
+	@[ -n "$(FROM)" ] && [ -n "$(TO)" ] || { echo "usage: make spec-diff FROM=2.27.7 TO=2.28.9"; exit 1; }
+	@$(CARGO) run --locked --release -q -p ncclshim-gen -- diff spec/nccl-$(FROM).rs spec/nccl-$(TO).rs
 
 microbench: build deps-test
 	NCCLSHIM_BUILD=$(BUILD) NCCLSHIM_CACHE=$${NCCLSHIM_CACHE:-$$HOME/.cache/ncclshim} \
