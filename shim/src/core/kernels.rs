@@ -87,7 +87,8 @@ pub fn for_device(device: &Device) -> Result<Arc<Kernels>, String> {
 /// One cubin per element type, in `DataType::ALL` order, compiled in parallel (or read from the
 /// disk cache) once per architecture in this process.
 pub fn compile_all(arch: (i32, i32)) -> Result<Arc<Vec<Vec<u8>>>, String> {
-    static COMPILED: Mutex<Option<HashMap<(i32, i32), Arc<Vec<Vec<u8>>>>>> = Mutex::new(None);
+    type Cubins = Arc<Vec<Vec<u8>>>;
+    static COMPILED: Mutex<Option<HashMap<(i32, i32), Cubins>>> = Mutex::new(None);
     let mut compiled = COMPILED.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(cubins) = compiled.get_or_insert_with(HashMap::new).get(&arch) {
         return Ok(cubins.clone());
