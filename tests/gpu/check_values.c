@@ -1,0 +1,126 @@
+// A CPU check of values.h, the ground the GPU matrix stands on: the encodings are right, and for
+// the inputs it picks every reduction order gives the same bits (each partial result exact).
+//   gcc -O2 -std=gnu11 tests/gpu/check_values.c -lm -o /tmp/check_values && /tmp/check_values
+#include <stdio.h>
+
+#include "matrix.h"
+
+static int failures;
+
+#define EXPECT(cond, ...)        \
+  do {                           \
+    if (!(cond)) {               \
+      failures++;                \
+      printf("FAIL: " __VA_ARGS__); \
+      printf("\n");              \
+    }                            \
+  } while (0)
+
+static void known_encodings(void) {
+  EXPECT(encode_float(T_HALF, 1.0) == 0x3C00, "half 1.0");
+  EXPECT(encode_float(T_HALF, -2.0) == 0xC000, "half -2.0");
+  EXPECT(encode_float(T_BF16, 1.0) == 0x3F80, "bf16 1.0");
+  EXPECT(encode_float(T_BF16, 0.5) == 0x3F00, "bf16 0.5");
+  EXPECT(encode_float(T_FP8E4M3, 1.0) == 0x38, "e4m3 1.0");
+  EXPECT(encode_float(T_FP8E4M3, 448.0) == 0x7E, "e4m3 448");
+  EXPECT(encode_float(T_FP8E4M3, -0.25) == 0xA8, "e4m3 -0.25");
+  EXPECT(encode_float(T_FP8E5M2, 1.0) == 0x3C, "e5m2 1.0");
+  EXPECT(encode_float(T_FP8E5M2, 57344.0) == 0x7B, "e5m2 57344");
+  EXPECT(encode_float(T_FLOAT, 1.0) == 0x3F800000, "float 1.0");
+  for (int t = T_HALF; t < T_COUNT; t++) {
+    if (t == T_FLOAT || t == T_DOUBLE) continue;
+    for (uint64_t b = 0; b < (1ull << (8 * TYPES[t].size)); b++) {
+      double v = decode_float(t, b);
+      int e = (int)((b >> TYPES[t].mant_bits) & ((1u << TYPES[t].exp_bits) - 1));
+      int special = e == (1 << TYPES[t].exp_bits) - 1;  // inf/NaN (e4m3: top binade too)
+      if (special || v == 0) continue;
+      EXPECT(encode_float(t, v) == b, "%s round trip of 0x%llx", TYPES[t].name,
+             (unsigned long long)b);
+    }
+  }
+}
+
+// One step of op in the type: exact for floats (else a failure), wrapping for integers.
+static uint64_t step(int type, int op, int nranks, uint64_t acc, uint64_t x, int first) {
+  const TypeInfo* t = &TYPES[type];
+  int premul = op == OP_PREMUL_HOST || op == OP_PREMUL_DEVICE;
+  if (t->is_float) {
+    double a = decode_float(type, acc), v = decode_float(type, x), r;
+    if (premul) v *= PREMUL_SCALAR;
+    if (op == OP_AVG) v /= nranks;  // as NCCL does for floats: pre-multiply by 1/n, then sum
+    if (first) {
+      r = v;
+    } else {
+      switch (op) {
+        case OP_PROD: r = a * v; break;
+        case OP_MAX: r = v > a ? v : a; break;
+        case OP_MIN: r = v < a ? v : a; break;
+        default: r = a + v;
+      }
+    }
+    uint64_t bits = encode_float(type, r);
+    EXPECT(decode_float(type, bits) == r, "%s %s: partial %g not exact", t->name, OP_NAMES[op],
+           r);
+    return bits;
+  }
+  uint64_t a = extend_int(type, acc), v = extend_int(type, x);
+  if (premul) v *= (uint64_t)PREMUL_SCALAR;
+  if (first) return v & width_mask(t->size);
+  int gt = t->is_signed ? (int64_t)v > (int64_t)a : v > a;
+  switch (op) {
+    case OP_PROD: return (a * v) & width_mask(t->size);
+    case OP_MAX: return (gt ? v : a) & width_mask(t->size);
+    case OP_MIN: return (!gt && v != a ? v : a) & width_mask(t->size);
+    default: return (a + v) & width_mask(t->size);
+  }
+}
+
+static void orders_agree(void) {
+  for (int type = 0; type < T_COUNT; type++) {
+    for (int op = 0; op < OP_NONE; op++) {
+      for (int nranks = 2; nranks <= 8; nranks *= 2) {
+        for (uint64_t i = 0; i < 3000; i++) {
+          uint64_t in[8], fwd = 0, rev = 0;
+          for (int r = 0; r < nranks; r++) in[r] = input_bits(type, op, nranks, r, 42, i);
+          for (int r = 0; r < nranks; r++) fwd = step(type, op, nranks, fwd, in[r], r == 0);
+          for (int r = nranks - 1; r >= 0; r--)
+            rev = step(type, op, nranks, rev, in[r], r == nranks - 1);
+          if (op == OP_AVG && !TYPES[type].is_float) {
+            int64_t s = (int64_t)extend_int(type, fwd);  // integers: sum, then divide
+            fwd = rev = (uint64_t)(TYPES[type].is_signed ? s / nranks
+                                                         : (int64_t)((uint64_t)s / nranks)) &
+                        width_mask(TYPES[type].size);
+          }
+          uint64_t want = reduce_bits(type, op, nranks, in);
+          EXPECT(fwd == want && rev == want, "%s %s n=%d i=%llu: fwd 0x%llx rev 0x%llx want 0x%llx",
+                 TYPES[type].name, OP_NAMES[op], nranks, (unsigned long long)i,
+                 (unsigned long long)fwd, (unsigned long long)rev, (unsigned long long)want);
+          if (failures > 20) return;
+        }
+      }
+    }
+  }
+}
+
+// Inputs are not all alike: a constant input would hide a collective that mixes ranks up.
+static void inputs_vary(void) {
+  for (int type = 0; type < T_COUNT; type++)
+    for (int op = 0; op <= OP_NONE; op++) {
+      uint64_t first = input_bits(type, op, 4, 0, 7, 0);
+      int differ = 0;
+      for (uint64_t i = 1; i < 64 && !differ; i++) differ = input_bits(type, op, 4, 1, 7, i) != first;
+      EXPECT(differ, "%s %s: inputs all alike", TYPES[type].name, OP_NAMES[op]);
+    }
+}
+
+int main(void) {
+  known_encodings();
+  orders_agree();
+  inputs_vary();
+  TestList full = build_matrix(MATRIX_FULL, 4, 256u << 20);
+  TestList quick = build_matrix(MATRIX_QUICK, 4, 0);
+  printf("matrix: %zu tests (full), %zu (quick); buffers %zu bytes\n", full.n, quick.n,
+         matrix_alloc_bytes(&full, 4));
+  printf("%d passed, %d failed\n", failures ? 0 : 1, failures ? 1 : 0);
+  return failures != 0;
+}
