@@ -73,3 +73,36 @@ microbench: build deps-test
 
 clean:
 	rm -rf $(BUILD) target
+
+# The GPU suite (tests/gpu/, README "The GPU suite"): one folder holding everything a GPU machine
+# needs, no Rust there: the shim built for the NCCL that PyTorch ships, the C/CUDA sources, the
+# scripts. There: BUNDLE/run.sh OUTDIR [collectives] [torch] [bench].
+#   make gpu-bundle [GPU_NCCL_VERSION=2.28.9] [BUNDLE=.bundle]
+#   make bench      (the same bundle; run BUNDLE/run.sh OUTDIR bench there)
+GPU_NCCL_VERSION ?= 2.28.9
+BUNDLE ?= $(CURDIR)/.bundle
+GPU_FILES := $(wildcard tests/gpu/*.cu tests/gpu/*.h tests/gpu/*.c tests/gpu/*.py tests/gpu/*.sh)
+
+.PHONY: gpu-bundle bench gpu-check
+
+gpu-bundle:
+	rm -rf $(BUNDLE)
+	@# A target folder of its own: other builds of the shim (other versions) share target/.
+	CARGO_TARGET_DIR=$(CURDIR)/target/gpu-bundle $(MAKE) --no-print-directory build \
+	  NCCL_VERSION=$(GPU_NCCL_VERSION) BUILD=$(BUNDLE)/shim
+	strip --strip-debug $(BUNDLE)/shim/lib/libnccl.so.$(GPU_NCCL_VERSION)
+	cp $(GPU_FILES) $(BUNDLE)/
+	git describe --always --dirty > $(BUNDLE)/VERSION
+	@echo "bundle: $(BUNDLE) ($$(du -sh $(BUNDLE) | cut -f1)); on a GPU machine: $(BUNDLE)/run.sh OUTDIR"
+
+bench: gpu-bundle
+	@echo "the benchmark (tests/gpu/bench.cu) is in the bundle: $(BUNDLE)/run.sh OUTDIR bench"
+
+# What of the GPU suite can be checked without a GPU: the matrix's inputs and host references
+# (every reduction order gives the same bits), the scripts' syntax.
+gpu-check:
+	@mkdir -p $(TARGET_DIR)
+	gcc -O2 -std=gnu11 -Wall -Wextra -Werror tests/gpu/check_values.c -lm -o $(TARGET_DIR)/check_values
+	$(TARGET_DIR)/check_values
+	python3 -c 'import ast, sys; [ast.parse(open(f).read(), f) for f in sys.argv[1:]]' tests/gpu/*.py
+	bash -n tests/gpu/run.sh

@@ -1,0 +1,182 @@
+#!/usr/bin/env bash
+# The GPU suite, on a machine with NVIDIA GPUs, nvcc and PyTorch (no Rust needed): compiles the
+# C/CUDA programs, runs the correctness matrix, the PyTorch checks and the side-by-side
+# benchmark through ncclshim, and writes logs and OUTDIR/summary.txt.
+#   run.sh OUTDIR [collectives] [torch] [bench]          (default: all three)
+# It runs from the folder `make gpu-bundle` makes (the shim in shim/lib beside this script).
+# Environment (all optional):
+#   GPU_COUNTS  GPU counts to run on (default "2 4", less those the machine lacks)
+#   REAL_NCCL   the real libnccl.so.2 (default: the one in PyTorch's environment)
+#   NCCL_INCLUDE  its nccl.h folder (default: REAL_NCCL/../../include)
+#   SHIM_LIB    the folder holding the shim's libnccl.so.2 (default: shim/lib beside this file)
+#   PYTHON (python3), NVCC (nvcc), NVCC_ARCH (-arch=native), QUICK=1 (a short run),
+#   STEP_TIMEOUT (seconds any one program may run; default 900), BENCH_AA=1 (also time NCCL
+#   against itself: the benchmark's noise floor)
+set -uo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
+[ $# -ge 1 ] || { echo "usage: $0 OUTDIR [collectives] [torch] [bench]" >&2; exit 2; }
+mkdir -p "$1" && out=$(cd "$1" && pwd) && shift
+suites=${*:-collectives torch bench}
+
+# NVLink multicast stays off: on shared machines a program that uses it can take the GPUs down.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PATH=$PATH:/usr/local/cuda/bin PYTHONUNBUFFERED=1
+python=${PYTHON:-python3}
+nvcc=${NVCC:-nvcc}
+shim_lib=${SHIM_LIB:-$here/shim/lib}
+shim=$shim_lib/libnccl.so.2
+real=${REAL_NCCL:-$($python -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null)}
+include=${NCCL_INCLUDE:-$(dirname "$(dirname "$real")")/include}
+summary=$out/summary.txt
+for f in "$shim" "$real" "$include/nccl.h"; do
+  [ -e "$f" ] || { echo "missing $f (run \`make gpu-bundle\` and set REAL_NCCL/NCCL_INCLUDE)" >&2; exit 2; }
+done
+ngpus=$(nvidia-smi -L | grep -c '^GPU')
+counts=""
+for n in ${GPU_COUNTS:-2 4}; do [ "$n" -le "$ngpus" ] && counts="$counts $n"; done
+[ -n "$counts" ] || { echo "no GPU count of '${GPU_COUNTS:-2 4}' fits $ngpus GPUs" >&2; exit 2; }
+
+fails=0
+step_timeout=${STEP_TIMEOUT:-900}
+# One summary line: NAME, PASS when the status is 0, then details.
+verdict() {
+  local name=$1 status=$2; shift 2
+  local word=PASS
+  [ "$status" -eq 0 ] || { word=FAIL; fails=$((fails + 1)); }
+  printf '%-44s %s  %s\n' "$name" "$word" "$*" | tee -a "$summary"
+}
+# The shim's own line, and the shim mapped, in a log: proof that the calls went through it.
+shim_used() { grep -q '\[ncclshim\].*forwarding to real NCCL' "$1" && grep -q "mapped: .*$shim_lib" "$1"; }
+
+{
+  echo "ncclshim GPU suite, $(date -u '+%Y-%m-%d %H:%M UTC'), bundle $(cat "$here/VERSION" 2>/dev/null || echo '?')"
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | sort | uniq -c
+  echo "nvcc: $($nvcc --version | tail -1)"
+  echo "shim: $(readlink -f "$shim")"
+  echo "real NCCL: $real ($(grep -h '^#define NCCL_\(MAJOR\|MINOR\|PATCH\)' "$include/nccl.h" | awk '{printf "%s%s", sep, $3; sep="."}'))"
+  echo "GPU counts: $counts; suites: $suites"
+} | tee "$summary"
+
+# --- Build ---
+mkdir -p "$out/bin"
+flags=(-O2 -std=c++17 "${NVCC_ARCH:--arch=native}" -I"$here" -I"$include")
+t0=$SECONDS
+$nvcc "${flags[@]}" "$here/collectives.cu" -o "$out/bin/collectives" -L"$shim_lib" -lnccl \
+  >"$out/build-collectives.log" 2>&1 &
+pid1=$!
+$nvcc "${flags[@]}" "$here/bench.cu" -o "$out/bin/bench" -ldl >"$out/build-bench.log" 2>&1 &
+pid2=$!
+wait $pid1; s1=$?
+wait $pid2; s2=$?
+verdict "build (nvcc)" $((s1 | s2)) "$((SECONDS - t0)) s; logs build-*.log"
+cat "$out"/build-*.log
+
+# --- The correctness matrix ---
+collectives() {
+  local n=$1 dir=$out/collectives-$n full=full big=256M
+  [ "${QUICK:-0}" = 1 ] && full=quick big=16M
+  mkdir -p "$dir"
+  # name | library (shim or nccl) | environment | arguments
+  local runs=(
+    "procs-$full|shim||--launch procs --matrix $full --max-bytes $big"
+    "procs-$full-forcecore|shim|NCCLSHIM_FORCE=core|--launch procs --matrix $full --max-bytes $big"
+    "procs-memalloc-split|shim||--launch procs --matrix quick --memalloc --split --max-bytes $big"
+    "procs-graph|shim||--launch procs --matrix quick --graph --max-bytes 0"
+    "group-split|shim||--launch group --matrix quick --split --max-bytes 0"
+    "group-graph-memalloc|shim||--launch group --matrix quick --graph --memalloc --max-bytes 0"
+    "threads-split|shim||--launch threads --matrix quick --split --max-bytes 0"
+    "initall|shim||--launch initall --matrix quick --max-bytes 0"
+    "nonblocking-group-split|shim||--launch group --nonblocking --matrix quick --split --max-bytes 0"
+    "control-procs-$full|nccl||--launch procs --matrix $full --max-bytes $big"
+  )
+  for run in "${runs[@]}"; do
+    IFS='|' read -r name lib vars args <<<"$run"
+    local log=$dir/$name.log libdir=$shim_lib t=$SECONDS
+    [ "$lib" = nccl ] && libdir=$(dirname "$real")
+    # shellcheck disable=SC2086
+    env $vars LD_LIBRARY_PATH="$libdir" NCCLSHIM_REAL_NCCL="$real" NCCL_DEBUG=INFO \
+      NCCL_DEBUG_SUBSYS=INIT timeout "$step_timeout" "$out/bin/collectives" --ngpus "$n" \
+      --timeout "$((step_timeout - 10))" $args >"$log" 2>&1
+    local status=$? wrong
+    wrong=$(grep -h '^#wrong' "$log" | tail -1)
+    local used=no
+    shim_used "$log" && used=yes
+    # Through the shim it must be in use; the control run must not touch it.
+    [ "$lib" = shim ] && [ $used = no ] && status=1
+    [ "$lib" = nccl ] && [ $used = yes ] && status=1
+    verdict "collectives $n GPUs $name" $status "${wrong:-#wrong ?} ($(grep -h '^checks' "$log" | tail -1)); shim in use: $used; $((SECONDS - t)) s"
+  done
+}
+
+# --- PyTorch, unchanged: without the shim, with it forwarding everything, with it as built ---
+torch_suite() {
+  local n=$1 dir=$out/torch-$n t=$SECONDS
+  mkdir -p "$dir"
+  local launch=($python -m torch.distributed.run --standalone --nproc_per_node "$n" "$here/torch_collectives.py")
+  local common=(CUBLAS_WORKSPACE_CONFIG=:4096:8 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT)
+  env "${common[@]}" timeout "$step_timeout" "${launch[@]}" "$dir/nccl" >"$dir/nccl.log" 2>&1
+  local s_nccl=$?
+  local preload=(LD_PRELOAD="$shim" NCCLSHIM_REAL_NCCL="$real")
+  env "${common[@]}" "${preload[@]}" NCCLSHIM_CORE=0 timeout "$step_timeout" "${launch[@]}" \
+    "$dir/shim-forward" >"$dir/shim-forward.log" 2>&1
+  local s_fwd=$?
+  env "${common[@]}" "${preload[@]}" timeout "$step_timeout" "${launch[@]}" "$dir/shim" \
+    >"$dir/shim.log" 2>&1
+  local s_shim=$?
+  # Forwarding everything, every bit must match; with our own all-reduce, DDP's float sums may
+  # be added in another order.
+  $python "$here/torch_compare.py" "$dir/shim-forward" "$dir/nccl" >"$dir/compare-forward.log" 2>&1
+  local c_fwd=$?
+  $python "$here/torch_compare.py" --ddp-rtol 1e-5 "$dir/shim" "$dir/nccl" >"$dir/compare.log" 2>&1
+  local c_shim=$? used=no
+  shim_used "$dir/shim.log" && shim_used "$dir/shim-forward.log" && used=yes
+  local status=$((s_nccl | s_fwd | s_shim | c_fwd | c_shim))
+  [ $used = yes ] || status=1
+  verdict "torch $n GPUs" $status "exit codes: without shim $s_nccl, forwarding $s_fwd, as built $s_shim; shim in use: $used; $((SECONDS - t)) s"
+  echo "  forwarding (NCCLSHIM_CORE=0) vs NCCL: $(tail -1 "$dir/compare-forward.log" | cut -c1-200)" | tee -a "$summary"
+  echo "  as built vs NCCL: $(tail -1 "$dir/compare.log" | cut -c1-200)" | tee -a "$summary"
+  grep -h "^torch rank" "$dir/shim.log" | sed 's/^/  as built: /' | tee -a "$summary"
+}
+
+# --- The benchmark: shim and NCCL in one process, alternating. Configurations: forward (the
+# shim forwards every call: NCCLSHIM_CORE=0; ratios must stay within 1.00 +- 0.03), default (the
+# shim as built, its own code included), aa (NCCL against itself: the noise floor; BENCH_AA=1).
+bench_suite() {
+  local n=$1 configs="forward default"
+  [ "${BENCH_AA:-0}" = 1 ] && configs="$configs aa"
+  for config in $configs; do
+    local t=$SECONDS name=bench-$config-$n vars=() check=--check-wrong
+    local args=(--shim "$(readlink -f "$shim")" --real "$real" --ngpus "$n" --json "$out/$name.json")
+    [ "${QUICK:-0}" = 1 ] && args+=(--max-bytes 64M --rounds 5 --round-us 1000)
+    case $config in
+      forward) vars=(NCCLSHIM_CORE=0); check=--check ;;
+      aa) args+=(--same) ;;
+    esac
+    env "${vars[@]}" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT timeout "$step_timeout" \
+      "$out/bin/bench" "${args[@]}" >"$out/$name.log" 2>&1
+    local status=$?
+    grep -E '^(#|  )' "$out/$name.log" >"$out/$name.txt"  # the tables, without NCCL's lines
+    local report
+    report=$($python "$here/bench_report.py" $check "$out/$name.json" 2>&1)
+    status=$((status | $?))
+    [ $config = aa ] || grep -q '\[ncclshim\].*forwarding to real NCCL' "$out/$name.log" || status=1
+    verdict "bench $n GPUs $config" $status "$report; $((SECONDS - t)) s; tables in $name.txt"
+  done
+}
+
+for n in $counts; do
+  for suite in $suites; do
+    case $suite in
+      collectives) collectives "$n" ;;
+      torch) torch_suite "$n" ;;
+      bench) bench_suite "$n" ;;
+      *) echo "unknown suite $suite" >&2; exit 2 ;;
+    esac
+  done
+done
+if ls "$out"/bench-*.json >/dev/null 2>&1; then
+  $python "$here/bench_report.py" --plot "$out" "$out"/bench-*.json >"$out/bench-report.log" 2>&1 ||
+    echo "(no plot: see bench-report.log)" | tee -a "$summary"
+fi
+echo "RESULT: $([ $fails -eq 0 ] && echo PASS || echo "FAIL ($fails failed)") in $SECONDS s" | tee -a "$summary"
+[ $fails -eq 0 ]
