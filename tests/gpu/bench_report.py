@@ -7,9 +7,14 @@
     bench_report.py --plot OUTDIR bench-*.json       OUTDIR/<json name>.png (time and busbw
                                                      against size) and OUTDIR/bench-ratio.png
     bench_report.py --markdown bench-*.json          tables for docs/performance.md
+    bench_report.py --doc OUTDIR DOCS                DOCS/performance.md from a run.sh OUTDIR
+                                                     (its summary, plots and every table), the
+                                                     plots and JSON copied to DOCS/bench/
 """
+import glob
 import json
 import os
+import shutil
 import sys
 
 BAND = 0.03
@@ -31,7 +36,13 @@ def load(path):
 
 
 def check(path, band=True):
-    data = load(path)
+    ok, line = verdict(load(path), band)
+    print(line)
+    return 0 if ok else 1
+
+
+def verdict(data, band=True):
+    """(passed, one line): wrong elements, ratio ranges, sizes outside the band."""
     rs = data["results"]
     wrong = sum(r["shim"]["wrong"] + r["nccl"]["wrong"] for r in rs)
     parts = [f"#wrong {wrong}"]
@@ -47,8 +58,8 @@ def check(path, band=True):
     parts.append(f"{len(outside)} of {len(rs)} sizes outside 1.00+-{BAND:.2f}")
     parts += [f"{r['coll']}/{r['mode']}/{r['bytes']}B={r['ratio']:.3f}" for r in outside[:6]]
     kind = "A/A (NCCL against itself)" if data.get("same") else "ours/NCCL"
-    print(f"{data['ngpus']} GPUs, {kind}: " + ", ".join(parts))
-    return 0 if wrong == 0 and (not band or not outside) and rs else 1
+    line = f"{data['ngpus']} GPUs, {kind}: " + ", ".join(parts)
+    return wrong == 0 and (not band or not outside) and bool(rs), line
 
 
 def version(code):
@@ -118,38 +129,148 @@ def plot(outdir, paths):
     print(f"wrote {len(paths)} plots and {outdir}/bench-ratio.png")
 
 
+def tables(data):
+    """One markdown table per collective: eager and graph side by side."""
+    out = {}
+    for coll in COLLS:
+        rows = {}
+        for r in data["results"]:
+            if r["coll"] == coll:
+                rows.setdefault(r["bytes"], {})[r["mode"]] = r
+        if not rows:
+            continue
+        lines = ["| size | count | eager ours (us) | eager NCCL (us) | ratio | busbw ours (GB/s) "
+                 "| busbw NCCL (GB/s) | graph ours (us) | graph NCCL (us) | ratio | #wrong |",
+                 "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for size in sorted(rows):
+            e, g = rows[size].get("eager"), rows[size].get("graph")
+            wrong = sum(x[lib]["wrong"] for x in (e, g) if x for lib in ("shim", "nccl"))
+            cells = [size_label(size), str((e or g)["count"])]
+            cells += [f"{e['shim']['time_us']:.2f}", f"{e['nccl']['time_us']:.2f}",
+                      f"{e['ratio']:.3f}", f"{e['shim']['busbw']:.2f}",
+                      f"{e['nccl']['busbw']:.2f}"] if e else [""] * 5
+            cells += [f"{g['shim']['time_us']:.2f}", f"{g['nccl']['time_us']:.2f}",
+                      f"{g['ratio']:.3f}"] if g else [""] * 3
+            lines.append("| " + " | ".join(cells + [str(wrong)]) + " |")
+        out[coll] = lines
+    return out
+
+
 def markdown(paths):
     for path in paths:
         data = load(path)
-        print(f"\n### {data['ngpus']} GPUs\n")
-        for coll in COLLS:
-            rows = {}
-            for r in data["results"]:
-                if r["coll"] == coll:
-                    rows.setdefault(r["bytes"], {})[r["mode"]] = r
-            if not rows:
-                continue
+        for coll, lines in tables(data).items():
             print(f"\n#### {coll}, {data['ngpus']} GPUs\n")
-            print("| size | count | eager ours (us) | eager NCCL (us) | ratio | busbw ours (GB/s) "
-                  "| busbw NCCL (GB/s) | graph ours (us) | graph NCCL (us) | ratio | #wrong |")
-            print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-            for size in sorted(rows):
-                e, g = rows[size].get("eager"), rows[size].get("graph")
-                any_r = e or g
-                wrong = sum(x[l]["wrong"] for x in (e, g) if x for l in ("shim", "nccl"))
-                cells = [size_label(size), str(any_r["count"])]
-                if e:
-                    cells += [f"{e['shim']['time_us']:.2f}", f"{e['nccl']['time_us']:.2f}",
-                              f"{e['ratio']:.3f}", f"{e['shim']['busbw']:.2f}",
-                              f"{e['nccl']['busbw']:.2f}"]
-                else:
-                    cells += [""] * 5
-                if g:
-                    cells += [f"{g['shim']['time_us']:.2f}", f"{g['nccl']['time_us']:.2f}",
-                              f"{g['ratio']:.3f}"]
-                else:
-                    cells += [""] * 3
-                print("| " + " | ".join(cells + [str(wrong)]) + " |")
+            print("\n".join(lines))
+
+
+CONFIGS = {
+    "forward": "the shim forwards every call (`NCCLSHIM_CORE=0`): its cost over NCCL",
+    "default": "the shim as built: its own all-reduce (the core) where its policy takes it, "
+               "NCCL for everything else",
+    "aa": "NCCL against itself (`--same`): two sets of communicators of one library, the "
+          "comparison's noise floor",
+}
+
+
+def cuda_version(code):
+    return f"{code // 1000}.{code % 1000 // 10}"
+
+
+def doc(outdir, docs):
+    def order(path):  # forward, default, aa; fewer GPUs first
+        stem = os.path.basename(path).removesuffix(".json").split("-")
+        return (list(CONFIGS).index(stem[1]) if stem[1] in CONFIGS else 9, int(stem[-1]))
+
+    paths = sorted(glob.glob(os.path.join(outdir, "bench-*.json")), key=order)
+    os.makedirs(os.path.join(docs, "bench"), exist_ok=True)
+    for f in paths + sorted(glob.glob(os.path.join(outdir, "bench-*.png"))):
+        shutil.copy(f, os.path.join(docs, "bench", os.path.basename(f)))
+    first = load(paths[0])  # a forwarding run: its shim path is the shim's
+    counts = sorted({load(p)["ngpus"] for p in paths})
+    with open(os.path.join(outdir, "summary.txt")) as f:
+        summary = f.read().rstrip()
+    out = [
+        "# Performance: ncclshim against NVIDIA's NCCL",
+        "",
+        "Generated by `python3 tests/gpu/bench_report.py --doc OUTDIR docs` from the output of the "
+        "GPU suite (README, \"The GPU suite\"); the numbers, plots and JSON below all come from "
+        "one run of it.",
+        "",
+        "## How it was measured",
+        "",
+        "`tests/gpu/bench.cu`: one process, one thread driving every GPU (as nccl-tests `-g N`). "
+        "It `dlopen()`s the shim and the real `libnccl.so.2` by absolute path and calls each "
+        "through its own function table, with communicators made through each "
+        "(`ncclCommInitAll`); the shim forwards to that same real library "
+        "(`NCCLSHIM_REAL_NCCL`). At every size the two are timed in alternating rounds (the "
+        "order flips every round): a round is enough back-to-back calls (each one group over the "
+        "GPUs) to last about 1.5 ms, eager, or one replay of a CUDA graph holding as many calls. "
+        f"Time: the median of {first['rounds']} rounds; ratio: the median over rounds of ours / "
+        "NCCL for the two timed back to back. float, sum, root 0; sizes 8 B to 256 MiB by "
+        "factors of 2 (per rank `count` as nccl-tests: AllGather, ReduceScatter, AlltoAll, "
+        "Gather, Scatter take size / nranks); algbw = size / time, busbw with nccl-tests' "
+        "factors (AllReduce 2(n-1)/n; AllGather, ReduceScatter, AlltoAll, Gather, Scatter "
+        "(n-1)/n; others 1). Before timing, each library runs each size once on fresh inputs and "
+        "poisoned outputs, and `#wrong` counts the output elements that differ from the "
+        "expected values (checked on the GPU).",
+        "",
+        "Configurations:",
+        "",
+    ]
+    for name, what in CONFIGS.items():
+        out.append(f"- `{name}`: {what}.")
+    out += [
+        "",
+        "## Machine and versions",
+        "",
+        f"- GPUs: {first['gpu']}, this run on {' and '.join(map(str, counts))} of them; CUDA "
+        f"driver {cuda_version(first['cuda_driver'])}, runtime "
+        f"{cuda_version(first['cuda_runtime'])}.",
+        f"- NCCL: {version(first['nccl']['version'])}, `{first['nccl']['path']}`; the shim: "
+        f"`{first['shim']['path']}` (ABI of NCCL {version(first['shim']['version'])}).",
+        "",
+        "## The command",
+        "",
+        "```",
+        "make gpu-bundle                          # here: the shim for NCCL 2.28.9, sources, scripts",
+        "# on the GPU machine (the bundle copied there):",
+        ".bundle/run.sh OUT                       # GPU_COUNTS=\"2 4\" by default; BENCH_AA=1 adds A/A",
+        "# back here, with OUT copied back:",
+        "python3 tests/gpu/bench_report.py --doc OUT docs",
+        "```",
+        "",
+        "## Summary of the run (correctness suite included)",
+        "",
+        "```",
+        summary,
+        "```",
+        "",
+        "## Results",
+        "",
+        *[f"- `{os.path.basename(p).removesuffix('.json')}`: {verdict(load(p))[1]}"
+          for p in paths],
+        "",
+        "## Ratio of times, every collective and size",
+        "",
+        "Green band: 1.00 ± 0.03.",
+        "",
+        "![ratio](bench/bench-ratio.png)",
+        "",
+    ]
+    for path in paths:
+        data = load(path)
+        stem = os.path.basename(path).removesuffix(".json")
+        config = stem.split("-")[1]
+        note = " (\"ours\" and \"NCCL\" below are its two sets)" if config == "aa" else ""
+        out += [f"## {stem}: {data['ngpus']} GPUs, {config}", "",
+                CONFIGS.get(config, "") + note + ".", "", f"![{stem}](bench/{stem}.png)", ""]
+        for coll, lines in tables(data).items():
+            out += [f"<details{' open' if coll == 'AllReduce' else ''}><summary>{coll}, "
+                    f"{data['ngpus']} GPUs, {config}</summary>", "", *lines, "", "</details>", ""]
+    with open(os.path.join(docs, "performance.md"), "w") as f:
+        f.write("\n".join(out))
+    print(f"wrote {docs}/performance.md and {len(paths)} files in {docs}/bench/")
 
 
 def main():
@@ -159,6 +280,8 @@ def main():
         plot(sys.argv[2], sys.argv[3:])
     elif len(sys.argv) >= 3 and sys.argv[1] == "--markdown":
         markdown(sys.argv[2:])
+    elif len(sys.argv) == 4 and sys.argv[1] == "--doc":
+        doc(sys.argv[2], sys.argv[3])
     else:
         sys.exit(__doc__)
 
