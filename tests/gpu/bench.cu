@@ -3,7 +3,7 @@
 // path and called through two function tables, each with its own communicators; the two are
 // timed in alternating rounds at every size, eager and captured in a CUDA graph.
 //   bench --shim DIR/libnccl.so.2 --real DIR/libnccl.so.2 [--ngpus N] [--min-bytes 8]
-//         [--max-bytes 256M] [--colls AllReduce,...] [--rounds 21] [--round-us 1500]
+//         [--max-bytes 256M] [--colls AllReduce,...] [--rounds 25] [--round-us 1500]
 //         [--modes eager,graph] [--json FILE] [--same]
 // --same: both tables are the real NCCL (an A/A run: the noise floor of the comparison).
 // Prints nccl-tests-style tables (float, sum; busbw with nccl-tests' factors) for both and the
@@ -116,7 +116,7 @@ static double busbw_factor(int coll, int n) {
 }
 
 static struct {
-  int ngpus = 0, rounds = 21, round_us = 1500, same = 0, colls[B_COUNT], eager = 1, graph = 1;
+  int ngpus = 0, rounds = 25, round_us = 1500, same = 0, colls[B_COUNT], eager = 1, graph = 1;
   size_t min_bytes = 8, max_bytes = 256u << 20;
   const char *shim = NULL, *real = NULL, *json = NULL;
 } opt;

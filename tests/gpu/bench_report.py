@@ -184,6 +184,8 @@ def doc(outdir, docs):
 
     paths = sorted(glob.glob(os.path.join(outdir, "bench-*.json")), key=order)
     os.makedirs(os.path.join(docs, "bench"), exist_ok=True)
+    for old in glob.glob(os.path.join(docs, "bench", "bench-*")):  # an earlier run's
+        os.remove(old)
     for f in paths + sorted(glob.glob(os.path.join(outdir, "bench-*.png"))):
         shutil.copy(f, os.path.join(docs, "bench", os.path.basename(f)))
     first = load(paths[0])  # a forwarding run: its shim path is the shim's
