@@ -1,13 +1,14 @@
 // ncclshim's all-reduce over NVLink: one-shot and two-shot kernels that read the peers' staging
 // buffers directly (peer pointers in one process, CUDA IPC mappings across processes).
 // Compiled at run time by NVRTC (no CUDA headers needed), one kernel per (algorithm, type, op):
-//   ncclshim_<one_shot|two_shot>_<type>_<op>
+//   ncclshim_<ll|one_shot|two_shot>_<type>_<op>
 //
 // Memory layout of one rank's buffer (allocated and exchanged by the host side):
 //   flags:   [BARRIERS][MAX_BLOCKS][MAX_RANKS] u32  arrival epochs, written by the peers
 //            [MAX_BLOCKS] u32                        this rank's epoch per block
 //   staging: two input halves (by epoch parity) of `half_bytes` each, then a result area of
 //            `half_bytes` (two-shot: the chunk this rank reduced)
+//   inbox:   [2 parities][MAX_RANKS senders][LL_MAX_BYTES / 4] packets of 8 bytes (low latency)
 //
 // Ordering. Element i is handled by the same block index in every phase on every rank (the
 // same grid-stride partition), so block b of each rank only ever waits for block b of its
@@ -28,7 +29,8 @@
 // rank; two-shot reduces each chunk once, on its owner, and the others copy it.
 
 #define MAX_RANKS 8
-#define MAX_BLOCKS 64
+#define MAX_BLOCKS 128
+#define LL_MAX_BYTES (64 << 10)
 #define BARRIERS 2
 #define BARRIER_START 0
 #define BARRIER_MIDDLE 1
@@ -398,6 +400,79 @@ __device__ void two_shot(Peers peers, int rank, int nranks, const T* in, T* out,
   }
 }
 
+// Low latency (small messages): no staging, no barrier. Each rank writes its input straight into
+// every rank's inbox as 8-byte packets of 4 data bytes and a 4-byte flag (the epoch), which an
+// 8-byte store delivers whole; a receiver spins on each packet until its flag is this call's
+// epoch, then reduces in rank order. Inboxes alternate by epoch parity: a rank writes a parity
+// again only two calls later, and to finish the call in between it must have received every
+// peer's packets of that call, which each peer sends only once done with the call before.
+__device__ __forceinline__ void ll_store(u64* address, u32 data, u32 flag) {
+  asm volatile("st.volatile.global.v2.u32 [%0], {%1, %2};" ::"l"(address), "r"(data), "r"(flag) : "memory");
+}
+__device__ __forceinline__ u32 ll_wait(const u64* address, u32 flag, const volatile int* abort) {
+  u32 data, seen;
+  unsigned spins = 0;
+  do {
+    asm volatile("ld.volatile.global.v2.u32 {%0, %1}, [%2];" : "=r"(data), "=r"(seen) : "l"(address) : "memory");
+    if (seen != flag && (++spins & 1023u) == 0 && load_volatile(abort)) break;
+  } while (seen != flag);
+  return data;
+}
+
+template <typename T, int OP>
+__device__ void ll_one_shot(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,
+                            const volatile int* abort) {
+  typedef Reduce<T, OP> R;
+  typedef typename Traits<T>::Acc Acc;
+  const int E = 8 / sizeof(T);  // elements in one 8-byte unit
+  union Unit {
+    u32 w[2];
+    T v[E];
+  };
+  u32 epoch = next_epoch(peers, rank);
+  const u64 bytes = count * sizeof(T);
+  const u64 units = (bytes + 7) / 8;
+  const u64 slot = LL_MAX_BYTES / 4;  // packets per (parity, sender)
+  const u64 parity = epoch & 1;
+  const u64 inbox = 3 * half_bytes;
+  const bool whole = ((u64)in & 7) == 0;
+  for (u64 u = thread_index(); u < units; u += grid_threads()) {
+    Unit mine;
+    if (whole && (u + 1) * 8 <= bytes) {
+      mine = *(const Unit*)((const char*)in + u * 8);
+    } else {
+      mine.w[0] = mine.w[1] = 0;
+      for (u64 e = 0; e < (u64)E && u * E + e < count; e++) mine.v[e] = in[u * E + e];
+    }
+    for (int p = 0; p < nranks; p++) {
+      u64* packets = (u64*)(peers.staging[p] + inbox) + (parity * MAX_RANKS + rank) * slot + 2 * u;
+      ll_store(packets, mine.w[0], epoch);
+      ll_store(packets + 1, mine.w[1], epoch);
+    }
+  }
+  for (u64 u = thread_index(); u < units; u += grid_threads()) {
+    Unit from[MAX_RANKS];
+#pragma unroll
+    for (int p = 0; p < MAX_RANKS; p++) {
+      if (p < nranks) {
+        const u64* packets = (const u64*)(peers.staging[rank] + inbox) + (parity * MAX_RANKS + p) * slot + 2 * u;
+        from[p].w[0] = ll_wait(packets, epoch, abort);
+        from[p].w[1] = ll_wait(packets + 1, epoch, abort);
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < E; e++) {
+      if (u * E + e >= count) break;
+      Acc a = R::first(from[0].v[e], nranks);
+#pragma unroll
+      for (int p = 1; p < MAX_RANKS; p++) {
+        if (p < nranks) a = R::combine(a, from[p].v[e], nranks);
+      }
+      out[u * E + e] = R::finish(a, nranks);
+    }
+  }
+}
+
 #define KERNELS(NAME, T)                                                                              \
   KERNEL(NAME, T, sum, OP_SUM)                                                                        \
   KERNEL(NAME, T, prod, OP_PROD)                                                                      \
@@ -406,6 +481,11 @@ __device__ void two_shot(Peers peers, int rank, int nranks, const T* in, T* out,
   KERNEL(NAME, T, avg, OP_AVG)
 
 #define KERNEL(NAME, T, OPNAME, OP)                                                                   \
+  extern "C" __global__ void __launch_bounds__(512) ncclshim_ll_##NAME##_##OPNAME(                     \
+      Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,               \
+      const volatile int* abort) {                                                                    \
+    ll_one_shot<T, OP>(peers, rank, nranks, in, out, count, half_bytes, abort);                        \
+  }                                                                                                   \
   extern "C" __global__ void __launch_bounds__(512) ncclshim_one_shot_##NAME##_##OPNAME(               \
       Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,               \
       const volatile int* abort) {                                                                    \

@@ -3,10 +3,8 @@
 //! everything without hanging.
 
 use std::ffi::c_void;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-use cudarc::driver::sys;
+use std::sync::{Arc, mpsc};
+use std::time::Duration;
 
 use super::cuda::{self, Cuda, Device, DevicePtr, HostFlag};
 use super::kernels::Kernels;
@@ -47,8 +45,6 @@ pub struct CoreComm {
     /// Peers' allocations mapped through CUDA IPC, to close.
     opened: Vec<DevicePtr>,
     abort: HostFlag,
-    /// Recorded after each launch: release waits for it.
-    last_launch: sys::CUevent,
 }
 
 // SAFETY: the CUDA handles inside may be used from any thread; launches only read the struct.
@@ -63,7 +59,6 @@ pub struct Parts {
     pub buffer: DevicePtr,
     pub half_bytes: u64,
     pub abort: HostFlag,
-    pub last_launch: sys::CUevent,
 }
 
 impl CoreComm {
@@ -84,7 +79,6 @@ impl CoreComm {
             buffer: parts.buffer,
             opened,
             abort: parts.abort,
-            last_launch: parts.last_launch,
         }
     }
 
@@ -97,7 +91,7 @@ impl CoreComm {
         count: usize,
         stream: cuda::Stream,
     ) -> Cuda<()> {
-        let _context = self.device.enter()?;
+        let _context = self.device.enter_if_needed()?;
         let function = self.kernels.get(plan.algorithm, plan.dtype, plan.op);
         let mut peers = self.peers;
         let mut rank = self.rank as i32;
@@ -118,31 +112,34 @@ impl CoreComm {
             (&raw mut abort).cast(),
         ];
         // SAFETY: the parameters are the kernel's, in order; cuLaunchKernel copies them.
-        unsafe { cuda::launch(function, plan.blocks, THREADS, stream, &mut params)? };
-        cuda::event_record(self.last_launch, stream)
+        unsafe { cuda::launch(function, plan.blocks, THREADS, stream, &mut params) }
     }
 
-    /// Frees everything once our last kernel is done. `abort` first tells waiting kernels to
-    /// give up (ncclCommAbort); a plain destroy waits, and gives up waiting after a while.
+    /// Frees everything once our kernels are done (the device is synchronised, on a thread of
+    /// its own so that we can stop waiting). `abort` first tells waiting kernels to give up
+    /// (ncclCommAbort); a plain destroy raises it only after waiting a while, and if the device
+    /// still does not finish, the buffers are left allocated rather than pulled from under it.
     pub fn release(self, abort: bool) {
         if abort {
             self.abort.raise();
         }
+        let device = self.device;
+        let (done, finished) = mpsc::channel();
+        std::thread::spawn(move || {
+            let synced = device.enter().and_then(|_context| cuda::synchronize());
+            let _ = done.send(synced.is_ok());
+        });
+        let finished = finished.recv_timeout(Duration::from_secs(10)).or_else(|_| {
+            self.abort.raise();
+            finished.recv_timeout(Duration::from_secs(10))
+        });
+        if finished.is_err() {
+            std::mem::forget(self);
+            return;
+        }
         let Ok(_context) = self.device.enter() else {
             return;
         };
-        let start = Instant::now();
-        while !cuda::event_done(self.last_launch) {
-            if start.elapsed() > Duration::from_secs(10) {
-                self.abort.raise();
-            }
-            if start.elapsed() > Duration::from_secs(20) {
-                // A kernel that ignores the abort flag still uses the buffers: keep them.
-                return;
-            }
-            std::thread::sleep(Duration::from_micros(100));
-        }
-        cuda::event_destroy(self.last_launch);
         for &pointer in &self.opened {
             cuda::ipc_close(pointer);
         }

@@ -91,6 +91,14 @@ impl Device {
         Ok(ContextGuard)
     }
 
+    /// As `enter`, but only if another context is current (the common case needs no switch).
+    pub fn enter_if_needed(&self) -> Cuda<Option<ContextGuard>> {
+        if result::ctx::get_current().ok().flatten() == Some(self.context) {
+            return Ok(None);
+        }
+        self.enter().map(Some)
+    }
+
     pub fn compute_capability(&self) -> Cuda<(i32, i32)> {
         use sys::CUdevice_attribute::*;
         // SAFETY: valid device and attributes.
@@ -287,25 +295,9 @@ pub fn stream_destroy(stream: sys::CUstream) {
     let _ = unsafe { result::stream::destroy(stream) };
 }
 
-pub fn event_create() -> Cuda<sys::CUevent> {
-    result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).named("cuEventCreate")
-}
-
-pub fn event_record(event: sys::CUevent, stream: sys::CUstream) -> Cuda<()> {
-    // SAFETY: our event, the caller's stream.
-    unsafe { result::event::record(event, stream) }.named("cuEventRecord")
-}
-
-/// Whether everything recorded in `event` has finished.
-pub fn event_done(event: sys::CUevent) -> bool {
-    // SAFETY: our event.
-    let state = unsafe { sys::cuEventQuery(event) };
-    state != sys::CUresult::CUDA_ERROR_NOT_READY
-}
-
-pub fn event_destroy(event: sys::CUevent) {
-    // SAFETY: our event, done.
-    let _ = unsafe { result::event::destroy(event) };
+/// Waits for all work on the current context's device.
+pub fn synchronize() -> Cuda<()> {
+    result::ctx::synchronize().named("cuCtxSynchronize")
 }
 
 pub type Function = sys::CUfunction;

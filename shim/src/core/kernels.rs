@@ -66,10 +66,14 @@ pub fn for_device(device: &Device) -> Result<Arc<Kernels>, String> {
     }
     let arch = device.compute_capability().map_err(|e| e.to_string())?;
     let cubins = compile_all(arch)?;
+    let modules = cubins
+        .iter()
+        .map(|cubin| cuda::load_module(cubin))
+        .collect::<Result<Vec<_>, _>>();
+    let modules = modules.map_err(|e| e.to_string())?;
     let mut functions = Vec::new();
     for algorithm in Algorithm::ALL {
-        for (dtype, cubin) in DataType::ALL.iter().zip(cubins.iter()) {
-            let module = cuda::load_module(cubin).map_err(|e| e.to_string())?;
+        for (dtype, &module) in DataType::ALL.iter().zip(&modules) {
             for op in Op::ALL {
                 let name = kernel_name(algorithm, *dtype, op);
                 functions

@@ -12,35 +12,48 @@ use std::sync::OnceLock;
 
 use super::types::{Algorithm, DataType, Op};
 
-/// Largest all-reduce the staging buffers take; also the default limit.
-pub const STAGING_HALF_BYTES: usize = 32 << 20;
+/// Largest all-reduce the staging buffers take.
+pub const STAGING_HALF_BYTES: usize = 16 << 20;
 pub const THREADS: u32 = 512;
-/// Must match MAX_BLOCKS and MAX_RANKS in all_reduce.cu.
-pub const MAX_BLOCKS: u32 = 64;
+/// Must match MAX_BLOCKS, MAX_RANKS and LL_MAX_BYTES in all_reduce.cu.
+pub const MAX_BLOCKS: u32 = 128;
 pub const MAX_RANKS: usize = 8;
+pub const LL_MAX_BYTES: usize = 64 << 10;
+/// The low-latency inboxes: 2 parities x MAX_RANKS senders x packets of twice the payload.
+pub const INBOX_BYTES: usize = 2 * MAX_RANKS * 2 * LL_MAX_BYTES;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Settings {
     pub enabled: bool,
     pub force_core: bool,
-    pub one_shot_max_bytes: usize,
+    pub ll_max_bytes: usize,
+    /// `None`: by the number of ranks (see `one_shot_max`).
+    pub one_shot_max_bytes: Option<usize>,
     pub all_reduce_max_bytes: usize,
 }
 
 impl Settings {
-    /// Thresholds measured on H200 (NVLink, 18 links per pair): see docs/performance.md.
-    pub fn defaults(nranks_hint: Option<usize>) -> Settings {
-        let _ = nranks_hint;
+    /// Thresholds from measurements on H200 (NVLink, 18 links per pair): docs/performance.md.
+    pub fn defaults() -> Settings {
         Settings {
             enabled: true,
             force_core: false,
-            one_shot_max_bytes: 256 << 10,
+            ll_max_bytes: 64 << 10,
+            one_shot_max_bytes: None,
             all_reduce_max_bytes: 8 << 20,
         }
     }
 
+    /// One-shot reads every peer's whole message: worth it longer with fewer peers.
+    pub fn one_shot_max(&self, nranks: usize) -> usize {
+        let by_ranks = if nranks <= 4 { 1 << 20 } else { 256 << 10 };
+        self.one_shot_max_bytes
+            .unwrap_or(by_ranks)
+            .min(self.all_reduce_max_bytes)
+    }
+
     fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Settings {
-        let mut s = Settings::defaults(None);
+        let mut s = Settings::defaults();
         let bytes = |name: &str| get(name).and_then(|v| v.trim().parse::<usize>().ok());
         if get("NCCLSHIM_CORE").is_some_and(|v| v.trim() == "0") {
             s.enabled = false;
@@ -53,14 +66,17 @@ impl Settings {
             Some("core") => s.force_core = true,
             _ => {}
         }
+        if let Some(n) = bytes("NCCLSHIM_LL_MAX_BYTES") {
+            s.ll_max_bytes = n;
+        }
         if let Some(n) = bytes("NCCLSHIM_ONE_SHOT_MAX_BYTES") {
-            s.one_shot_max_bytes = n;
+            s.one_shot_max_bytes = Some(n);
         }
         if let Some(n) = bytes("NCCLSHIM_ALL_REDUCE_MAX_BYTES") {
             s.all_reduce_max_bytes = n;
         }
         s.all_reduce_max_bytes = s.all_reduce_max_bytes.min(STAGING_HALF_BYTES);
-        s.one_shot_max_bytes = s.one_shot_max_bytes.min(s.all_reduce_max_bytes);
+        s.ll_max_bytes = s.ll_max_bytes.min(LL_MAX_BYTES);
         s
     }
 }
@@ -100,13 +116,16 @@ pub fn plan_all_reduce(
     if bytes > limit {
         return None;
     }
-    let algorithm = if bytes <= settings.one_shot_max_bytes {
-        Algorithm::OneShot
+    // Each thread moves 8 bytes at a time in the low-latency kernel, 16 in the others.
+    let (algorithm, unit) = if bytes <= settings.ll_max_bytes {
+        (Algorithm::LowLatency, 8)
+    } else if bytes <= settings.one_shot_max(nranks) {
+        (Algorithm::OneShot, 16)
     } else {
-        Algorithm::TwoShot
+        (Algorithm::TwoShot, 16)
     };
-    let packs = bytes.div_ceil(16) as u64;
-    let blocks = packs.div_ceil(THREADS as u64).clamp(1, MAX_BLOCKS as u64) as u32;
+    let units = bytes.div_ceil(unit) as u64;
+    let blocks = units.div_ceil(THREADS as u64).clamp(1, MAX_BLOCKS as u64) as u32;
     Some(Plan {
         algorithm,
         dtype,
@@ -127,22 +146,30 @@ mod tests {
         })
     }
 
+    fn algorithm(s: &Settings, bytes: usize, nranks: usize) -> Option<Algorithm> {
+        plan_all_reduce(s, bytes / 4, 7, 0, nranks).map(|p| p.algorithm)
+    }
+
     #[test]
     fn plans_depend_on_size_type_op_and_ranks_only() {
         let s = with(&[]);
         let plan = plan_all_reduce(&s, 1024, 7, 0, 2).unwrap();
         assert_eq!(
             (plan.algorithm, plan.dtype, plan.op, plan.blocks),
-            (Algorithm::OneShot, DataType::Float32, Op::Sum, 1)
+            (Algorithm::LowLatency, DataType::Float32, Op::Sum, 1)
         );
+        assert_eq!(algorithm(&s, 64 << 10, 2), Some(Algorithm::LowLatency));
+        assert_eq!(algorithm(&s, (64 << 10) + 4, 2), Some(Algorithm::OneShot));
+        assert_eq!(algorithm(&s, 1 << 20, 4), Some(Algorithm::OneShot));
         assert_eq!(
-            plan_all_reduce(&s, (1 << 20) / 4, 7, 0, 4)
-                .unwrap()
-                .algorithm,
-            Algorithm::TwoShot
+            algorithm(&s, 1 << 20, 8),
+            Some(Algorithm::TwoShot),
+            "one-shot stops earlier with more peers"
         );
+        assert_eq!(algorithm(&s, (1 << 20) + 4, 2), Some(Algorithm::TwoShot));
+        assert_eq!(algorithm(&s, 8 << 20, 2), Some(Algorithm::TwoShot));
         assert_eq!(
-            plan_all_reduce(&s, (64 << 20) / 4, 7, 0, 4),
+            algorithm(&s, (8 << 20) + 4, 2),
             None,
             "above the limit NCCL takes it"
         );
@@ -155,13 +182,15 @@ mod tests {
         assert_eq!(plan_all_reduce(&s, 8, 12, 0, 2), None);
         assert_eq!(plan_all_reduce(&s, 8, 7, 0, 1), None);
         assert_eq!(plan_all_reduce(&s, 8, 7, 0, 9), None);
-        assert_eq!(
-            plan_all_reduce(&s, 1 << 30, 7, 0, 2).map(|p| p.blocks),
-            None
-        );
+        assert_eq!(plan_all_reduce(&s, usize::MAX / 2, 7, 0, 2), None);
         assert_eq!(
             plan_all_reduce(&s, (4 << 20) / 4, 7, 0, 2).unwrap().blocks,
             MAX_BLOCKS
+        );
+        assert_eq!(
+            plan_all_reduce(&s, 64 << 10, 0, 0, 2).unwrap().blocks,
+            16,
+            "LL: one thread per 8 bytes"
         );
     }
 
@@ -170,29 +199,28 @@ mod tests {
         assert!(!with(&[("NCCLSHIM_CORE", "0")]).enabled);
         assert!(!with(&[("NCCLSHIM_FORCE", "nccl")]).enabled);
         let forced = with(&[("NCCLSHIM_FORCE", "core")]);
+        assert_eq!(algorithm(&forced, 16 << 20, 2), Some(Algorithm::TwoShot));
         assert_eq!(
-            plan_all_reduce(&forced, (16 << 20) / 4, 7, 0, 2)
-                .unwrap()
-                .algorithm,
-            Algorithm::TwoShot
+            algorithm(&forced, (16 << 20) + 4, 2),
+            None,
+            "never past the staging buffers"
         );
         let limits = with(&[
+            ("NCCLSHIM_LL_MAX_BYTES", "0"),
             ("NCCLSHIM_ONE_SHOT_MAX_BYTES", "4096"),
             ("NCCLSHIM_ALL_REDUCE_MAX_BYTES", "65536"),
         ]);
+        assert_eq!(algorithm(&limits, 4, 2), Some(Algorithm::OneShot));
+        assert_eq!(algorithm(&limits, 4096, 2), Some(Algorithm::OneShot));
+        assert_eq!(algorithm(&limits, 4100, 2), Some(Algorithm::TwoShot));
+        assert_eq!(algorithm(&limits, 65540, 2), None);
+        let huge = with(&[
+            ("NCCLSHIM_ALL_REDUCE_MAX_BYTES", "999999999999"),
+            ("NCCLSHIM_LL_MAX_BYTES", "99999999"),
+        ]);
         assert_eq!(
-            plan_all_reduce(&limits, 1024, 7, 0, 2).unwrap().algorithm,
-            Algorithm::OneShot
-        );
-        assert_eq!(
-            plan_all_reduce(&limits, 1025, 7, 0, 2).unwrap().algorithm,
-            Algorithm::TwoShot
-        );
-        assert_eq!(plan_all_reduce(&limits, 16385, 7, 0, 2), None);
-        let huge = with(&[("NCCLSHIM_ALL_REDUCE_MAX_BYTES", "999999999999")]);
-        assert_eq!(
-            huge.all_reduce_max_bytes, STAGING_HALF_BYTES,
-            "never past the staging buffers"
+            (huge.all_reduce_max_bytes, huge.ll_max_bytes),
+            (STAGING_HALF_BYTES, LL_MAX_BYTES)
         );
     }
 }

@@ -9,7 +9,7 @@ use std::sync::{Arc, OnceLock};
 
 use super::comm::{CoreComm, FLAGS_BYTES, Parts};
 use super::cuda::{self, Cuda, Device, DevicePtr, HostFlag};
-use super::policy::{self, MAX_RANKS, STAGING_HALF_BYTES};
+use super::policy::{self, INBOX_BYTES, MAX_RANKS, STAGING_HALF_BYTES};
 use super::{kernels, table};
 use crate::api::ffi::{cudaStream_t, ncclComm_t, ncclSuccess, ncclUint8};
 use crate::api::real;
@@ -208,7 +208,7 @@ fn exchange_space(ordinal: i32, nranks: usize) -> Cuda<Exchange> {
     })
 }
 
-/// Kernels, buffer, abort flag and event of this rank.
+/// Kernels, buffer and abort flag of this rank.
 fn own_parts(device: Device) -> Result<Parts, String> {
     let _context = device.enter().map_err(|e| e.to_string())?;
     let (major, minor) = device.compute_capability().map_err(|e| e.to_string())?;
@@ -217,17 +217,21 @@ fn own_parts(device: Device) -> Result<Parts, String> {
     }
     let kernels = kernels::for_device(&device)?;
     let half_bytes = STAGING_HALF_BYTES as u64;
-    let bytes = FLAGS_BYTES + 3 * STAGING_HALF_BYTES;
+    let bytes = FLAGS_BYTES + 3 * STAGING_HALF_BYTES + INBOX_BYTES;
     let make = || -> Cuda<Parts> {
         let buffer = cuda::alloc(bytes)?;
+        // Flags, epochs and the low-latency inboxes start at zero: no epoch is zero.
         cuda::zero(buffer, FLAGS_BYTES)?;
+        cuda::zero(
+            buffer + (FLAGS_BYTES + 3 * STAGING_HALF_BYTES) as u64,
+            INBOX_BYTES,
+        )?;
         Ok(Parts {
             device,
             kernels: kernels.clone(),
             buffer,
             half_bytes,
             abort: HostFlag::new()?,
-            last_launch: cuda::event_create()?,
         })
     };
     make().map_err(|e| e.to_string())
@@ -265,7 +269,8 @@ fn settings_key(half_bytes: u64) -> u64 {
     let s = policy::settings();
     let mut key = half_bytes ^ (FLAGS_BYTES as u64).rotate_left(40);
     for v in [
-        s.one_shot_max_bytes as u64,
+        s.ll_max_bytes as u64,
+        s.one_shot_max_bytes.map_or(u64::MAX, |n| n as u64),
         s.all_reduce_max_bytes as u64,
         s.force_core as u64,
     ] {
@@ -404,14 +409,16 @@ fn finish(candidate: &mut Candidate, mapped: Result<Mapped, String>, everyone: b
     let parts = candidate.parts.take();
     match (parts, mapped, everyone) {
         (Some(parts), Ok(mapped), true) => {
+            let settings = policy::settings();
             log_info!(
-                "core on for comm {:p} rank {}/{} on GPU {} (all-reduce: one-shot up to {} B, two-shot up to {} B)",
+                "core on for comm {:p} rank {}/{} on GPU {} (all-reduce: low-latency up to {} B, one-shot up to {} B, two-shot up to {} B)",
                 candidate.comm,
                 candidate.rank,
                 candidate.nranks,
                 parts.device.ordinal,
-                policy::settings().one_shot_max_bytes,
-                policy::settings().all_reduce_max_bytes
+                settings.ll_max_bytes,
+                settings.one_shot_max(candidate.nranks),
+                settings.all_reduce_max_bytes
             );
             let core = CoreComm::new(
                 candidate.rank,
@@ -440,7 +447,6 @@ fn finish(candidate: &mut Candidate, mapped: Result<Mapped, String>, everyone: b
             if let Some(parts) = parts {
                 let _context = parts.device.enter();
                 cuda::free(parts.buffer);
-                cuda::event_destroy(parts.last_launch);
             }
         }
     }

@@ -3,17 +3,25 @@
 /// The all-reduce algorithms of `all_reduce.cu`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Algorithm {
-    /// Every rank reads every peer's data and reduces it all: one barrier, for small messages.
-    OneShot = 0,
+    /// Every rank writes its input into every rank's inbox as flagged packets: no barrier, for
+    /// the smallest messages.
+    LowLatency = 0,
+    /// Every rank reads every peer's staged data and reduces it all: one barrier.
+    OneShot = 1,
     /// Reduce-scatter then all-gather through the peers' buffers: two barriers, for larger ones.
-    TwoShot = 1,
+    TwoShot = 2,
 }
 
 impl Algorithm {
-    pub const ALL: [Algorithm; 2] = [Algorithm::OneShot, Algorithm::TwoShot];
+    pub const ALL: [Algorithm; 3] = [
+        Algorithm::LowLatency,
+        Algorithm::OneShot,
+        Algorithm::TwoShot,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
+            Algorithm::LowLatency => "ll",
             Algorithm::OneShot => "one_shot",
             Algorithm::TwoShot => "two_shot",
         }
