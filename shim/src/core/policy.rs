@@ -18,7 +18,7 @@ pub const THREADS: u32 = 512;
 /// Must match MAX_BLOCKS, MAX_RANKS and LL_MAX_BYTES in all_reduce.cu.
 pub const MAX_BLOCKS: u32 = 128;
 pub const MAX_RANKS: usize = 8;
-pub const LL_MAX_BYTES: usize = 64 << 10;
+pub const LL_MAX_BYTES: usize = 256 << 10;
 /// The low-latency inboxes: 2 parities x MAX_RANKS senders x packets of twice the payload.
 pub const INBOX_BYTES: usize = 2 * MAX_RANKS * 2 * LL_MAX_BYTES;
 
@@ -38,15 +38,20 @@ impl Settings {
         Settings {
             enabled: true,
             force_core: false,
-            ll_max_bytes: 64 << 10,
+            ll_max_bytes: 256 << 10,
             one_shot_max_bytes: None,
             all_reduce_max_bytes: 8 << 20,
         }
     }
 
-    /// One-shot reads every peer's whole message: worth it longer with fewer peers.
+    /// One-shot reads every peer's whole message: worth it longer with fewer peers (on 4 H200,
+    /// one-shot at 1 MiB was slower than NCCL, two-shot faster).
     pub fn one_shot_max(&self, nranks: usize) -> usize {
-        let by_ranks = if nranks <= 4 { 1 << 20 } else { 256 << 10 };
+        let by_ranks = match nranks {
+            ..=2 => 1 << 20,
+            3..=4 => 512 << 10,
+            _ => 256 << 10,
+        };
         self.one_shot_max_bytes
             .unwrap_or(by_ranks)
             .min(self.all_reduce_max_bytes)
@@ -158,21 +163,25 @@ mod tests {
             (plan.algorithm, plan.dtype, plan.op, plan.blocks),
             (Algorithm::LowLatency, DataType::Float32, Op::Sum, 1)
         );
-        assert_eq!(algorithm(&s, 64 << 10, 2), Some(Algorithm::LowLatency));
-        assert_eq!(algorithm(&s, (64 << 10) + 4, 2), Some(Algorithm::OneShot));
-        assert_eq!(algorithm(&s, 1 << 20, 4), Some(Algorithm::OneShot));
+        assert_eq!(algorithm(&s, 256 << 10, 2), Some(Algorithm::LowLatency));
+        assert_eq!(algorithm(&s, (256 << 10) + 4, 2), Some(Algorithm::OneShot));
+        assert_eq!(algorithm(&s, 1 << 20, 2), Some(Algorithm::OneShot));
+        assert_eq!(algorithm(&s, 512 << 10, 4), Some(Algorithm::OneShot));
+        let fewer = "one-shot stops earlier with more peers";
         assert_eq!(
-            algorithm(&s, 1 << 20, 8),
+            algorithm(&s, 1 << 20, 4),
             Some(Algorithm::TwoShot),
-            "one-shot stops earlier with more peers"
+            "{fewer}"
+        );
+        assert_eq!(
+            algorithm(&s, 512 << 10, 8),
+            Some(Algorithm::TwoShot),
+            "{fewer}"
         );
         assert_eq!(algorithm(&s, (1 << 20) + 4, 2), Some(Algorithm::TwoShot));
         assert_eq!(algorithm(&s, 8 << 20, 2), Some(Algorithm::TwoShot));
-        assert_eq!(
-            algorithm(&s, (8 << 20) + 4, 2),
-            None,
-            "above the limit NCCL takes it"
-        );
+        let above = "above the limit NCCL takes it";
+        assert_eq!(algorithm(&s, (8 << 20) + 4, 2), None, "{above}");
         assert_eq!(plan_all_reduce(&s, 0, 7, 0, 2), None);
         assert_eq!(
             plan_all_reduce(&s, 8, 7, 5, 2),
@@ -183,15 +192,10 @@ mod tests {
         assert_eq!(plan_all_reduce(&s, 8, 7, 0, 1), None);
         assert_eq!(plan_all_reduce(&s, 8, 7, 0, 9), None);
         assert_eq!(plan_all_reduce(&s, usize::MAX / 2, 7, 0, 2), None);
-        assert_eq!(
-            plan_all_reduce(&s, (4 << 20) / 4, 7, 0, 2).unwrap().blocks,
-            MAX_BLOCKS
-        );
-        assert_eq!(
-            plan_all_reduce(&s, 64 << 10, 0, 0, 2).unwrap().blocks,
-            16,
-            "LL: one thread per 8 bytes"
-        );
+        let blocks = |count, dtype| plan_all_reduce(&s, count, dtype, 0, 2).unwrap().blocks;
+        assert_eq!(blocks((4 << 20) / 4, 7), MAX_BLOCKS);
+        assert_eq!(blocks(64 << 10, 0), 16, "low latency: a thread per 8 bytes");
+        assert_eq!(blocks(256 << 10, 0), 64);
     }
 
     #[test]
