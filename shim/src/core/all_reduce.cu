@@ -30,7 +30,7 @@
 
 #define MAX_RANKS 8
 #define MAX_BLOCKS 128
-#define LL_MAX_BYTES (256 << 10)
+#define LL_MAX_BYTES (64 << 10)
 #define BARRIERS 2
 #define BARRIER_START 0
 #define BARRIER_MIDDLE 1

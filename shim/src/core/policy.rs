@@ -18,7 +18,7 @@ pub const THREADS: u32 = 512;
 /// Must match MAX_BLOCKS, MAX_RANKS and LL_MAX_BYTES in all_reduce.cu.
 pub const MAX_BLOCKS: u32 = 128;
 pub const MAX_RANKS: usize = 8;
-pub const LL_MAX_BYTES: usize = 256 << 10;
+pub const LL_MAX_BYTES: usize = 64 << 10;
 /// The low-latency inboxes: 2 parities x MAX_RANKS senders x packets of twice the payload.
 pub const INBOX_BYTES: usize = 2 * MAX_RANKS * 2 * LL_MAX_BYTES;
 
@@ -38,7 +38,7 @@ impl Settings {
         Settings {
             enabled: true,
             force_core: false,
-            ll_max_bytes: 256 << 10,
+            ll_max_bytes: 64 << 10,
             one_shot_max_bytes: None,
             all_reduce_max_bytes: 8 << 20,
         }
@@ -163,8 +163,8 @@ mod tests {
             (plan.algorithm, plan.dtype, plan.op, plan.blocks),
             (Algorithm::LowLatency, DataType::Float32, Op::Sum, 1)
         );
-        assert_eq!(algorithm(&s, 256 << 10, 2), Some(Algorithm::LowLatency));
-        assert_eq!(algorithm(&s, (256 << 10) + 4, 2), Some(Algorithm::OneShot));
+        assert_eq!(algorithm(&s, 64 << 10, 2), Some(Algorithm::LowLatency));
+        assert_eq!(algorithm(&s, (64 << 10) + 4, 2), Some(Algorithm::OneShot));
         assert_eq!(algorithm(&s, 1 << 20, 2), Some(Algorithm::OneShot));
         assert_eq!(algorithm(&s, 512 << 10, 4), Some(Algorithm::OneShot));
         let fewer = "one-shot stops earlier with more peers";
@@ -195,7 +195,7 @@ mod tests {
         let blocks = |count, dtype| plan_all_reduce(&s, count, dtype, 0, 2).unwrap().blocks;
         assert_eq!(blocks((4 << 20) / 4, 7), MAX_BLOCKS);
         assert_eq!(blocks(64 << 10, 0), 16, "low latency: a thread per 8 bytes");
-        assert_eq!(blocks(256 << 10, 0), 64);
+        assert_eq!(blocks(8 << 10, 7), 8);
     }
 
     #[test]
