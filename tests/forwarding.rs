@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use ncclshim_tests::{
-    build_dir, compile_c, link_nccl, real_library, real_nccl, run, scratch, shim_library, stdout_of,
+    compile_c, link_nccl, link_shim, real_library, real_nccl, run, scratch, shim_library, stdout_of,
 };
 
 struct Clients {
@@ -18,25 +18,10 @@ fn build_clients(source: &str, header_version: &str, real_version: &str, dir: &P
     std::fs::create_dir_all(dir).unwrap();
     let include = real_nccl(header_version).join("include");
     let link_real = link_nccl(&real_nccl(real_version).join("lib"));
-    let shim_dir = build_dir().join("lib");
-    let link_shim = [
-        format!("-L{}", shim_dir.display()),
-        "-lnccl".into(),
-        format!("-Wl,-rpath,{}", shim_dir.display()),
-    ];
     Clients {
-        direct: compile_c(source, &include, &dir.join("direct"), &as_strs(&link_real)),
-        through_shim: compile_c(
-            source,
-            &include,
-            &dir.join("through-shim"),
-            &as_strs(&link_shim),
-        ),
+        direct: compile_c(source, &include, &dir.join("direct"), &link_real),
+        through_shim: compile_c(source, &include, &dir.join("through-shim"), &link_shim()),
     }
-}
-
-fn as_strs(v: &[String]) -> Vec<&str> {
-    v.iter().map(String::as_str).collect()
 }
 
 fn lines(text: &str) -> Vec<&str> {

@@ -7,23 +7,29 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use ncclshim_tests::{
-    build_dir, compile_c, real_library, real_nccl, run, scratch, shim_library, stdout_of, workspace,
+    compile_c, link_nccl, link_shim, real_library, real_nccl, run, scratch, shim_library,
+    stdout_of, workspace,
 };
 
 /// The C client linked against `build/lib` (the shim).
 fn client(dir: &Path) -> PathBuf {
-    let lib = build_dir().join("lib");
-    let link = [
-        format!("-L{}", lib.display()),
-        "-lnccl".to_string(),
-        format!("-Wl,-rpath,{}", lib.display()),
-    ];
-    let link: Vec<&str> = link.iter().map(String::as_str).collect();
+    api_client(&dir.join("api_client"), &link_shim())
+}
+
+/// The C client linked against the real NCCL 2.27.7.
+fn direct_client(dir: &Path) -> PathBuf {
+    api_client(
+        &dir.join("direct"),
+        &link_nccl(&real_nccl("2.27.7").join("lib")),
+    )
+}
+
+fn api_client(out: &Path, link: &[String]) -> PathBuf {
     compile_c(
         "api_client.c",
         &real_nccl("2.27.7").join("include"),
-        &dir.join("api_client"),
-        &link,
+        out,
+        link,
     )
 }
 
@@ -183,17 +189,7 @@ fn nothing_found_fails_every_call_but_still_answers_error_strings() {
         "{out}"
     );
     // The error strings are NCCL's own, as the real library gives them.
-    let reference = {
-        let link = ncclshim_tests::link_nccl(&real_nccl("2.27.7").join("lib"));
-        let link: Vec<&str> = link.iter().map(String::as_str).collect();
-        let direct = compile_c(
-            "api_client.c",
-            &real_nccl("2.27.7").join("include"),
-            &dir.join("direct"),
-            &link,
-        );
-        stdout_of(&run(&direct, &[], &[]))
-    };
+    let reference = stdout_of(&run(&direct_client(&dir), &[], &[]));
     let strings = |text: &str| {
         text.lines()
             .filter(|l| l.starts_with("ncclGetErrorString"))
@@ -219,14 +215,7 @@ fn the_build_default_is_used_when_no_variable_is_set() {
     assert!(status.success());
     let dir = scratch("locating-build-default");
     let shim = target.join("release/libnccl.so");
-    let link: Vec<String> = ncclshim_tests::link_nccl(&real_nccl("2.27.7").join("lib"));
-    let link: Vec<&str> = link.iter().map(String::as_str).collect();
-    let direct = compile_c(
-        "api_client.c",
-        &real_nccl("2.27.7").join("include"),
-        &dir.join("direct"),
-        &link,
-    );
+    let direct = direct_client(&dir);
     let (_, ours) = shim_lines(&direct, &[("LD_PRELOAD", shim.to_str().unwrap())]);
     assert!(
         found_line(&ours).contains(&format!(

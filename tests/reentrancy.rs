@@ -6,22 +6,16 @@
 use std::process::Command;
 
 use ncclshim_tests::{
-    build_dir, compile_c, real_library, real_nccl, run, scratch, stdout_of, workspace,
+    compile_c, link_shim, real_library, real_nccl, run, scratch, stdout_of, workspace,
 };
 
 fn threads_client(dir: &std::path::Path) -> std::path::PathBuf {
-    let lib = build_dir().join("lib");
-    let link = [
-        format!("-L{}", lib.display()),
-        "-lnccl".to_string(),
-        format!("-Wl,-rpath,{}", lib.display()),
-    ];
-    let link: Vec<&str> = link.iter().map(String::as_str).collect();
+    let include = real_nccl("2.27.7").join("include");
     compile_c(
         "threads_client.c",
-        &real_nccl("2.27.7").join("include"),
+        &include,
         &dir.join("threads_client"),
-        &link,
+        &link_shim(),
     )
 }
 

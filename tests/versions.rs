@@ -106,7 +106,7 @@ fn a_2_28_client_over_a_real_2_27_7_gets_its_answers_and_invalid_usage_for_what_
         "versions_new_api_client.c",
         &real_nccl("2.28.9").join("include"),
         &dir.join("client"),
-        &as_strs(&link_nccl(&make_build("all").join("lib"))),
+        &link_nccl(&make_build("all").join("lib")),
     );
     let real = real_library("2.27.7");
     let out = stdout_of(&run(
@@ -142,13 +142,13 @@ fn a_2_28_config_reaches_the_real_2_27_7_as_the_client_passed_it() {
         "versions_config_client.c",
         &include,
         &dir.join("direct"),
-        &as_strs(&link_nccl(&real_lib)),
+        &link_nccl(&real_lib),
     );
     let through_shim = compile_c(
         "versions_config_client.c",
         &include,
         &dir.join("through-shim"),
-        &as_strs(&link_nccl(&make_build("all").join("lib"))),
+        &link_nccl(&make_build("all").join("lib")),
     );
     let real = real_library("2.27.7");
     let from_real = stdout_of(&run(&direct, &[], &[]));
@@ -457,8 +457,4 @@ fn real_error_string(library: &Path, result: u32) -> String {
     unsafe { std::ffi::CStr::from_ptr(describe(result)) }
         .to_string_lossy()
         .into_owned()
-}
-
-fn as_strs(v: &[String]) -> Vec<&str> {
-    v.iter().map(String::as_str).collect()
 }

@@ -60,7 +60,12 @@ pub fn scratch(name: &str) -> PathBuf {
 
 /// Compiles the C client `tests/c/<source>` with gcc against `include` into `out`; `link` are
 /// extra arguments (e.g. `-L... -lnccl`).
-pub fn compile_c(source: &str, include: &Path, out: &Path, link: &[&str]) -> PathBuf {
+pub fn compile_c(
+    source: &str,
+    include: &Path,
+    out: &Path,
+    link: &[impl AsRef<std::ffi::OsStr>],
+) -> PathBuf {
     let status = Command::new("gcc")
         .args(["-O1", "-Wall", "-Werror", "-std=gnu11", "-pthread"])
         .arg(format!("-I{}", include.display()))
@@ -78,6 +83,16 @@ pub fn compile_c(source: &str, include: &Path, out: &Path, link: &[&str]) -> Pat
         .expect("gcc runs");
     assert!(status.success(), "gcc failed on tests/c/{source}");
     out.to_path_buf()
+}
+
+/// Links with `-lnccl` against the shim in `build/lib`, with an rpath to it.
+pub fn link_shim() -> Vec<String> {
+    let lib = build_dir().join("lib");
+    vec![
+        format!("-L{}", lib.display()),
+        "-lnccl".into(),
+        format!("-Wl,-rpath,{}", lib.display()),
+    ]
 }
 
 /// Links against the `libnccl.so.2` in `lib_dir`, with an rpath to it.
