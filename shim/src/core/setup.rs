@@ -135,6 +135,9 @@ pub fn set_up(comms: &[ncclComm_t]) {
     }
 }
 
+/// Whether this process can use CUDA at all. The real NCCL needs libcuda, so this comes out the
+/// same on every rank; anything that could differ between ranks (NVRTC, memory) is a local "no"
+/// in the exchange instead, so that no rank skips an exchange its peers wait in.
 fn cuda_ready() -> bool {
     static READY: OnceLock<bool> = OnceLock::new();
     *READY.get_or_init(|| {
@@ -143,10 +146,6 @@ fn cuda_ready() -> bool {
             return false;
         }
         if let Err(e) = cuda::init() {
-            log_info!("core off: {e}; every call forwards");
-            return false;
-        }
-        if let Err(e) = super::nvrtc::load() {
             log_info!("core off: {e}; every call forwards");
             return false;
         }
@@ -215,26 +214,33 @@ fn own_parts(device: Device) -> Result<Parts, String> {
     if major < 9 {
         return Err(format!("sm_{major}{minor}: the core needs sm_90 or newer"));
     }
+    super::nvrtc::load()?;
     let kernels = kernels::for_device(&device)?;
     let half_bytes = STAGING_HALF_BYTES as u64;
     let bytes = FLAGS_BYTES + 3 * STAGING_HALF_BYTES + INBOX_BYTES;
-    let make = || -> Cuda<Parts> {
-        let buffer = cuda::alloc(bytes)?;
+    let buffer = cuda::alloc(bytes).map_err(|e| e.to_string())?;
+    let rest = || -> Cuda<HostFlag> {
         // Flags, epochs and the low-latency inboxes start at zero: no epoch is zero.
         cuda::zero(buffer, FLAGS_BYTES)?;
         cuda::zero(
             buffer + (FLAGS_BYTES + 3 * STAGING_HALF_BYTES) as u64,
             INBOX_BYTES,
         )?;
-        Ok(Parts {
+        HostFlag::new()
+    };
+    match rest() {
+        Ok(abort) => Ok(Parts {
             device,
-            kernels: kernels.clone(),
+            kernels,
             buffer,
             half_bytes,
-            abort: HostFlag::new()?,
-        })
-    };
-    make().map_err(|e| e.to_string())
+            abort,
+        }),
+        Err(e) => {
+            cuda::free(buffer);
+            Err(e.to_string())
+        }
+    }
 }
 
 fn own_record(candidate: &Candidate) -> Record {
