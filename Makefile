@@ -46,7 +46,7 @@ lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --locked --workspace --all-targets -- -D warnings
 
-test: build deps-test lint
+test: build deps-test lint gpu-check
 	NCCLSHIM_BUILD=$(BUILD) NCCLSHIM_CACHE=$${NCCLSHIM_CACHE:-$$HOME/.cache/ncclshim} \
 	  $(CARGO) test --locked --workspace --all-targets
 
