@@ -1,6 +1,6 @@
-//! One communicator's core: its buffer (flags, staging, low-latency inboxes), the peers' buffers
-//! as this rank maps them, the kernels of its device; launching an all-reduce on the caller's stream;
-//! releasing everything without hanging.
+//! One communicator's core: its buffer (flags, staging, low-latency inboxes), the peers'
+//! buffers as this rank maps them, the kernels of its device; launching an all-reduce on the
+//! caller's stream; releasing everything without hanging.
 
 use std::ffi::c_void;
 use std::sync::{Arc, mpsc};
