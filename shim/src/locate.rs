@@ -172,25 +172,35 @@ pub fn find_real_nccl(env: &SearchEnv, is_shim: impl Fn(&Path) -> bool) -> Resul
 fn search_dirs(env: &SearchEnv) -> Vec<PathBuf> {
     let mut dirs = Vec::new();
     dirs.extend(env.nccl_home.iter().map(|home| home.join("lib")));
-    for prefix in &env.python_prefixes {
-        let Ok(entries) = std::fs::read_dir(prefix.join("lib")) else {
-            continue;
-        };
-        let mut pythons: Vec<PathBuf> = entries
-            .flatten()
-            .filter(|e| e.file_name().to_string_lossy().starts_with("python3"))
-            .map(|e| e.path())
-            .collect();
-        pythons.sort();
-        for python in pythons {
-            for packages in ["site-packages", "dist-packages"] {
-                dirs.push(python.join(packages).join("nvidia/nccl/lib"));
-            }
-        }
-    }
+    dirs.extend(env.python_package_dirs(&["nvidia/nccl/lib"]));
     dirs.extend(env.system_dirs.iter().cloned());
     dirs.retain(|d| d.is_dir());
     dirs
+}
+
+impl SearchEnv {
+    /// `<prefix>/lib/python3.*/{site,dist}-packages/<sub>` for every Python environment and
+    /// every `sub` (NVIDIA's wheels put their libraries there), in search order.
+    pub fn python_package_dirs(&self, subs: &[&str]) -> Vec<PathBuf> {
+        let mut dirs = Vec::new();
+        for prefix in &self.python_prefixes {
+            let Ok(entries) = std::fs::read_dir(prefix.join("lib")) else {
+                continue;
+            };
+            let mut pythons: Vec<PathBuf> = entries
+                .flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with("python3"))
+                .map(|e| e.path())
+                .collect();
+            pythons.sort();
+            for python in pythons {
+                for packages in ["site-packages", "dist-packages"] {
+                    dirs.extend(subs.iter().map(|sub| python.join(packages).join(sub)));
+                }
+            }
+        }
+        dirs
+    }
 }
 
 #[cfg(test)]

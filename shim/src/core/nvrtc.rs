@@ -57,21 +57,10 @@ fn candidates() -> Vec<PathBuf> {
         PathBuf::from("/usr/local/cuda/lib64"),
         PathBuf::from("/usr/local/cuda/lib"),
     ];
-    for prefix in SearchEnv::from_process().python_prefixes {
-        let Ok(entries) = std::fs::read_dir(prefix.join("lib")) else {
-            continue;
-        };
-        for python in entries
-            .flatten()
-            .filter(|e| e.file_name().to_string_lossy().starts_with("python3"))
-        {
-            for packages in ["site-packages", "dist-packages"] {
-                for wheel in ["nvidia/cu13/lib", "nvidia/cuda_nvrtc/lib"] {
-                    dirs.push(python.path().join(packages).join(wheel));
-                }
-            }
-        }
-    }
+    dirs.extend(
+        SearchEnv::from_process()
+            .python_package_dirs(&["nvidia/cu13/lib", "nvidia/cuda_nvrtc/lib"]),
+    );
     for dir in dirs {
         found.extend(nvrtc_files(&dir));
     }
