@@ -344,24 +344,8 @@ fn map_peers(candidate: &Candidate, gathered: &[u8]) -> Result<Mapped, String> {
         .chunks(RECORD_BYTES)
         .map(Record::from_bytes)
         .collect();
+    agree(&records, candidate.rank)?;
     let me = &records[candidate.rank];
-    for (r, record) in records.iter().enumerate() {
-        if record.magic != MAGIC || record.layout != LAYOUT || record.ready != 1 {
-            return Err(format!("rank {r} cannot use the core"));
-        }
-        if record.host != me.host {
-            return Err(format!("rank {r} is on another host"));
-        }
-        if record.settings != me.settings {
-            return Err(format!("rank {r} has other NCCLSHIM_* settings"));
-        }
-        if records[..r]
-            .iter()
-            .any(|other| other.pci_bus_id == record.pci_bus_id)
-        {
-            return Err(format!("rank {r} shares its GPU with another rank"));
-        }
-    }
     let _context = parts.device.enter().map_err(|e| e.to_string())?;
     let mut mapped = Mapped {
         bases: Vec::new(),
@@ -403,6 +387,29 @@ fn map_peers(candidate: &Candidate, gathered: &[u8]) -> Result<Mapped, String> {
         mapped.bases.push(base);
     }
     Ok(mapped)
+}
+
+/// Whether every rank can join: ready, on this host, with our settings, each on its own GPU.
+fn agree(records: &[Record], rank: usize) -> Result<(), String> {
+    let me = &records[rank];
+    for (r, record) in records.iter().enumerate() {
+        if record.magic != MAGIC || record.layout != LAYOUT || record.ready != 1 {
+            return Err(format!("rank {r} cannot use the core"));
+        }
+        if record.host != me.host {
+            return Err(format!("rank {r} is on another host"));
+        }
+        if record.settings != me.settings {
+            return Err(format!("rank {r} has other NCCLSHIM_* settings"));
+        }
+        if records[..r]
+            .iter()
+            .any(|other| other.pci_bus_id == record.pci_bus_id)
+        {
+            return Err(format!("rank {r} shares its GPU with another rank"));
+        }
+    }
+    Ok(())
 }
 
 fn close(opened: &[DevicePtr]) {
@@ -492,5 +499,60 @@ mod identity {
                     nanos as u64 ^ std::process::id() as u64
                 }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ready(device: i32) -> Record {
+        let mut record = Record::not_ready();
+        record.ready = 1;
+        record.host = 7;
+        record.settings = 9;
+        record.device = device;
+        record.pci_bus_id[..12].copy_from_slice(format!("0000:{device:02}:00.0").as_bytes());
+        record
+    }
+
+    #[test]
+    fn records_cross_the_wire_unchanged() {
+        let mut record = ready(3);
+        record.ipc[63] = 0xab;
+        record.buffer = 0x7f00_0000_1000;
+        let bytes = record.to_bytes();
+        assert_eq!(bytes.len(), RECORD_BYTES);
+        let back = Record::from_bytes(&bytes);
+        assert_eq!(
+            (back.device, back.ipc[63], back.buffer, back.pci_bus_id),
+            (3, 0xab, 0x7f00_0000_1000, record.pci_bus_id)
+        );
+    }
+
+    #[test]
+    fn every_rank_must_agree() {
+        let good = [ready(0), ready(1), ready(2)];
+        assert_eq!(agree(&good, 1), Ok(()));
+        type Spoil = fn(&mut Record);
+        let cases: [(usize, Spoil, &str); 4] = [
+            (2, |r| r.ready = 0, "rank 2 cannot use the core"),
+            (1, |r| r.host = 8, "rank 1 is on another host"),
+            (0, |r| r.settings = 1, "other NCCLSHIM_* settings"),
+            (
+                2,
+                |r| r.pci_bus_id = ready(0).pci_bus_id,
+                "rank 2 shares its GPU",
+            ),
+        ];
+        for (rank, spoil, why) in cases {
+            let mut records = good;
+            spoil(&mut records[rank]);
+            let verdict = agree(&records, (rank + 1) % 3);
+            assert!(
+                verdict.as_ref().is_err_and(|e| e.contains(why)),
+                "{verdict:?} should say {why}"
+            );
+        }
     }
 }
