@@ -214,9 +214,11 @@ static void sync_all() {
   for (int g = 0; g < n; g++) CUDA_CHECK(cudaStreamSynchronize(gpus[g].stream));
 }
 
-static double time_eager(const Lib* L, int coll, size_t count, int iters) {
+// Time per iteration; `issue_us`, when given, gets the host's part: issuing the calls.
+static double time_eager(const Lib* L, int coll, size_t count, int iters, double* issue_us = NULL) {
   double t0 = now_us();
   issue_iters(L, coll, count, iters);
+  if (issue_us) *issue_us = (now_us() - t0) / iters;
   sync_all();
   return (now_us() - t0) / iters;
 }
@@ -287,7 +289,8 @@ struct Result {
   size_t bytes, count;
   double time_us[2];  // [0] shim, [1] NCCL: medians of the rounds
   double ratio;       // median over rounds of shim / NCCL, each pair timed back to back
-  std::vector<double> rounds[2];
+  double issue_us[2];  // eager: medians of the host's time to issue one iteration's calls
+  std::vector<double> rounds[2], issue_rounds[2];
   unsigned long long wrong[2];
   int iters;
 };
@@ -304,8 +307,11 @@ static void measure(Lib* libs, int coll, size_t count, int graph, int iters, Res
   for (int round = 0; round < opt.rounds; round++) {
     for (int k = 0; k < 2; k++) {
       int l = (round + k) % 2;
-      double t = graph ? time_graph(&gr[l], iters) : time_eager(&libs[l], coll, count, iters);
+      double issue = 0;
+      double t = graph ? time_graph(&gr[l], iters)
+                       : time_eager(&libs[l], coll, count, iters, &issue);
       r->rounds[l].push_back(t);
+      r->issue_rounds[l].push_back(issue);
     }
   }
   std::vector<double> ratios;
@@ -314,6 +320,7 @@ static void measure(Lib* libs, int coll, size_t count, int graph, int iters, Res
   r->ratio = median(ratios);
   for (int l = 0; l < 2; l++) {
     r->time_us[l] = median(r->rounds[l]);
+    r->issue_us[l] = median(r->issue_rounds[l]);
     if (graph) destroy_graphs(&gr[l]);
   }
 }
@@ -324,9 +331,9 @@ static void print_header(int coll, int graph, const Lib* libs) {
   char a[32], b[32];
   snprintf(a, sizeof a, "%s(us)", libs[0].name);
   snprintf(b, sizeof b, "%s(us)", libs[1].name);
-  printf("# %12s %12s %6s %6s | %10s %8s %8s %6s | %10s %8s %8s %6s | %6s\n", "size(B)",
-         "count", "type", "redop", a, "algbw", "busbw", "#wrong", b, "algbw", "busbw", "#wrong",
-         "ratio");
+  printf("# %12s %12s %6s %6s | %10s %8s %8s %6s %8s | %10s %8s %8s %6s %8s | %6s\n",
+         "size(B)", "count", "type", "redop", a, "algbw", "busbw", "#wrong", "issue", b, "algbw",
+         "busbw", "#wrong", "issue", "ratio");
 }
 
 static void print_row(const Result* r) {
@@ -335,10 +342,11 @@ static void print_row(const Result* r) {
     alg[l] = r->bytes / r->time_us[l] / 1e3;  // GB/s
     bus[l] = alg[l] * busbw_factor(r->coll, n);
   }
-  printf("  %12zu %12zu %6s %6s | %10.2f %8.2f %8.2f %6llu | %10.2f %8.2f %8.2f %6llu | %6.3f\n",
+  printf("  %12zu %12zu %6s %6s | %10.2f %8.2f %8.2f %6llu %8.2f | %10.2f %8.2f %8.2f %6llu "
+         "%8.2f | %6.3f\n",
          r->bytes, r->count, "float", reduces(r->coll) ? "sum" : "none", r->time_us[0], alg[0],
-         bus[0], r->wrong[0], r->time_us[1], alg[1], bus[1], r->wrong[1],
-         r->ratio);
+         bus[0], r->wrong[0], r->issue_us[0], r->time_us[1], alg[1], bus[1], r->wrong[1],
+         r->issue_us[1], r->ratio);
 }
 
 static void write_json(const char* path, const std::vector<Result>& results, const Lib* libs) {
@@ -369,8 +377,9 @@ static void write_json(const char* path, const std::vector<Result>& results, con
             NAMES[r->coll], r->graph ? "graph" : "eager", r->bytes, r->count, r->iters,
             busbw_factor(r->coll, n), r->ratio);
     for (int l = 0; l < 2; l++) {
-      fprintf(f, ", \"%s\": {\"time_us\": %.4f, \"wrong\": %llu, \"rounds_us\": [",
-              l ? "nccl" : "shim", r->time_us[l], r->wrong[l]);
+      fprintf(f, ", \"%s\": {\"time_us\": %.4f, \"issue_us\": %.4f, \"wrong\": %llu, "
+                 "\"rounds_us\": [",
+              l ? "nccl" : "shim", r->time_us[l], r->issue_us[l], r->wrong[l]);
       for (size_t k = 0; k < r->rounds[l].size(); k++)
         fprintf(f, "%s%.4f", k ? ", " : "", r->rounds[l][k]);
       fprintf(f, "]}");

@@ -2,7 +2,7 @@
 # The GPU suite, on a machine with NVIDIA GPUs, nvcc and PyTorch (no Rust needed): compiles the
 # C/CUDA programs, runs the correctness matrix, the PyTorch checks and the side-by-side
 # benchmark through ncclshim, and writes logs and OUTDIR/summary.txt.
-#   run.sh OUTDIR [collectives] [torch] [bench]          (default: all three)
+#   run.sh OUTDIR [collectives] [torch] [bench] [launch]  (default: the first three)
 # It runs from the folder `make gpu-bundle` makes (the shim in shim/lib beside this script).
 # Environment (all optional):
 #   GPU_COUNTS  GPU counts to run on (default "2 4", less those the machine lacks)
@@ -66,9 +66,13 @@ $nvcc "${flags[@]}" "$here/collectives.cu" -o "$out/bin/collectives" -L"$shim_li
 pid1=$!
 $nvcc "${flags[@]}" "$here/bench.cu" -o "$out/bin/bench" -ldl >"$out/build-bench.log" 2>&1 &
 pid2=$!
+$nvcc "${flags[@]}" "$here/launch_cost.cu" -o "$out/bin/launch_cost" -lcuda -ldl \
+  >"$out/build-launch_cost.log" 2>&1 &
+pid3=$!
 wait $pid1; s1=$?
 wait $pid2; s2=$?
-verdict "build (nvcc)" $((s1 | s2)) "$((SECONDS - t0)) s; logs build-*.log"
+wait $pid3; s3=$?
+verdict "build (nvcc)" $((s1 | s2 | s3)) "$((SECONDS - t0)) s; logs build-*.log"
 cat "$out"/build-*.log
 
 # --- The correctness matrix ---
@@ -164,12 +168,21 @@ bench_suite() {
   done
 }
 
+# --- What the host pays per launch: the floor under eager times (a table, no verdict on it) ---
+launch_suite() {
+  local n=$1 log=$out/launch-cost-$n.txt
+  timeout "$step_timeout" "$out/bin/launch_cost" --real "$real" --ngpus "$n" >"$log" 2>&1
+  verdict "launch cost $n GPUs" $? "table in launch-cost-$n.txt"
+  sed 's/^/  /' "$log" | tee -a "$summary"
+}
+
 for n in $counts; do
   for suite in $suites; do
     case $suite in
       collectives) collectives "$n" ;;
       torch) torch_suite "$n" ;;
       bench) bench_suite "$n" ;;
+      launch) launch_suite "$n" ;;
       *) echo "unknown suite $suite" >&2; exit 2 ;;
     esac
   done

@@ -1,36 +1,34 @@
-// ncclshim's all-reduce over NVLink: one-shot and two-shot kernels that read the peers' staging
-// buffers directly (peer pointers in one process, CUDA IPC mappings across processes).
+// ncclshim's all-reduce over NVLink: kernels that write straight into the peers' staging
+// buffers (peer pointers in one process, CUDA IPC mappings across processes). Writes, not reads:
+// a store to a peer is posted and goes on, a load waits a round trip over NVLink.
 // Compiled at run time by NVRTC (no CUDA headers needed), one kernel per (algorithm, type, op):
 //   ncclshim_<ll|one_shot|two_shot>_<type>_<op>
 //
 // Memory layout of one rank's buffer (allocated and exchanged by the host side):
 //   flags:   [BARRIERS][MAX_BLOCKS][MAX_RANKS] u32  arrival epochs, written by the peers
-//            [MAX_BLOCKS] u32                        this rank's epoch per block
-//   staging: two input halves (by epoch parity) of `half_bytes` each, then a result area of
-//            `half_bytes` (two-shot: the chunk this rank reduced)
-//   inbox:   [2 parities][MAX_RANKS senders][LL_MAX_BYTES / 4] packets of 8 bytes (low latency)
+//            u32 epoch, u32 blocks done              this rank's call count (see begin_call)
+//   staging: two areas, by epoch parity, then the low-latency inboxes (see "the kernels")
 //
 // Ordering. Element i is handled by the same block index in every phase on every rank (the
 // same grid-stride partition), so block b of each rank only ever waits for block b of its
 // peers: a barrier is per block. A barrier is `__syncthreads(); thread p < nranks stores the
 // epoch into peer p's slot for us with st.release.sys, then spins with ld.acquire.sys on our
 // slot for peer p; __syncthreads()`. The release is cumulative over what the CTA barrier
-// ordered before it (every thread's staging writes); the acquire orders our later loads of
-// the peer's staging after the peer's writes. Epochs grow by one per call and are kept in
-// device memory by the kernel itself, so back-to-back calls and CUDA graph replays (which
+// ordered before it (every thread's stores into the peers' staging); the acquire orders our
+// later loads of our staging after the peers' stores. Epochs grow by one per call and are kept
+// in device memory by the kernel itself, so back-to-back calls and CUDA graph replays (which
 // replay the same parameters) stay in step. A peer may already have moved to the next epoch
 // when we look, so arrival is `flag - epoch >= 0` (wrap-safe). No end barrier is needed: the
-// input staging alternates halves by epoch parity, and a rank can only start writing a half
-// again two calls later, after every peer has passed the next call's start barrier, i.e.
-// finished reading this call's half. The two-shot result area is written only after the start
-// barrier of the next call, which every peer reaches only once done with this call.
+// staging alternates areas by epoch parity (see "the kernels" for why that is enough).
 //
 // Results are bitwise identical on every rank: one-shot reduces in rank order 0..n-1 on every
 // rank; two-shot reduces each chunk once, on its owner, and the others copy it.
 
-#define MAX_RANKS 8
-#define MAX_BLOCKS 128
-#define LL_MAX_BYTES (64 << 10)
+// MAX_THREADS, MAX_RANKS, MAX_BLOCKS and LL_MAX_BYTES come from the host (kernels::options),
+// from policy.rs.
+#if !defined(MAX_THREADS) || !defined(MAX_RANKS) || !defined(MAX_BLOCKS) || !defined(LL_MAX_BYTES)
+#error "compile with -DMAX_THREADS, -DMAX_RANKS, -DMAX_BLOCKS and -DLL_MAX_BYTES"
+#endif
 #define BARRIERS 2
 #define BARRIER_START 0
 #define BARRIER_MIDDLE 1
@@ -221,16 +219,31 @@ __device__ __forceinline__ void barrier(const Peers& peers, int rank, int nranks
   __syncthreads();
 }
 
-// The epoch of this call, for this block: one more than the last.
-__device__ __forceinline__ u32 next_epoch(const Peers& peers, int rank) {
+// The epoch of this call: one more than the last call's, the same in every block. The count is
+// kept by the kernel in device memory (graph replays repeat the parameters): every block reads
+// it at its start, and the last block to finish moves it on. Launches on one stream run one
+// after the other, so the next call always reads the moved count. One count for all blocks,
+// not one per block: a call's grid size depends on its size, and an element handled by block 5
+// in one call may be handled by block 0 in the next; with per-block counts the two could carry
+// the same epoch, and a stale packet or flag could pass for a fresh one.
+__device__ __forceinline__ u32* epoch_state(const Peers& peers, int rank) {
+  return peers.flags[rank] + BARRIERS * MAX_BLOCKS * MAX_RANKS;  // [0]: epoch, [1]: blocks done
+}
+__device__ __forceinline__ u32 begin_call(const Peers& peers, int rank) {
   __shared__ u32 epoch;
-  u32* epochs = peers.flags[rank] + BARRIERS * MAX_BLOCKS * MAX_RANKS;
-  if (threadIdx.x == 0) {
-    epoch = epochs[blockIdx.x] + 1;
-    epochs[blockIdx.x] = epoch;
-  }
+  if (threadIdx.x == 0) epoch = *(volatile u32*)epoch_state(peers, rank) + 1;
   __syncthreads();
   return epoch;
+}
+__device__ __forceinline__ void end_call(const Peers& peers, int rank, u32 epoch) {
+  if (threadIdx.x != 0) return;
+  u32* state = epoch_state(peers, rank);
+  // Every block read the epoch before counting itself done, so the last one may move it on. A
+  // lone block needs no count (the atomic's round trip would lengthen every small call).
+  if (gridDim.x == 1 || atomicAdd(&state[1], 1u) == gridDim.x - 1) {
+    state[1] = 0;
+    state[0] = epoch;
+  }
 }
 
 // ---- data movement ------------------------------------------------------------------------------
@@ -269,40 +282,51 @@ __device__ __forceinline__ bool my_tail_element(u64 count, u64 lo, u64 hi, u64* 
   return e < count && e >= lo && e < hi;
 }
 
-// Copies this thread's share of `count` elements from `src` into the (16-aligned) `dst`.
+// Pack j of `src` (elements j*N .. j*N+N-1), whatever the alignment of `src`.
 template <typename T>
-__device__ void copy_in(T* dst, const T* src, u64 count) {
-  const int N = PackOf<T>::N;
-  u64 packs = count / N;
-  if (aligned16(src)) {
-    for (u64 j = first_pack(0); j < packs; j += grid_threads()) ((Pack*)dst)[j] = ((const Pack*)src)[j];
-  } else {
-    for (u64 j = first_pack(0); j < packs; j += grid_threads()) {
-      typename PackOf<T>::U p;
+__device__ __forceinline__ Pack load_pack(const T* src, u64 j, bool aligned) {
+  if (aligned) return ((const Pack*)src)[j];
+  typename PackOf<T>::U p;
 #pragma unroll
-      for (int k = 0; k < N; k++) p.v[k] = src[j * N + k];
-      ((Pack*)dst)[j] = p.pack;
-    }
-  }
-  u64 e;
-  if (my_tail_element<T>(count, 0, count, &e)) dst[e] = src[e];
+  for (int k = 0; k < PackOf<T>::N; k++) p.v[k] = src[j * PackOf<T>::N + k];
+  return p.pack;
 }
 
-// Reduces elements [begin, end) (`begin` a multiple of the pack) of every rank's input staging,
-// in rank order, into `out` and, when given, into `keep` (16-aligned, indexed from `begin`).
+// Pushes this thread's share of elements [begin, end) of `in` (`begin` a multiple of the pack)
+// into `dst[0..ndst)`, 16-aligned buffers that take element i at byte (i - begin) * sizeof(T).
+template <typename T>
+__device__ void push_range(const T* in, u64 count, u64 begin, u64 end, char* const* dst, int ndst) {
+  const int N = PackOf<T>::N;
+  bool aligned = aligned16(in);
+  u64 whole_end = (end < count / N * N ? end : count / N * N) / N;
+  for (u64 j = first_pack(begin / N); j < whole_end; j += grid_threads()) {
+    Pack p = load_pack(in, j, aligned);
+    for (int d = 0; d < ndst; d++) *(Pack*)(dst[d] + (j * N - begin) * sizeof(T)) = p;
+  }
+  u64 e;
+  if (my_tail_element<T>(count, begin, end, &e)) {
+    T v = in[e];
+    for (int d = 0; d < ndst; d++) *(T*)(dst[d] + (e - begin) * sizeof(T)) = v;
+  }
+}
+
+// Reduces elements [begin, end) (`begin` a multiple of the pack) of `src[0..nranks)`, in rank
+// order, into `out` and into `copies[0..ncopies)`. `src[r]` and `copies[c]` are 16-aligned and
+// hold element i at byte (i - begin) * sizeof(T).
 template <typename T, int OP>
-__device__ void reduce_range(const Peers& peers, u64 input_offset, int nranks, u64 count, u64 begin, u64 end,
-                             T* out, T* keep) {
+__device__ void reduce_range(const char* const* src, int nranks, u64 count, u64 begin, u64 end, T* out,
+                             char* const* copies, int ncopies) {
   typedef Reduce<T, OP> R;
   typedef typename Traits<T>::Acc Acc;
   const int N = PackOf<T>::N;
   bool out_aligned = aligned16(out);
   u64 whole_end = (end < count / N * N ? end : count / N * N) / N;
   for (u64 j = first_pack(begin / N); j < whole_end; j += grid_threads()) {
+    u64 at = (j * N - begin) * sizeof(T);
     typename PackOf<T>::U in[MAX_RANKS];
 #pragma unroll
     for (int r = 0; r < MAX_RANKS; r++) {
-      if (r < nranks) in[r].pack = *(const Pack*)(peers.staging[r] + input_offset + j * 16);
+      if (r < nranks) in[r].pack = *(const Pack*)(src[r] + at);
     }
     typename PackOf<T>::U result;
 #pragma unroll
@@ -320,17 +344,16 @@ __device__ void reduce_range(const Peers& peers, u64 input_offset, int nranks, u
 #pragma unroll
       for (int k = 0; k < N; k++) out[j * N + k] = result.v[k];
     }
-    if (keep) *(Pack*)(keep + (j * N - begin)) = result.pack;
+    for (int c = 0; c < ncopies; c++) *(Pack*)(copies[c] + at) = result.pack;
   }
   u64 e;
   if (my_tail_element<T>(count, begin, end, &e)) {
-    Acc a = R::first(*(const T*)(peers.staging[0] + input_offset + e * sizeof(T)), nranks);
-    for (int r = 1; r < nranks; r++) {
-      a = R::combine(a, *(const T*)(peers.staging[r] + input_offset + e * sizeof(T)), nranks);
-    }
+    u64 at = (e - begin) * sizeof(T);
+    Acc a = R::first(*(const T*)(src[0] + at), nranks);
+    for (int r = 1; r < nranks; r++) a = R::combine(a, *(const T*)(src[r] + at), nranks);
     T v = R::finish(a, nranks);
     out[e] = v;
-    if (keep) keep[e - begin] = v;
+    for (int c = 0; c < ncopies; c++) *(T*)(copies[c] + at) = v;
   }
 }
 
@@ -356,16 +379,40 @@ __device__ void copy_out(T* out, const T* src, u64 count, u64 begin, u64 end) {
 }
 
 // ---- the kernels --------------------------------------------------------------------------------
+//
+// Staging, as the kernels divide it (the host allocates staging_bytes(half_bytes)):
+//   [area of even epochs][area of odd epochs][low-latency inboxes]
+// An area is 2 * half_bytes + 256 bytes: one-shot uses MAX_RANKS slots of area / MAX_RANKS, one
+// per sender; two-shot uses nranks slots of one chunk and 16 bytes (at most half_bytes + 32 *
+// nranks in all), then a result area of half_bytes at RESULTS. A rank writes into an area of a peer in call E+2 only once
+// it has passed a barrier of (or received packets of) call E+1 with that peer, whose kernel of
+// call E+1 is then running, so its kernel of call E, which read the same area, is done.
+#define RESULTS(half_bytes) ((half_bytes) + 256)
 
-// One-shot: stage the input, meet, every rank reduces everything.
+__device__ __forceinline__ u64 area_bytes(u64 half_bytes) { return 2 * half_bytes + 256; }
+__device__ __forceinline__ u64 area_offset(u64 half_bytes, u32 epoch) { return (epoch & 1) * area_bytes(half_bytes); }
+__device__ __forceinline__ u64 inbox_offset(u64 half_bytes) { return 2 * area_bytes(half_bytes); }
+
+// One-shot: every rank pushes its input into a slot of every rank's staging, they meet, and
+// every rank reduces all slots, locally, in rank order.
 template <typename T, int OP>
 __device__ void one_shot(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,
                          const volatile int* abort) {
-  u32 epoch = next_epoch(peers, rank);
-  u64 input_offset = (epoch & 1) * half_bytes;
-  copy_in((T*)(peers.staging[rank] + input_offset), in, count);
+  u32 epoch = begin_call(peers, rank);
+  u64 area = area_offset(half_bytes, epoch);
+  u64 slot = area_bytes(half_bytes) / MAX_RANKS / 16 * 16;
+  char* dst[MAX_RANKS];
+  const char* src[MAX_RANKS];
+  for (int p = 0; p < nranks; p++) {
+    // Start with the next rank: the ranks' first stores go to different GPUs.
+    int to = (rank + 1 + p) % nranks;
+    dst[p] = peers.staging[to] + area + rank * slot;
+    src[p] = peers.staging[rank] + area + p * slot;
+  }
+  push_range(in, count, 0, count, dst, nranks);
   barrier(peers, rank, nranks, BARRIER_START, epoch, abort);
-  reduce_range<T, OP>(peers, input_offset, nranks, count, 0, count, out, (T*)0);
+  reduce_range<T, OP>(src, nranks, count, 0, count, out, (char* const*)0, 0);
+  end_call(peers, rank, epoch);
 }
 
 // The chunk of `owner` in two-shot: whole packs, so that every chunk starts 16-aligned in
@@ -378,26 +425,43 @@ __device__ __forceinline__ void chunk_bounds(int owner, int nranks, u64 count, u
   *end = owner == nranks - 1 ? count : (*begin + chunk < count ? *begin + chunk : count);
 }
 
-// Two-shot: stage, meet, reduce our chunk (keeping it in our result area), meet, copy the other
-// chunks from their owners.
+// Two-shot: every rank pushes each chunk of its input into a slot of the chunk's owner; they
+// meet; each owner reduces its chunk from its slots, in rank order, into its output and into
+// every other rank's result area; they meet; every rank copies the other chunks from its result
+// area to its output.
 template <typename T, int OP>
 __device__ void two_shot(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,
                          const volatile int* abort) {
-  u32 epoch = next_epoch(peers, rank);
-  u64 input_offset = (epoch & 1) * half_bytes;
-  u64 result_offset = 2 * half_bytes;
-  copy_in((T*)(peers.staging[rank] + input_offset), in, count);
-  barrier(peers, rank, nranks, BARRIER_START, epoch, abort);
+  const u64 N = PackOf<T>::N;
+  u32 epoch = begin_call(peers, rank);
+  u64 area = area_offset(half_bytes, epoch);
+  // A slot holds one chunk, and the last owner's also the elements past the last whole pack.
+  u64 slot = (count / N + nranks - 1) / nranks * N * sizeof(T) + 16;
   u64 begin, end;
+  for (int step = 1; step <= nranks; step++) {
+    int owner = (rank + step) % nranks;
+    chunk_bounds<T>(owner, nranks, count, &begin, &end);
+    char* dst = peers.staging[owner] + area + rank * slot;
+    push_range(in, count, begin, end, &dst, 1);
+  }
+  barrier(peers, rank, nranks, BARRIER_START, epoch, abort);
   chunk_bounds<T>(rank, nranks, count, &begin, &end);
-  reduce_range<T, OP>(peers, input_offset, nranks, count, begin, end, out,
-                      (T*)(peers.staging[rank] + result_offset));
+  const char* src[MAX_RANKS];
+  char* copies[MAX_RANKS];
+  int ncopies = 0;
+  for (int r = 0; r < nranks; r++) {
+    src[r] = peers.staging[rank] + area + r * slot;
+    if (r != rank) copies[ncopies++] = peers.staging[r] + area + RESULTS(half_bytes) + begin * sizeof(T);
+  }
+  reduce_range<T, OP>(src, nranks, count, begin, end, out, copies, ncopies);
   barrier(peers, rank, nranks, BARRIER_MIDDLE, epoch, abort);
+  const T* results = (const T*)(peers.staging[rank] + area + RESULTS(half_bytes));
   for (int step = 1; step < nranks; step++) {
     int owner = (rank + step) % nranks;
     chunk_bounds<T>(owner, nranks, count, &begin, &end);
-    copy_out(out, (const T*)(peers.staging[owner] + result_offset), count, begin, end);
+    copy_out(out, results + begin, count, begin, end);
   }
+  end_call(peers, rank, epoch);
 }
 
 // Low latency (small messages): no staging, no barrier. Each rank writes its input straight into
@@ -429,12 +493,12 @@ __device__ void ll_one_shot(Peers peers, int rank, int nranks, const T* in, T* o
     u32 w[2];
     T v[E];
   };
-  u32 epoch = next_epoch(peers, rank);
+  u32 epoch = begin_call(peers, rank);
   const u64 bytes = count * sizeof(T);
   const u64 units = (bytes + 7) / 8;
   const u64 slot = LL_MAX_BYTES / 4;  // packets per (parity, sender)
   const u64 parity = epoch & 1;
-  const u64 inbox = 3 * half_bytes;
+  const u64 inbox = inbox_offset(half_bytes);
   const bool whole = ((u64)in & 7) == 0;
   for (u64 u = thread_index(); u < units; u += grid_threads()) {
     Unit mine;
@@ -471,6 +535,7 @@ __device__ void ll_one_shot(Peers peers, int rank, int nranks, const T* in, T* o
       out[u * E + e] = R::finish(a, nranks);
     }
   }
+  end_call(peers, rank, epoch);
 }
 
 #define KERNELS(NAME, T)                                                                              \
@@ -481,20 +546,15 @@ __device__ void ll_one_shot(Peers peers, int rank, int nranks, const T* in, T* o
   KERNEL(NAME, T, avg, OP_AVG)
 
 #define KERNEL(NAME, T, OPNAME, OP)                                                                   \
-  extern "C" __global__ void __launch_bounds__(512) ncclshim_ll_##NAME##_##OPNAME(                     \
-      Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,               \
-      const volatile int* abort) {                                                                    \
-    ll_one_shot<T, OP>(peers, rank, nranks, in, out, count, half_bytes, abort);                        \
-  }                                                                                                   \
-  extern "C" __global__ void __launch_bounds__(512) ncclshim_one_shot_##NAME##_##OPNAME(               \
-      Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,               \
-      const volatile int* abort) {                                                                    \
-    one_shot<T, OP>(peers, rank, nranks, in, out, count, half_bytes, abort);                           \
-  }                                                                                                   \
-  extern "C" __global__ void __launch_bounds__(512) ncclshim_two_shot_##NAME##_##OPNAME(               \
-      Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,               \
-      const volatile int* abort) {                                                                    \
-    two_shot<T, OP>(peers, rank, nranks, in, out, count, half_bytes, abort);                           \
+  KERNEL_OF(ll_one_shot, ncclshim_ll_##NAME##_##OPNAME, T, OP)                                        \
+  KERNEL_OF(one_shot, ncclshim_one_shot_##NAME##_##OPNAME, T, OP)                                     \
+  KERNEL_OF(two_shot, ncclshim_two_shot_##NAME##_##OPNAME, T, OP)
+
+#define KERNEL_OF(ALGORITHM, SYMBOL, T, OP)                                                           \
+  extern "C" __global__ void __launch_bounds__(MAX_THREADS)                                           \
+      SYMBOL(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,       \
+             const volatile int* abort) {                                                             \
+    ALGORITHM<T, OP>(peers, rank, nranks, in, out, count, half_bytes, abort);                         \
   }
 
 // NCCL_TYPES is defined by the host to the types wanted (all of them by default).

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::cuda::{self, Cuda, Device, DevicePtr, HostFlag};
 use super::kernels::Kernels;
-use super::policy::{MAX_RANKS, Plan, THREADS};
+use super::policy::{MAX_RANKS, Plan};
 
 /// Bytes at the start of each rank's buffer for the flags (see all_reduce.cu), rounded up.
 pub const FLAGS_BYTES: usize = 64 << 10;
@@ -112,7 +112,7 @@ impl CoreComm {
             (&raw mut abort).cast(),
         ];
         // SAFETY: the parameters are the kernel's, in order; cuLaunchKernel copies them.
-        unsafe { cuda::launch(function, plan.blocks, THREADS, stream, &mut params) }
+        unsafe { cuda::launch(function, plan.blocks, plan.threads, stream, &mut params) }
     }
 
     /// Frees everything once our kernels are done (the device is synchronised, on a thread of

@@ -35,14 +35,26 @@ pub fn start() {
     DEPTH.with(|d| d.set(d.get() + 1));
 }
 
-/// Leaves one group level; at the outermost, hands back what waited for it.
-pub fn end() -> Option<(Vec<ncclComm_t>, Vec<Queued>)> {
+/// Leaves one group level; at the outermost, hands back the communicators created in the group
+/// (their queued operations wait for `drain_queued`).
+pub fn end() -> Option<Vec<ncclComm_t>> {
     let depth = DEPTH.with(|d| {
         let depth = d.get().saturating_sub(1);
         d.set(depth);
         depth
     });
-    (depth == 0).then(|| (NEW_COMMS.with(|c| c.take()), QUEUED.with(|q| q.take())))
+    (depth == 0).then(|| NEW_COMMS.with(|c| c.take()))
+}
+
+/// Hands each operation queued in the group to `f`, in order, and empties the queue (keeping
+/// its memory for the next group); stops at the first error.
+pub fn drain_queued<E>(mut f: impl FnMut(&Queued) -> Result<(), E>) -> Result<(), E> {
+    QUEUED.with(|q| {
+        let mut queued = q.borrow_mut();
+        let result = queued.iter().try_for_each(&mut f);
+        queued.clear();
+        result
+    })
 }
 
 pub fn defer_setup(comm: ncclComm_t) {

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
 
 use super::cuda::{self, Device, Function};
+use super::policy;
 use super::types::{Algorithm, DataType, Op};
 
 pub const SOURCE: &str = include_str!("all_reduce.cu");
@@ -47,6 +48,10 @@ pub fn options(dtype: DataType, arch: (i32, i32)) -> Vec<String> {
     vec![
         format!("--gpu-architecture=sm_{}{}", arch.0, arch.1),
         "-std=c++17".into(),
+        format!("-DMAX_THREADS={}", policy::MAX_THREADS),
+        format!("-DMAX_RANKS={}", policy::MAX_RANKS),
+        format!("-DMAX_BLOCKS={}", policy::MAX_BLOCKS),
+        format!("-DLL_MAX_BYTES={}", policy::LL_MAX_BYTES),
         format!(
             "-DNCCL_TYPES=KERNELS({},{})",
             dtype.kernel_suffix(),

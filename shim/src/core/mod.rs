@@ -44,26 +44,28 @@ pub fn group_start() {
 /// After the real ncclGroupEnd returned `result`: at the outermost level, set up the
 /// communicators created in the group and launch the core operations queued in it.
 pub fn group_end(result: ncclResult_t) -> ncclResult_t {
-    let Some((new_comms, queued)) = group::end() else {
+    let Some(new_comms) = group::end() else {
         return result;
     };
     if result != ncclSuccess {
+        let _ = group::drain_queued(|_| Ok::<(), ()>(()));
         return result;
     }
-    setup::set_up(&new_comms);
-    for op in queued {
-        if let Err(e) = op
-            .core
+    if !new_comms.is_empty() {
+        setup::set_up(&new_comms);
+    }
+    let launched = group::drain_queued(|op| {
+        op.core
             .launch_all_reduce(&op.plan, op.send, op.recv, op.count, op.stream)
-        {
-            log_warn!(
-                "all-reduce on GPU {} could not be launched: {e}",
-                op.core.device.ordinal
-            );
-            return ncclUnhandledCudaError;
+            .map_err(|e| (op.core.device.ordinal, e))
+    });
+    match launched {
+        Ok(()) => result,
+        Err((ordinal, e)) => {
+            log_warn!("all-reduce on GPU {ordinal} could not be launched: {e}");
+            ncclUnhandledCudaError
         }
     }
-    result
 }
 
 /// The core's all-reduce, if it takes this one; `None` leaves it to the real NCCL.

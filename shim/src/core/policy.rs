@@ -5,7 +5,8 @@
 //! Settings (the same on every rank):
 //!   NCCLSHIM_CORE=0                      the core is off: no set-up, everything forwards
 //!   NCCLSHIM_FORCE=nccl|core             route nothing / everything the core can take
-//!   NCCLSHIM_ONE_SHOT_MAX_BYTES=N        one-shot up to N bytes
+//!   NCCLSHIM_LL_MAX_BYTES=N              low-latency up to N bytes (at most 256 KiB)
+//!   NCCLSHIM_ONE_SHOT_MAX_BYTES=N        one-shot up to N bytes (at most 4 MiB)
 //!   NCCLSHIM_ALL_REDUCE_MAX_BYTES=N      the core up to N bytes (two-shot above one-shot's limit)
 
 use std::sync::OnceLock;
@@ -14,47 +15,69 @@ use super::types::{Algorithm, DataType, Op};
 
 /// Largest all-reduce the staging buffers take.
 pub const STAGING_HALF_BYTES: usize = 16 << 20;
-pub const THREADS: u32 = 512;
-/// Must match MAX_BLOCKS, MAX_RANKS and LL_MAX_BYTES in all_reduce.cu.
-pub const MAX_BLOCKS: u32 = 128;
+/// Largest one-shot: its slot per sender in a staging area (see all_reduce.cu).
+pub const ONE_SHOT_LIMIT_BYTES: usize = STAGING_HALF_BYTES / 4;
+/// The kernels' `__launch_bounds__`.
+pub const MAX_THREADS: u32 = 512;
+/// MAX_THREADS, MAX_BLOCKS, MAX_RANKS and LL_MAX_BYTES are passed to all_reduce.cu
+/// (kernels::options).
+pub const MAX_BLOCKS: u32 = 256;
 pub const MAX_RANKS: usize = 8;
-pub const LL_MAX_BYTES: usize = 64 << 10;
+pub const LL_MAX_BYTES: usize = 256 << 10;
 /// The low-latency inboxes: 2 parities x MAX_RANKS senders x packets of twice the payload.
 pub const INBOX_BYTES: usize = 2 * MAX_RANKS * 2 * LL_MAX_BYTES;
+
+/// The staging before the inboxes, for all-reduces of up to `half_bytes`: two areas (by epoch
+/// parity) of `2 * half_bytes + 256` bytes, as all_reduce.cu divides them.
+pub const fn staging_bytes(half_bytes: usize) -> usize {
+    2 * (2 * half_bytes + 256)
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Settings {
     pub enabled: bool,
     pub force_core: bool,
-    pub ll_max_bytes: usize,
+    /// `None`: by the number of ranks (see `ll_max`).
+    pub ll_max_bytes: Option<usize>,
     /// `None`: by the number of ranks (see `one_shot_max`).
     pub one_shot_max_bytes: Option<usize>,
     pub all_reduce_max_bytes: usize,
 }
 
 impl Settings {
-    /// Thresholds from measurements on H200 (NVLink, 18 links per pair): docs/performance.md.
+    /// Thresholds from measurements on H200 (NVLink, 18 links per GPU): docs/performance.md.
     pub fn defaults() -> Settings {
         Settings {
             enabled: true,
             force_core: false,
-            ll_max_bytes: 64 << 10,
+            ll_max_bytes: None,
             one_shot_max_bytes: None,
-            all_reduce_max_bytes: 8 << 20,
+            all_reduce_max_bytes: STAGING_HALF_BYTES,
         }
     }
 
-    /// One-shot reads every peer's whole message: worth it longer with fewer peers (on 4 H200,
-    /// one-shot at 1 MiB was slower than NCCL, two-shot faster).
+    /// Low-latency packets carry as many flag bytes as data, to every rank: worth it longer
+    /// with fewer ranks (on 2 H200 it beat one-shot up to 256 KiB, on 4 only up to 32 KiB).
+    pub fn ll_max(&self, nranks: usize) -> usize {
+        let by_ranks = if nranks <= 2 { 256 << 10 } else { 32 << 10 };
+        self.ll_max_bytes
+            .unwrap_or(by_ranks)
+            .min(self.all_reduce_max_bytes)
+            .min(LL_MAX_BYTES)
+    }
+
+    /// One-shot sends every rank's whole message to every rank: worth it longer with fewer
+    /// ranks (on 2 H200 it beat two-shot up to 2 MiB, on 4 up to 512 KiB).
     pub fn one_shot_max(&self, nranks: usize) -> usize {
         let by_ranks = match nranks {
-            ..=2 => 1 << 20,
+            ..=2 => 2 << 20,
             3..=4 => 512 << 10,
             _ => 256 << 10,
         };
         self.one_shot_max_bytes
             .unwrap_or(by_ranks)
             .min(self.all_reduce_max_bytes)
+            .min(ONE_SHOT_LIMIT_BYTES)
     }
 
     fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Settings {
@@ -72,7 +95,7 @@ impl Settings {
             _ => {}
         }
         if let Some(n) = bytes("NCCLSHIM_LL_MAX_BYTES") {
-            s.ll_max_bytes = n;
+            s.ll_max_bytes = Some(n);
         }
         if let Some(n) = bytes("NCCLSHIM_ONE_SHOT_MAX_BYTES") {
             s.one_shot_max_bytes = Some(n);
@@ -81,7 +104,6 @@ impl Settings {
             s.all_reduce_max_bytes = n;
         }
         s.all_reduce_max_bytes = s.all_reduce_max_bytes.min(STAGING_HALF_BYTES);
-        s.ll_max_bytes = s.ll_max_bytes.min(LL_MAX_BYTES);
         s
     }
 }
@@ -98,6 +120,21 @@ pub struct Plan {
     pub dtype: DataType,
     pub op: Op,
     pub blocks: u32,
+    pub threads: u32,
+}
+
+/// Threads per block and the most blocks, measured on H200 (docs/performance.md): latency-bound
+/// sizes gain from spreading over more SMs with smaller blocks; bandwidth-bound two-shot from
+/// bigger blocks. A grid never exceeds what the GPU holds at once (its blocks wait on each other's
+/// peers), and one-shot and two-shot stop at 128 blocks, past which they measured slower.
+fn launch_shape(algorithm: Algorithm, bytes: usize) -> (u32, u32) {
+    match algorithm {
+        Algorithm::LowLatency => (128, MAX_BLOCKS),
+        Algorithm::OneShot if bytes <= 256 << 10 => (128, MAX_BLOCKS),
+        Algorithm::OneShot => (256, 128),
+        Algorithm::TwoShot if bytes <= 4 << 20 => (256, 128),
+        Algorithm::TwoShot => (MAX_THREADS, 128),
+    }
 }
 
 /// The core's plan for an all-reduce of `count` elements, or `None` to leave it to NCCL.
@@ -122,20 +159,22 @@ pub fn plan_all_reduce(
         return None;
     }
     // Each thread moves 8 bytes at a time in the low-latency kernel, 16 in the others.
-    let (algorithm, unit) = if bytes <= settings.ll_max_bytes {
+    let (algorithm, unit) = if bytes <= settings.ll_max(nranks) {
         (Algorithm::LowLatency, 8)
     } else if bytes <= settings.one_shot_max(nranks) {
         (Algorithm::OneShot, 16)
     } else {
         (Algorithm::TwoShot, 16)
     };
+    let (threads, max_blocks) = launch_shape(algorithm, bytes);
     let units = bytes.div_ceil(unit) as u64;
-    let blocks = units.div_ceil(THREADS as u64).clamp(1, MAX_BLOCKS as u64) as u32;
+    let blocks = units.div_ceil(threads as u64).clamp(1, max_blocks as u64) as u32;
     Some(Plan {
         algorithm,
         dtype,
         op,
         blocks,
+        threads,
     })
 }
 
@@ -160,16 +199,23 @@ mod tests {
         let s = with(&[]);
         let plan = plan_all_reduce(&s, 1024, 7, 0, 2).unwrap();
         assert_eq!(
-            (plan.algorithm, plan.dtype, plan.op, plan.blocks),
-            (Algorithm::LowLatency, DataType::Float32, Op::Sum, 1)
+            (plan.algorithm, plan.dtype, plan.op),
+            (Algorithm::LowLatency, DataType::Float32, Op::Sum)
         );
-        assert_eq!(algorithm(&s, 64 << 10, 2), Some(Algorithm::LowLatency));
-        assert_eq!(algorithm(&s, (64 << 10) + 4, 2), Some(Algorithm::OneShot));
-        assert_eq!(algorithm(&s, 1 << 20, 2), Some(Algorithm::OneShot));
-        assert_eq!(algorithm(&s, 512 << 10, 4), Some(Algorithm::OneShot));
-        let fewer = "one-shot stops earlier with more peers";
+        let fewer = "each algorithm stops earlier with more ranks";
+        assert_eq!(algorithm(&s, 256 << 10, 2), Some(Algorithm::LowLatency));
+        assert_eq!(algorithm(&s, (256 << 10) + 4, 2), Some(Algorithm::OneShot));
+        assert_eq!(algorithm(&s, 32 << 10, 4), Some(Algorithm::LowLatency));
         assert_eq!(
-            algorithm(&s, 1 << 20, 4),
+            algorithm(&s, (32 << 10) + 4, 4),
+            Some(Algorithm::OneShot),
+            "{fewer}"
+        );
+        assert_eq!(algorithm(&s, 2 << 20, 2), Some(Algorithm::OneShot));
+        assert_eq!(algorithm(&s, (2 << 20) + 4, 2), Some(Algorithm::TwoShot));
+        assert_eq!(algorithm(&s, 512 << 10, 4), Some(Algorithm::OneShot));
+        assert_eq!(
+            algorithm(&s, (512 << 10) + 4, 4),
             Some(Algorithm::TwoShot),
             "{fewer}"
         );
@@ -178,10 +224,9 @@ mod tests {
             Some(Algorithm::TwoShot),
             "{fewer}"
         );
-        assert_eq!(algorithm(&s, (1 << 20) + 4, 2), Some(Algorithm::TwoShot));
-        assert_eq!(algorithm(&s, 8 << 20, 2), Some(Algorithm::TwoShot));
-        let above = "above the limit NCCL takes it";
-        assert_eq!(algorithm(&s, (8 << 20) + 4, 2), None, "{above}");
+        assert_eq!(algorithm(&s, 16 << 20, 2), Some(Algorithm::TwoShot));
+        let above = "above the staging buffers NCCL takes it";
+        assert_eq!(algorithm(&s, (16 << 20) + 4, 2), None, "{above}");
         assert_eq!(plan_all_reduce(&s, 0, 7, 0, 2), None);
         assert_eq!(
             plan_all_reduce(&s, 8, 7, 5, 2),
@@ -192,17 +237,34 @@ mod tests {
         assert_eq!(plan_all_reduce(&s, 8, 7, 0, 1), None);
         assert_eq!(plan_all_reduce(&s, 8, 7, 0, 9), None);
         assert_eq!(plan_all_reduce(&s, usize::MAX / 2, 7, 0, 2), None);
-        let blocks = |count, dtype| plan_all_reduce(&s, count, dtype, 0, 2).unwrap().blocks;
-        assert_eq!(blocks((4 << 20) / 4, 7), MAX_BLOCKS);
-        assert_eq!(blocks(64 << 10, 0), 16, "low latency: a thread per 8 bytes");
-        assert_eq!(blocks(8 << 10, 7), 8);
+        let shape = |bytes: usize, nranks| {
+            let plan = plan_all_reduce(&s, bytes, 0, 0, nranks).unwrap();
+            (plan.algorithm, plan.threads, plan.blocks)
+        };
+        use Algorithm::*;
+        let per_8_bytes = "low latency: a thread per 8 bytes, in blocks of 128";
+        assert_eq!(shape(8, 2), (LowLatency, 128, 1), "{per_8_bytes}");
+        assert_eq!(shape(4 << 10, 2), (LowLatency, 128, 4), "{per_8_bytes}");
+        assert_eq!(shape(256 << 10, 2), (LowLatency, 128, 256), "{per_8_bytes}");
+        let per_16_bytes = "one-shot and two-shot: a thread per 16 bytes, up to 128 blocks";
+        assert_eq!(shape(256 << 10, 4), (OneShot, 128, 128), "{per_16_bytes}");
+        assert_eq!(shape(512 << 10, 4), (OneShot, 256, 128), "{per_16_bytes}");
+        assert_eq!(shape(1 << 20, 4), (TwoShot, 256, 128), "{per_16_bytes}");
+        assert_eq!(
+            shape(16 << 20, 4),
+            (TwoShot, MAX_THREADS, 128),
+            "{per_16_bytes}"
+        );
     }
 
     #[test]
     fn settings_come_from_the_environment() {
         assert!(!with(&[("NCCLSHIM_CORE", "0")]).enabled);
         assert!(!with(&[("NCCLSHIM_FORCE", "nccl")]).enabled);
-        let forced = with(&[("NCCLSHIM_FORCE", "core")]);
+        let forced = with(&[
+            ("NCCLSHIM_FORCE", "core"),
+            ("NCCLSHIM_ALL_REDUCE_MAX_BYTES", "1024"),
+        ]);
         assert_eq!(algorithm(&forced, 16 << 20, 2), Some(Algorithm::TwoShot));
         assert_eq!(
             algorithm(&forced, (16 << 20) + 4, 2),
@@ -221,10 +283,15 @@ mod tests {
         let huge = with(&[
             ("NCCLSHIM_ALL_REDUCE_MAX_BYTES", "999999999999"),
             ("NCCLSHIM_LL_MAX_BYTES", "99999999"),
+            ("NCCLSHIM_ONE_SHOT_MAX_BYTES", "99999999"),
         ]);
         assert_eq!(
-            (huge.all_reduce_max_bytes, huge.ll_max_bytes),
-            (STAGING_HALF_BYTES, LL_MAX_BYTES)
+            (
+                huge.all_reduce_max_bytes,
+                huge.ll_max(2),
+                huge.one_shot_max(2)
+            ),
+            (STAGING_HALF_BYTES, LL_MAX_BYTES, ONE_SHOT_LIMIT_BYTES)
         );
     }
 }

@@ -217,15 +217,12 @@ fn own_parts(device: Device) -> Result<Parts, String> {
     super::nvrtc::load()?;
     let kernels = kernels::for_device(&device)?;
     let half_bytes = STAGING_HALF_BYTES as u64;
-    let bytes = FLAGS_BYTES + 3 * STAGING_HALF_BYTES + INBOX_BYTES;
-    let buffer = cuda::alloc(bytes).map_err(|e| e.to_string())?;
+    let inbox = FLAGS_BYTES + policy::staging_bytes(STAGING_HALF_BYTES);
+    let buffer = cuda::alloc(inbox + INBOX_BYTES).map_err(|e| e.to_string())?;
     let rest = || -> Cuda<HostFlag> {
         // Flags, epochs and the low-latency inboxes start at zero: no epoch is zero.
         cuda::zero(buffer, FLAGS_BYTES)?;
-        cuda::zero(
-            buffer + (FLAGS_BYTES + 3 * STAGING_HALF_BYTES) as u64,
-            INBOX_BYTES,
-        )?;
+        cuda::zero(buffer + inbox as u64, INBOX_BYTES)?;
         HostFlag::new()
     };
     match rest() {
@@ -275,7 +272,7 @@ fn settings_key(half_bytes: u64) -> u64 {
     let s = policy::settings();
     let mut key = half_bytes ^ (FLAGS_BYTES as u64).rotate_left(40);
     for v in [
-        s.ll_max_bytes as u64,
+        s.ll_max_bytes.map_or(u64::MAX, |n| n as u64),
         s.one_shot_max_bytes.map_or(u64::MAX, |n| n as u64),
         s.all_reduce_max_bytes as u64,
         s.force_core as u64,
@@ -429,7 +426,7 @@ fn finish(candidate: &mut Candidate, mapped: Result<Mapped, String>, everyone: b
                 candidate.rank,
                 candidate.nranks,
                 parts.device.ordinal,
-                settings.ll_max_bytes,
+                settings.ll_max(candidate.nranks),
                 settings.one_shot_max(candidate.nranks),
                 settings.all_reduce_max_bytes
             );
