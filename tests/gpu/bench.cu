@@ -19,16 +19,9 @@
 #include <algorithm>
 #include <vector>
 
-#define MAX_GPUS 16
+#include "cuda_check.h"
 
-#define CUDA_CHECK(call)                                                               \
-  do {                                                                                 \
-    cudaError_t e_ = (call);                                                           \
-    if (e_ != cudaSuccess) {                                                           \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      exit(2);                                                                         \
-    }                                                                                  \
-  } while (0)
+#define MAX_GPUS 16
 
 // One libnccl.so.2, reached through dlsym: nccl.h gives the types, never a link.
 struct Lib {

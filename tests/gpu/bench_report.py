@@ -1,7 +1,9 @@
 """Reads the JSON that bench.cu writes: checks it, plots it, or turns it into markdown tables.
 
-    bench_report.py --check bench-2.json             one line; exit 1 on a wrong element or a
-                                                     ratio (ours / NCCL) outside 1.00 +- 0.03
+    bench_report.py --check bench-2.json             one line; exit 1 on a wrong element, a
+                                                     ratio (ours / NCCL) outside 1.00 +- 0.05, or
+                                                     a mode whose median ratio is outside
+                                                     1.00 +- 0.01
     bench_report.py --check-wrong bench-2.json       the same line; exit 1 on a wrong element only
                                                      (for runs where our own code may be faster)
     bench_report.py --plot OUTDIR bench-*.json       OUTDIR/<json name>.png (time and busbw
@@ -15,9 +17,14 @@ import glob
 import json
 import os
 import shutil
+import statistics
 import sys
 
-BAND = 0.03
+# Forwarding must not show: no size beyond the noise of timing NCCL against itself (A/A runs
+# reached 1.034 at single sizes, and CUDA-graph replays, which never enter the shim, 1.04), and
+# no overhead across sizes (a cost per call would move the median of every mode).
+BAND = 0.05
+MEDIAN_BAND = 0.01
 COLLS = ["AllReduce", "AllGather", "ReduceScatter", "Broadcast", "Reduce", "AlltoAll", "Gather",
          "Scatter", "SendRecv"]
 
@@ -47,19 +54,26 @@ def verdict(data, band=True):
     wrong = sum(r["shim"]["wrong"] + r["nccl"]["wrong"] for r in rs)
     parts = [f"#wrong {wrong}"]
     outside = []
+    medians_off = []
     for mode in ("eager", "graph"):
         ratios = [r for r in rs if r["mode"] == mode]
         if not ratios:
             continue
         lo = min(ratios, key=lambda r: r["ratio"])
         hi = max(ratios, key=lambda r: r["ratio"])
-        parts.append(f"{mode} ratio {lo['ratio']:.3f}..{hi['ratio']:.3f}")
+        median = statistics.median(r["ratio"] for r in ratios)
+        parts.append(f"{mode} ratio {lo['ratio']:.3f}..{hi['ratio']:.3f} (median {median:.3f})")
         outside += [r for r in ratios if abs(r["ratio"] - 1) > BAND]
+        if abs(median - 1) > MEDIAN_BAND:
+            medians_off.append(mode)
     parts.append(f"{len(outside)} of {len(rs)} sizes outside 1.00+-{BAND:.2f}")
     parts += [f"{r['coll']}/{r['mode']}/{r['bytes']}B={r['ratio']:.3f}" for r in outside[:6]]
+    if medians_off:
+        parts.append(f"median outside 1.00+-{MEDIAN_BAND:.2f}: {', '.join(medians_off)}")
     kind = "A/A (NCCL against itself)" if data.get("same") else "ours/NCCL"
     line = f"{data['ngpus']} GPUs, {kind}: " + ", ".join(parts)
-    return wrong == 0 and (not band or not outside) and bool(rs), line
+    in_band = not outside and not medians_off
+    return wrong == 0 and (not band or in_band) and bool(rs), line
 
 
 def version(code):
@@ -255,7 +269,7 @@ def doc(outdir, docs):
         "",
         "## Ratio of times, every collective and size",
         "",
-        "Green band: 1.00 ± 0.03.",
+        f"Green band: 1.00 ± {BAND:.2f}.",
         "",
         "![ratio](bench/bench-ratio.png)",
         "",

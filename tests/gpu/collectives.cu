@@ -21,20 +21,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "cuda_check.h"
 #include "matrix.h"
 
 #define MAX_LOCAL 16
 #define POISON 0xA5
 #define MAX_REPORTS 40  // failing tests printed per process
-
-#define CUDA_CHECK(call)                                                               \
-  do {                                                                                 \
-    cudaError_t e_ = (call);                                                           \
-    if (e_ != cudaSuccess) {                                                           \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      exit(2);                                                                         \
-    }                                                                                  \
-  } while (0)
 
 // Set-up calls: any failure ends the process (ncclInProgress is fine, see settle()).
 #define NCCL_CHECK(call)                                                               \

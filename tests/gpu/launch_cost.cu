@@ -18,18 +18,12 @@
 #include <algorithm>
 #include <vector>
 
+#include "cuda_check.h"
+
 #define MAX_GPUS 16
 #define BATCH 200
 #define BATCHES 51
 
-#define CUDA_CHECK(call)                                                               \
-  do {                                                                                 \
-    cudaError_t e_ = (call);                                                           \
-    if (e_ != cudaSuccess) {                                                           \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      exit(2);                                                                         \
-    }                                                                                  \
-  } while (0)
 #define CU_CHECK(call)                                                                 \
   do {                                                                                 \
     CUresult e_ = (call);                                                              \

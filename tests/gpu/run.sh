@@ -143,7 +143,7 @@ torch_suite() {
 }
 
 # --- The benchmark: shim and NCCL in one process, alternating. Configurations: forward (the
-# shim forwards every call: NCCLSHIM_CORE=0; ratios must stay within 1.00 +- 0.03), default (the
+# shim forwards every call: NCCLSHIM_CORE=0; see bench_report.py for the band), default (the
 # shim as built, its own code included), aa (NCCL against itself: the noise floor; BENCH_AA=1).
 bench_suite() {
   local n=$1 configs="forward default"

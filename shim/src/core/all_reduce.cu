@@ -70,28 +70,20 @@ __device__ __forceinline__ bf16 from_float(float f, bf16) {
   return v;
 }
 // The fp8 pair conversions put our byte in the low half (sm_89 and later).
-__device__ __forceinline__ float to_float(e4m3 v) {
-  unsigned short pair = v.bits;
-  u32 halfs;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(halfs) : "h"(pair));
-  return to_float(f16{(unsigned short)(halfs & 0xffff)});
-}
-__device__ __forceinline__ e4m3 from_float(float f, e4m3) {
-  unsigned short pair;
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(0.0f), "f"(f));
-  return e4m3{(unsigned char)(pair & 0xff)};
-}
-__device__ __forceinline__ float to_float(e5m2 v) {
-  unsigned short pair = v.bits;
-  u32 halfs;
-  asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(halfs) : "h"(pair));
-  return to_float(f16{(unsigned short)(halfs & 0xffff)});
-}
-__device__ __forceinline__ e5m2 from_float(float f, e5m2) {
-  unsigned short pair;
-  asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(0.0f), "f"(f));
-  return e5m2{(unsigned char)(pair & 0xff)};
-}
+#define FP8_CONVERSIONS(T, PTX_TYPE)                                                                 \
+  __device__ __forceinline__ float to_float(T v) {                                                  \
+    unsigned short pair = v.bits;                                                                   \
+    u32 halfs;                                                                                      \
+    asm("cvt.rn.f16x2." PTX_TYPE "x2 %0, %1;" : "=r"(halfs) : "h"(pair));                          \
+    return to_float(f16{(unsigned short)(halfs & 0xffff)});                                         \
+  }                                                                                                 \
+  __device__ __forceinline__ T from_float(float f, T) {                                             \
+    unsigned short pair;                                                                            \
+    asm("cvt.rn.satfinite." PTX_TYPE "x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(0.0f), "f"(f));       \
+    return T{(unsigned char)(pair & 0xff)};                                                         \
+  }
+FP8_CONVERSIONS(e4m3, "e4m3")
+FP8_CONVERSIONS(e5m2, "e5m2")
 
 // How each type is reduced: in `Acc`, converted once at the end. Integers wrap (computed
 // unsigned), as NCCL's do.
@@ -384,9 +376,10 @@ __device__ void copy_out(T* out, const T* src, u64 count, u64 begin, u64 end) {
 //   [area of even epochs][area of odd epochs][low-latency inboxes]
 // An area is 2 * half_bytes + 256 bytes: one-shot uses MAX_RANKS slots of area / MAX_RANKS, one
 // per sender; two-shot uses nranks slots of one chunk and 16 bytes (at most half_bytes + 32 *
-// nranks in all), then a result area of half_bytes at RESULTS. A rank writes into an area of a peer in call E+2 only once
-// it has passed a barrier of (or received packets of) call E+1 with that peer, whose kernel of
-// call E+1 is then running, so its kernel of call E, which read the same area, is done.
+// nranks in all), then a result area of half_bytes at RESULTS. A rank writes into an area (or
+// inbox) of a peer in call E+2 only once it has passed a barrier of (or received packets of)
+// call E+1 with that peer, whose kernel of call E+1 is then running, so its kernel of call E,
+// which read the same area, is done.
 #define RESULTS(half_bytes) ((half_bytes) + 256)
 
 __device__ __forceinline__ u64 area_bytes(u64 half_bytes) { return 2 * half_bytes + 256; }

@@ -5,7 +5,7 @@
 //! Settings (the same on every rank):
 //!   NCCLSHIM_CORE=0                      the core is off: no set-up, everything forwards
 //!   NCCLSHIM_FORCE=nccl|core             route nothing / everything the core can take
-//!   NCCLSHIM_LL_MAX_BYTES=N              low-latency up to N bytes (at most 256 KiB)
+//!   NCCLSHIM_LL_MAX_BYTES=N              low-latency up to N bytes (at most 128 KiB)
 //!   NCCLSHIM_ONE_SHOT_MAX_BYTES=N        one-shot up to N bytes (at most 4 MiB)
 //!   NCCLSHIM_ALL_REDUCE_MAX_BYTES=N      the core up to N bytes (two-shot above one-shot's limit)
 
@@ -23,7 +23,7 @@ pub const MAX_THREADS: u32 = 512;
 /// (kernels::options).
 pub const MAX_BLOCKS: u32 = 256;
 pub const MAX_RANKS: usize = 8;
-pub const LL_MAX_BYTES: usize = 256 << 10;
+pub const LL_MAX_BYTES: usize = 128 << 10;
 /// The low-latency inboxes: 2 parities x MAX_RANKS senders x packets of twice the payload.
 pub const INBOX_BYTES: usize = 2 * MAX_RANKS * 2 * LL_MAX_BYTES;
 
@@ -57,9 +57,9 @@ impl Settings {
     }
 
     /// Low-latency packets carry as many flag bytes as data, to every rank: worth it longer
-    /// with fewer ranks (on 2 H200 it beat one-shot up to 256 KiB, on 4 only up to 32 KiB).
+    /// with fewer ranks (on 2 H200 it beat one-shot up to 128 KiB, on 4 only up to 32 KiB).
     pub fn ll_max(&self, nranks: usize) -> usize {
-        let by_ranks = if nranks <= 2 { 256 << 10 } else { 32 << 10 };
+        let by_ranks = if nranks <= 2 { 128 << 10 } else { 32 << 10 };
         self.ll_max_bytes
             .unwrap_or(by_ranks)
             .min(self.all_reduce_max_bytes)
@@ -203,8 +203,8 @@ mod tests {
             (Algorithm::LowLatency, DataType::Float32, Op::Sum)
         );
         let fewer = "each algorithm stops earlier with more ranks";
-        assert_eq!(algorithm(&s, 256 << 10, 2), Some(Algorithm::LowLatency));
-        assert_eq!(algorithm(&s, (256 << 10) + 4, 2), Some(Algorithm::OneShot));
+        assert_eq!(algorithm(&s, 128 << 10, 2), Some(Algorithm::LowLatency));
+        assert_eq!(algorithm(&s, (128 << 10) + 4, 2), Some(Algorithm::OneShot));
         assert_eq!(algorithm(&s, 32 << 10, 4), Some(Algorithm::LowLatency));
         assert_eq!(
             algorithm(&s, (32 << 10) + 4, 4),
@@ -245,7 +245,7 @@ mod tests {
         let per_8_bytes = "low latency: a thread per 8 bytes, in blocks of 128";
         assert_eq!(shape(8, 2), (LowLatency, 128, 1), "{per_8_bytes}");
         assert_eq!(shape(4 << 10, 2), (LowLatency, 128, 4), "{per_8_bytes}");
-        assert_eq!(shape(256 << 10, 2), (LowLatency, 128, 256), "{per_8_bytes}");
+        assert_eq!(shape(128 << 10, 2), (LowLatency, 128, 128), "{per_8_bytes}");
         let per_16_bytes = "one-shot and two-shot: a thread per 16 bytes, up to 128 blocks";
         assert_eq!(shape(256 << 10, 4), (OneShot, 128, 128), "{per_16_bytes}");
         assert_eq!(shape(512 << 10, 4), (OneShot, 256, 128), "{per_16_bytes}");
