@@ -7,7 +7,8 @@
 //         [--modes eager,graph] [--json FILE] [--same]
 // --same: both tables are the real NCCL (an A/A run: the noise floor of the comparison).
 // Prints nccl-tests-style tables (float, sum; busbw with nccl-tests' factors) for both and the
-// ratio of times (shim / NCCL); "#wrong" counts output elements that differ from the expected.
+// ratio of times (shim / NCCL); "#wrong" counts output elements that differ from the expected;
+// "issue" (eager only, 0 for graphs) is the host's time to issue one iteration's calls.
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 #include <nccl.h>

@@ -17,12 +17,14 @@ use super::types::{Algorithm, DataType, Op};
 pub const STAGING_HALF_BYTES: usize = 16 << 20;
 /// Largest one-shot: its slot per sender in a staging area (see all_reduce.cu).
 pub const ONE_SHOT_LIMIT_BYTES: usize = STAGING_HALF_BYTES / 4;
+// MAX_THREADS, MAX_BLOCKS, MAX_RANKS and LL_MAX_BYTES are passed to all_reduce.cu
+// (kernels::options).
 /// The kernels' `__launch_bounds__`.
 pub const MAX_THREADS: u32 = 512;
-/// MAX_THREADS, MAX_BLOCKS, MAX_RANKS and LL_MAX_BYTES are passed to all_reduce.cu
-/// (kernels::options).
+/// Blocks per launch: sizes the kernels' flag arrays.
 pub const MAX_BLOCKS: u32 = 256;
 pub const MAX_RANKS: usize = 8;
+/// Largest low-latency all-reduce: sizes the inboxes.
 pub const LL_MAX_BYTES: usize = 128 << 10;
 /// The low-latency inboxes: 2 parities x MAX_RANKS senders x packets of twice the payload.
 pub const INBOX_BYTES: usize = 2 * MAX_RANKS * 2 * LL_MAX_BYTES;
