@@ -408,12 +408,18 @@ __device__ void one_shot(Peers peers, int rank, int nranks, const T* in, T* out,
   end_call(peers, rank, epoch);
 }
 
-// The chunk of `owner` in two-shot: whole packs, so that every chunk starts 16-aligned in
-// staging; the last owner also takes the elements past the last whole pack.
+// Elements in a two-shot chunk: whole packs, so that every chunk starts 16-aligned in staging.
+template <typename T>
+__device__ __forceinline__ u64 chunk_elements(int nranks, u64 count) {
+  const u64 N = PackOf<T>::N;
+  return (count / N + nranks - 1) / nranks * N;
+}
+
+// The chunk of `owner` in two-shot; the last owner also takes the elements past the last whole
+// pack.
 template <typename T>
 __device__ __forceinline__ void chunk_bounds(int owner, int nranks, u64 count, u64* begin, u64* end) {
-  const u64 N = PackOf<T>::N;
-  u64 chunk = (count / N + nranks - 1) / nranks * N;
+  u64 chunk = chunk_elements<T>(nranks, count);
   *begin = owner * chunk < count ? owner * chunk : count;
   *end = owner == nranks - 1 ? count : (*begin + chunk < count ? *begin + chunk : count);
 }
@@ -425,11 +431,10 @@ __device__ __forceinline__ void chunk_bounds(int owner, int nranks, u64 count, u
 template <typename T, int OP>
 __device__ void two_shot(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,
                          const volatile int* abort) {
-  const u64 N = PackOf<T>::N;
   u32 epoch = begin_call(peers, rank);
   u64 area = area_offset(half_bytes, epoch);
   // A slot holds one chunk, and the last owner's also the elements past the last whole pack.
-  u64 slot = (count / N + nranks - 1) / nranks * N * sizeof(T) + 16;
+  u64 slot = chunk_elements<T>(nranks, count) * sizeof(T) + 16;
   u64 begin, end;
   for (int step = 1; step <= nranks; step++) {
     int owner = (rank + step) % nranks;

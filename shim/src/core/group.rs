@@ -57,6 +57,11 @@ pub fn drain_queued<E>(mut f: impl FnMut(&Queued) -> Result<(), E>) -> Result<()
     })
 }
 
+/// Forgets the operations queued in the group (it failed: none of them is launched).
+pub fn discard_queued() {
+    QUEUED.with(|q| q.borrow_mut().clear());
+}
+
 pub fn defer_setup(comm: ncclComm_t) {
     NEW_COMMS.with(|c| c.borrow_mut().push(comm));
 }

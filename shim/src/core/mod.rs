@@ -48,7 +48,7 @@ pub fn group_end(result: ncclResult_t) -> ncclResult_t {
         return result;
     };
     if result != ncclSuccess {
-        let _ = group::drain_queued(|_| Ok::<(), ()>(()));
+        group::discard_queued();
         return result;
     }
     if !new_comms.is_empty() {

@@ -15,8 +15,9 @@ use super::types::{Algorithm, DataType, Op};
 
 /// Largest all-reduce the staging buffers take.
 pub const STAGING_HALF_BYTES: usize = 16 << 20;
-/// Largest one-shot: its slot per sender in a staging area (see all_reduce.cu).
-pub const ONE_SHOT_LIMIT_BYTES: usize = STAGING_HALF_BYTES / 4;
+/// Largest one-shot: its slot per sender, a staging area (more than `2 * STAGING_HALF_BYTES`)
+/// shared by MAX_RANKS senders (see all_reduce.cu).
+pub const ONE_SHOT_LIMIT_BYTES: usize = 2 * STAGING_HALF_BYTES / MAX_RANKS;
 // MAX_THREADS, MAX_BLOCKS, MAX_RANKS and LL_MAX_BYTES are passed to all_reduce.cu
 // (kernels::options).
 /// The kernels' `__launch_bounds__`.
