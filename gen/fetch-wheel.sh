@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Fetches one of NVIDIA's wheels from PyPI into the cache (once) and unpacks part of it.
+#   gen/fetch-wheel.sh PACKAGE VERSION PREFIX DEST PLATFORM...
+# Downloads PACKAGE==VERSION, built for one of the PLATFORMs, into $NCCLSHIM_CACHE/wheels
+# (~/.cache/ncclshim/wheels) unless it is there, then unpacks the wheel's files under PREFIX into
+# DEST, whole or not at all. Used by gen/fetch-nccl.sh and tests/fetch-nvrtc.sh.
+set -euo pipefail
+[ $# -ge 5 ] || { echo "usage: fetch-wheel.sh PACKAGE VERSION PREFIX DEST PLATFORM..." >&2; exit 2; }
+package=$1 version=$2 prefix=$3 dest=$4
+shift 4
+cache=${NCCLSHIM_CACHE:-$HOME/.cache/ncclshim}
+mkdir -p "$cache/wheels"
+if ! python3 -m pip --version >/dev/null 2>&1; then
+  echo "fetch-wheel: installing pip (python3-pip)" >&2
+  apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-pip >/dev/null
+fi
+stem=${package//-/_}-$version
+wheel=$(ls "$cache"/wheels/"$stem"-*.whl 2>/dev/null | head -1 || true)
+if [ -z "$wheel" ]; then
+  echo "fetch-wheel: downloading $package==$version" >&2
+  platforms=()
+  for p in "$@"; do platforms+=(--platform "$p"); done
+  python3 -m pip download --quiet --no-deps --only-binary=:all: "${platforms[@]}" \
+    -d "$cache/wheels" "$package==$version" >&2
+  wheel=$(ls "$cache"/wheels/"$stem"-*.whl | head -1)
+fi
+rm -rf "$dest.tmp" && mkdir -p "$dest.tmp"
+python3 - "$wheel" "$dest.tmp" "$prefix" <<'PY'
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as wheel:
+    wheel.extractall(sys.argv[2], [n for n in wheel.namelist() if n.startswith(sys.argv[3])])
+PY
+rm -rf "$dest" && mv "$dest.tmp" "$dest"
