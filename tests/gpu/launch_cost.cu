@@ -5,7 +5,10 @@
 // - cudaLaunchKernel and cuLaunchKernel of an empty kernel, one GPU;
 // - cuLaunchKernel of a kernel with the core's parameters (168 bytes), one GPU;
 // - the same, every GPU in turn, each launch inside cuCtxPushCurrent/cuCtxPopCurrent (as the shim);
-// - the real NCCL's ncclGroupStart + ncclGroupEnd with nothing inside.
+// - the real NCCL's ncclGroupStart + ncclGroupEnd with nothing inside;
+// - one launch on every GPU, per call: by the one thread in turn, and by the thread together
+//   with one spinning helper thread per other GPU (each launches on its own GPU at once);
+// - N threads launching on their own GPUs at the same time, per launch.
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <dlfcn.h>
@@ -16,6 +19,8 @@
 #include <time.h>
 
 #include <algorithm>
+#include <atomic>
+#include <thread>
 #include <vector>
 
 #include "cuda_check.h"
@@ -134,6 +139,69 @@ int main(int argc, char** argv) {
            in = out = (float*)buffers[g];
            CU_CHECK(cuLaunchKernel(f_params[g], 1, 1, 1, 512, 1, 1, 0, streams[g], params, NULL));
          }));
+
+  // One launch per GPU per call: the thread in turn, then with helpers launching alongside.
+  auto launch_on = [&](int g, void** p) {
+    CU_CHECK(cuLaunchKernel(f_params[g], 1, 1, 1, 512, 1, 1, 0, streams[g], p, NULL));
+  };
+  printf("one launch per GPU, one thread in turn    %6.3f\n", per_call_us([&](int) {
+           for (int g = 0; g < n; g++) {
+             CU_CHECK(cuCtxSetCurrent(contexts[g]));
+             launch_on(g, params);
+           }
+         }));
+  {
+    std::atomic<unsigned> posted{0}, done{0};
+    std::atomic<bool> stop{false};
+    std::vector<std::thread> helpers;
+    for (int g = 1; g < n; g++)
+      helpers.emplace_back([&, g] {
+        CU_CHECK(cuCtxSetCurrent(contexts[g]));
+        CoreParams p_peers = {};
+        int p_rank = g, p_nranks = n;
+        const float* p_in = (const float*)buffers[g];
+        float* p_out = (float*)buffers[g];
+        void* p[] = {&p_peers, &p_rank, &p_nranks, &p_in, &p_out, &count, &half, &abort};
+        unsigned seen = 0;
+        while (!stop.load(std::memory_order_relaxed)) {
+          unsigned now = posted.load(std::memory_order_acquire);
+          if (now == seen) continue;
+          seen = now;
+          launch_on(g, p);
+          done.fetch_add(1, std::memory_order_release);
+        }
+      });
+    CU_CHECK(cuCtxSetCurrent(contexts[0]));
+    unsigned calls = 0;
+    printf("one launch per GPU, with %d helper threads %6.3f\n", n - 1, per_call_us([&](int) {
+             calls++;
+             posted.store(calls, std::memory_order_release);
+             launch_on(0, params);
+             while (done.load(std::memory_order_acquire) != calls * (unsigned)(n - 1)) {
+             }
+           }));
+    stop = true;
+    for (auto& t : helpers) t.join();
+  }
+  {
+    std::vector<double> per_launch(n);
+    std::vector<std::thread> threads;
+    std::atomic<int> ready{0};
+    for (int g = 0; g < n; g++)
+      threads.emplace_back([&, g] {
+        CU_CHECK(cuCtxSetCurrent(contexts[g]));
+        ready++;
+        while (ready.load() < n) {
+        }
+        double t0 = now_us();
+        for (int i = 0; i < BATCH; i++) launch_on(g, params);
+        per_launch[g] = (now_us() - t0) / BATCH;
+      });
+    for (auto& t : threads) t.join();
+    sync_all();
+    printf("cuLaunchKernel, %d threads at once, per launch %6.3f (slowest thread)\n", n,
+           *std::max_element(per_launch.begin(), per_launch.end()));
+  }
 
   void* h = dlopen(real, RTLD_NOW | RTLD_LOCAL);
   if (!h) {

@@ -536,6 +536,17 @@ __device__ void ll_one_shot(Peers peers, int rank, int nranks, const T* in, T* o
   end_call(peers, rank, epoch);
 }
 
+// Every kernel starts here. The host launches them with programmatic stream serialization
+// (cuda::launch): a kernel may then be scheduled while the one before it on the stream still
+// runs, which hides part of the launch latency between back-to-back calls. `griddepcontrol.wait`
+// holds every thread until the previous kernel has completed and its memory is visible, so
+// nothing of ours (the epoch read included) runs earlier than without it. Our own dependents may
+// be scheduled at once: they wait in the same way. Without the attribute both do nothing.
+__device__ __forceinline__ void after_previous_kernel() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
 #define KERNELS(NAME, T)                                                                              \
   KERNEL(NAME, T, sum, OP_SUM)                                                                        \
   KERNEL(NAME, T, prod, OP_PROD)                                                                      \
@@ -552,6 +563,7 @@ __device__ void ll_one_shot(Peers peers, int rank, int nranks, const T* in, T* o
   extern "C" __global__ void __launch_bounds__(MAX_THREADS)                                           \
       SYMBOL(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,       \
              const volatile int* abort) {                                                             \
+    after_previous_kernel();                                                                          \
     ALGORITHM<T, OP>(peers, rank, nranks, in, out, count, half_bytes, abort);                         \
   }
 

@@ -45,6 +45,7 @@ pub struct CoreComm {
     /// Peers' allocations mapped through CUDA IPC, to close.
     opened: Vec<DevicePtr>,
     abort: HostFlag,
+    early_launch: bool,
 }
 
 // SAFETY: the CUDA handles inside may be used from any thread; launches only read the struct.
@@ -59,6 +60,8 @@ pub struct Parts {
     pub buffer: DevicePtr,
     pub half_bytes: u64,
     pub abort: HostFlag,
+    /// Launch with programmatic stream serialization (see all_reduce.cu).
+    pub early_launch: bool,
 }
 
 impl CoreComm {
@@ -79,6 +82,7 @@ impl CoreComm {
             buffer: parts.buffer,
             opened,
             abort: parts.abort,
+            early_launch: parts.early_launch,
         }
     }
 
@@ -112,7 +116,16 @@ impl CoreComm {
             (&raw mut abort).cast(),
         ];
         // SAFETY: the parameters are the kernel's, in order; cuLaunchKernel copies them.
-        unsafe { cuda::launch(function, plan.blocks, plan.threads, stream, &mut params) }
+        unsafe {
+            cuda::launch(
+                function,
+                plan.blocks,
+                plan.threads,
+                stream,
+                &mut params,
+                self.early_launch,
+            )
+        }
     }
 
     /// Frees everything once our kernels are done (the device is synchronised, on a thread of

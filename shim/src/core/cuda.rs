@@ -14,6 +14,16 @@ pub struct CudaError {
     pub error: String,
 }
 
+impl CudaError {
+    /// A launch that panicked instead of returning (on a launch helper thread).
+    pub fn panicked() -> CudaError {
+        CudaError {
+            call: "launch",
+            error: "panicked".to_string(),
+        }
+    }
+}
+
 impl fmt::Display for CudaError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} failed: {}", self.call, self.error)
@@ -89,6 +99,12 @@ impl Device {
             sys::cuCtxPushCurrent_v2(self.context)
         })?;
         Ok(ContextGuard)
+    }
+
+    /// Makes this device's context the calling thread's current one, for good (a thread of ours).
+    pub fn make_current(&self) -> Cuda<()> {
+        // SAFETY: a retained primary context.
+        unsafe { result::ctx::set_current(self.context) }.named("cuCtxSetCurrent")
     }
 
     /// As `enter`, but only if another context is current (the common case needs no switch).
@@ -314,7 +330,19 @@ pub fn get_function(module: sys::CUmodule, name: &str) -> Cuda<Function> {
     unsafe { result::module::get_function(module, name) }.named("cuModuleGetFunction")
 }
 
-/// Launches `function` on the caller's `stream` (in the current context).
+/// The driver's CUDA version, e.g. 13000 for 13.0.
+pub fn driver_version() -> Cuda<i32> {
+    let mut version: c_int = 0;
+    // SAFETY: writes one int.
+    check("cuDriverGetVersion", unsafe {
+        sys::cuDriverGetVersion(&mut version)
+    })?;
+    Ok(version)
+}
+
+/// Launches `function` on the caller's `stream` (in the current context). `early`: with
+/// programmatic stream serialization, so that it may be scheduled before the kernel ahead of it
+/// on the stream completes (the kernel must wait for it with `griddepcontrol.wait`).
 ///
 /// # Safety
 /// `params` must match the kernel's parameters and point to live values.
@@ -324,8 +352,36 @@ pub unsafe fn launch(
     threads: u32,
     stream: Stream,
     params: &mut [*mut c_void],
+    early: bool,
 ) -> Cuda<()> {
-    // SAFETY: the caller's contract.
-    unsafe { result::launch_kernel(function, (blocks, 1, 1), (threads, 1, 1), 0, stream, params) }
-        .named("cuLaunchKernel")
+    if !early {
+        // SAFETY: the caller's contract.
+        return unsafe {
+            result::launch_kernel(function, (blocks, 1, 1), (threads, 1, 1), 0, stream, params)
+        }
+        .named("cuLaunchKernel");
+    }
+    let mut attribute = sys::CUlaunchAttribute {
+        id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+        pad: [0; 4],
+        value: sys::CUlaunchAttributeValue {
+            programmaticStreamSerializationAllowed: 1,
+        },
+    };
+    let config = sys::CUlaunchConfig {
+        gridDimX: blocks,
+        gridDimY: 1,
+        gridDimZ: 1,
+        blockDimX: threads,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: 0,
+        hStream: stream,
+        attrs: &mut attribute,
+        numAttrs: 1,
+    };
+    // SAFETY: the caller's contract; `config` and its attribute outlive the call.
+    check("cuLaunchKernelEx", unsafe {
+        sys::cuLaunchKernelEx(&config, function, params.as_mut_ptr(), std::ptr::null_mut())
+    })
 }

@@ -8,7 +8,8 @@ use std::ffi::c_void;
 use std::sync::Arc;
 
 use super::comm::CoreComm;
-use super::cuda::Stream;
+use super::cuda::{Cuda, Stream};
+use super::launcher::DeviceOp;
 use super::policy::Plan;
 use crate::api::ffi::ncclComm_t;
 
@@ -19,6 +20,25 @@ pub struct Queued {
     pub recv: *mut c_void,
     pub count: usize,
     pub stream: Stream,
+}
+
+impl DeviceOp for Queued {
+    fn ordinal(&self) -> i32 {
+        self.core.device.ordinal
+    }
+
+    fn launch(&self) -> Cuda<()> {
+        self.core
+            .launch_all_reduce(&self.plan, self.send, self.recv, self.count, self.stream)
+    }
+
+    fn prepare_thread(&self) -> impl FnOnce() + Send + 'static {
+        let device = self.core.device;
+        // The helper's own context is the device's: its launches need no switch.
+        move || {
+            let _ = device.make_current();
+        }
+    }
 }
 
 thread_local! {
@@ -46,12 +66,12 @@ pub fn end() -> Option<Vec<ncclComm_t>> {
     (depth == 0).then(|| NEW_COMMS.with(|c| c.take()))
 }
 
-/// Hands each operation queued in the group to `f`, in order, and empties the queue (keeping
-/// its memory for the next group); stops at the first error.
-pub fn drain_queued<E>(mut f: impl FnMut(&Queued) -> Result<(), E>) -> Result<(), E> {
+/// Hands the operations queued in the group to `f` and empties the queue (keeping its memory
+/// for the next group).
+pub fn drain_queued<T>(f: impl FnOnce(&[Queued]) -> T) -> T {
     QUEUED.with(|q| {
         let mut queued = q.borrow_mut();
-        let result = queued.iter().try_for_each(&mut f);
+        let result = f(&queued);
         queued.clear();
         result
     })

@@ -8,6 +8,7 @@ mod comm;
 mod cuda;
 mod group;
 pub mod kernels;
+mod launcher;
 mod nvrtc;
 pub mod policy;
 mod setup;
@@ -54,12 +55,7 @@ pub fn group_end(result: ncclResult_t) -> ncclResult_t {
     if !new_comms.is_empty() {
         setup::set_up(&new_comms);
     }
-    let launched = group::drain_queued(|op| {
-        op.core
-            .launch_all_reduce(&op.plan, op.send, op.recv, op.count, op.stream)
-            .map_err(|e| (op.core.device.ordinal, e))
-    });
-    match launched {
+    match group::drain_queued(launcher::launch_group) {
         Ok(()) => result,
         Err((ordinal, e)) => {
             log_warn!("all-reduce on GPU {ordinal} could not be launched: {e}");
