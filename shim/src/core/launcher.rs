@@ -2,8 +2,8 @@
 //! (nccl-tests, single-process multi-GPU programs) pays one kernel launch per GPU per call, and a
 //! launch costs the host about 2.4 us on H200 whatever the kernel: in turn, N GPUs cost N
 //! launches. Launches on different devices run in parallel from different threads (measured by
-//! tests/gpu/launch_cost.cu on 4 H200: 9.2 us in turn, 3.6 us with helpers), so each device gets
-//! a helper thread that launches its operations while the caller launches its own.
+//! tests/gpu/launch_cost.cu on 4 H200: 9.2 - 9.6 us in turn, 3.6 - 3.9 us with helpers), so each
+//! device gets a helper thread that launches its operations while the caller launches its own.
 //!
 //! A helper spins for a while after its last job, then sleeps. A job it has not picked up by the
 //! time the caller is done with its own operations is taken back and launched by the caller: a
