@@ -10,7 +10,7 @@
 //! sleeping or busy helper never makes a group slower than launching in turn, nor hangs it. The
 //! caller returns only once every launch is issued, so stream order is the caller's.
 //!
-//! `NCCLSHIM_LAUNCH_HELPERS=0` launches in turn, on the calling thread.
+//! `NCCLSHIM_LAUNCH_HELPERS=0` launches in turn, on the calling thread (policy.rs reads it).
 
 use std::cell::UnsafeCell;
 use std::panic::AssertUnwindSafe;
@@ -20,6 +20,7 @@ use std::thread::Thread;
 use std::time::{Duration, Instant};
 
 use super::cuda::CudaError;
+use super::policy;
 
 /// Devices with a helper; operations on higher ordinals are launched in turn.
 const MAX_DEVICES: usize = 64;
@@ -69,7 +70,7 @@ struct Job {
     ops: *const (),
     len: usize,
     ordinal: i32,
-    /// `launch_device` for the queue's element type.
+    /// `launch_here` of the job's device, for the queue's element type.
     launch: unsafe fn(*const (), usize, i32) -> Result<(), LaunchError>,
 }
 
@@ -84,7 +85,7 @@ impl Job {
         ) -> Result<(), LaunchError> {
             // SAFETY: the caller's contract.
             let ops = unsafe { std::slice::from_raw_parts(ops.cast::<Op>(), len) };
-            launch_device(ops, ordinal)
+            launch_here(ops, |o| o == ordinal)
         }
         Job {
             ops: ops.as_ptr().cast(),
@@ -104,24 +105,11 @@ impl Job {
     }
 }
 
-/// Launches, in queue order, the operations of `ops` that are on device `ordinal`.
-fn launch_device<Op: DeviceOp>(ops: &[Op], ordinal: i32) -> Result<(), LaunchError> {
-    ops.iter()
-        .filter(|op| op.ordinal() == ordinal)
-        .try_for_each(|op| op.launch().map_err(|e| (ordinal, e)))
-}
-
-/// Launches the operations of `ops` that `which` picks, in order, on this thread.
+/// Launches the operations of `ops` on the devices `which` picks, in queue order, on this thread.
 fn launch_here<Op: DeviceOp>(ops: &[Op], which: impl Fn(i32) -> bool) -> Result<(), LaunchError> {
     ops.iter()
         .filter(|op| which(op.ordinal()))
         .try_for_each(|op| op.launch().map_err(|e| (op.ordinal(), e)))
-}
-
-fn enabled() -> bool {
-    static ENABLED: OnceLock<bool> = OnceLock::new();
-    *ENABLED
-        .get_or_init(|| std::env::var("NCCLSHIM_LAUNCH_HELPERS").map_or(true, |v| v.trim() != "0"))
 }
 
 /// The helper of `op`'s device, started on first use; `None` if its thread could not be started.
@@ -264,7 +252,7 @@ pub fn launch_group<Op: DeviceOp>(ops: &[Op]) -> Result<(), LaunchError> {
         return Ok(());
     };
     let own = first.ordinal();
-    if !enabled() || ops.iter().all(|op| op.ordinal() == own) {
+    if !policy::settings().launch_helpers || ops.iter().all(|op| op.ordinal() == own) {
         return launch_here(ops, |_| true);
     }
     // The helper each device's job was posted to, and its generation.

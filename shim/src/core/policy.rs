@@ -8,6 +8,9 @@
 //!   NCCLSHIM_LL_MAX_BYTES=N              low-latency up to N bytes (at most 128 KiB)
 //!   NCCLSHIM_ONE_SHOT_MAX_BYTES=N        one-shot up to N bytes (at most 4 MiB)
 //!   NCCLSHIM_ALL_REDUCE_MAX_BYTES=N      the core up to N bytes (two-shot above one-shot's limit)
+//! and two that change only how kernels are launched, not which run (they may differ by rank):
+//!   NCCLSHIM_LAUNCH_HELPERS=0            a group's all-reduces on several GPUs launched in turn
+//!   NCCLSHIM_EARLY_LAUNCH=0              no programmatic stream serialization
 
 use std::sync::OnceLock;
 
@@ -45,6 +48,10 @@ pub struct Settings {
     /// `None`: by the number of ranks (see `one_shot_max`).
     pub one_shot_max_bytes: Option<usize>,
     pub all_reduce_max_bytes: usize,
+    /// Helper threads launch a group's all-reduces on other GPUs (launcher.rs).
+    pub launch_helpers: bool,
+    /// Kernels launched with programmatic stream serialization (all_reduce.cu).
+    pub early_launch: bool,
 }
 
 impl Settings {
@@ -56,6 +63,8 @@ impl Settings {
             ll_max_bytes: None,
             one_shot_max_bytes: None,
             all_reduce_max_bytes: STAGING_HALF_BYTES,
+            launch_helpers: true,
+            early_launch: true,
         }
     }
 
@@ -86,9 +95,10 @@ impl Settings {
     fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Settings {
         let mut s = Settings::defaults();
         let bytes = |name: &str| get(name).and_then(|v| v.trim().parse::<usize>().ok());
-        if get("NCCLSHIM_CORE").is_some_and(|v| v.trim() == "0") {
-            s.enabled = false;
-        }
+        let off = |name: &str| get(name).is_some_and(|v| v.trim() == "0");
+        s.enabled = !off("NCCLSHIM_CORE");
+        s.launch_helpers = !off("NCCLSHIM_LAUNCH_HELPERS");
+        s.early_launch = !off("NCCLSHIM_EARLY_LAUNCH");
         match get("NCCLSHIM_FORCE")
             .map(|v| v.trim().to_ascii_lowercase())
             .as_deref()
@@ -263,6 +273,14 @@ mod tests {
     #[test]
     fn settings_come_from_the_environment() {
         assert!(!with(&[("NCCLSHIM_CORE", "0")]).enabled);
+        let defaults = with(&[]);
+        assert!(defaults.enabled && defaults.launch_helpers && defaults.early_launch);
+        let launches = with(&[
+            ("NCCLSHIM_LAUNCH_HELPERS", " 0"),
+            ("NCCLSHIM_EARLY_LAUNCH", "0"),
+        ]);
+        assert!(launches.enabled && !launches.launch_helpers && !launches.early_launch);
+        assert!(with(&[("NCCLSHIM_EARLY_LAUNCH", "1")]).early_launch);
         assert!(!with(&[("NCCLSHIM_FORCE", "nccl")]).enabled);
         let forced = with(&[
             ("NCCLSHIM_FORCE", "core"),

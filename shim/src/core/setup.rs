@@ -242,10 +242,9 @@ fn own_parts(device: Device) -> Result<Parts, String> {
 }
 
 /// Whether kernels are launched early (programmatic stream serialization, see all_reduce.cu):
-/// from CUDA 12.3 on, which also keeps it in CUDA graphs; `NCCLSHIM_EARLY_LAUNCH=0` turns it off.
+/// from CUDA 12.3 on, which also keeps it in CUDA graphs, unless the settings turn it off.
 fn early_launch() -> bool {
-    let wanted = std::env::var("NCCLSHIM_EARLY_LAUNCH").map_or(true, |v| v.trim() != "0");
-    wanted && cuda::driver_version().is_ok_and(|v| v >= 12030)
+    policy::settings().early_launch && cuda::driver_version().is_ok_and(|v| v >= 12030)
 }
 
 fn own_record(candidate: &Candidate) -> Record {
