@@ -2,23 +2,13 @@
 //! nvidia-cuda-nvrtc-cu12 wheel) for sm_90, and each program defines the kernels the core will
 //! look up by name. No GPU needed: NVRTC runs on the CPU.
 
-use std::process::Command;
-
 use nccl::core::kernels::{compile_all, kernel_name};
 use nccl::core::types::{Algorithm, DataType, Op};
-use ncclshim_tests::workspace;
+use ncclshim_tests::{fetched, workspace};
 
 #[test]
 fn every_kernel_variant_compiles_for_sm_90() {
-    let out = Command::new(workspace().join("tests/fetch-nvrtc.sh"))
-        .output()
-        .expect("fetch-nvrtc.sh runs");
-    assert!(
-        out.status.success(),
-        "fetching NVRTC: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let nvrtc = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let nvrtc = fetched("tests/fetch-nvrtc.sh", &[]);
     // SAFETY: set before the core looks for NVRTC, and before this test starts any thread.
     unsafe { std::env::set_var("NCCLSHIM_NVRTC", &nvrtc) };
     // The disk cache must not answer for the compiler here.

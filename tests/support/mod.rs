@@ -30,19 +30,26 @@ pub fn shim_library(version: &str) -> PathBuf {
     path
 }
 
-/// NVIDIA's NCCL `version` from its PyPI wheel: the folder holding `lib/` and `include/`,
-/// fetched into the cache by `gen/fetch-nccl.sh` if it is not there yet.
-pub fn real_nccl(version: &str) -> PathBuf {
-    let out = Command::new(workspace().join("gen/fetch-nccl.sh"))
-        .arg(version)
+/// What one of the workspace's wheel fetchers (`script`, relative to the workspace) prints: the
+/// path of what it fetched into the cache, or had there already.
+pub fn fetched(script: &str, args: &[&str]) -> PathBuf {
+    let out = Command::new(workspace().join(script))
+        .args(args)
         .output()
-        .expect("gen/fetch-nccl.sh runs");
+        .unwrap_or_else(|e| panic!("{script} does not run: {e}"));
     assert!(
         out.status.success(),
-        "fetching NCCL {version}: {}",
+        "{script} {}: {}",
+        args.join(" "),
         String::from_utf8_lossy(&out.stderr)
     );
     PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+}
+
+/// NVIDIA's NCCL `version` from its PyPI wheel: the folder holding `lib/` and `include/`,
+/// fetched into the cache by `gen/fetch-nccl.sh` if it is not there yet.
+pub fn real_nccl(version: &str) -> PathBuf {
+    fetched("gen/fetch-nccl.sh", &[version])
 }
 
 /// The real `libnccl.so.2` of `version`.
