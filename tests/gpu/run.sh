@@ -12,6 +12,11 @@
 #   PYTHON (python3), NVCC (nvcc), NVCC_ARCH (-arch=native), QUICK=1 (a short run),
 #   STEP_TIMEOUT (seconds any one program may run; default 900), BENCH_AA=1 (also time NCCL
 #   against itself: the benchmark's noise floor)
+#   For weighing settings (tests/gpu/compare_configs.py puts the runs side by side):
+#   BENCH_CONFIGS  the benchmark's configurations (default "forward default"); any other NAME is
+#                  the shim as built under the variables in BENCH_ENV_NAME ("VAR=value ...")
+#   BENCH_ARGS     more arguments for every benchmark run, e.g. "--colls AllReduce"
+#   COLLECTIVE_RUNS  only the correctness runs whose names contain one of these words
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
 [ $# -ge 1 ] || { echo "usage: $0 OUTDIR [collectives] [torch] [bench]" >&2; exit 2; }
@@ -79,11 +84,16 @@ cat "$out"/build-*.log
 collectives() {
   local n=$1 dir=$out/collectives-$n full=full big=256M
   [ "${QUICK:-0}" = 1 ] && full=quick big=16M
+  # Every all-reduce the core can take, at every size, by the direct two-shot (one process);
+  # with ncclMemAlloc buffers (which it cannot reach) the staged two-shot runs in its place.
+  local direct="NCCLSHIM_FORCE=core NCCLSHIM_LL_MAX_BYTES=0 NCCLSHIM_ONE_SHOT_MAX_BYTES=0"
   mkdir -p "$dir"
   # name | library (shim or nccl) | environment | arguments
   local runs=(
     "procs-$full|shim||--launch procs --matrix $full --max-bytes $big"
     "procs-$full-forcecore|shim|NCCLSHIM_FORCE=core|--launch procs --matrix $full --max-bytes $big"
+    "group-$full-forcedirect|shim|$direct|--launch group --matrix $full --max-bytes $big"
+    "group-memalloc-forcedirect|shim|$direct|--launch group --matrix quick --memalloc --max-bytes $big"
     "procs-memalloc-split|shim||--launch procs --matrix quick --memalloc --split --max-bytes $big"
     "procs-graph|shim||--launch procs --matrix quick --graph --max-bytes 0"
     "group-split|shim||--launch group --matrix quick --split --max-bytes 0"
@@ -95,6 +105,11 @@ collectives() {
   )
   for run in "${runs[@]}"; do
     IFS='|' read -r name lib vars args <<<"$run"
+    if [ -n "${COLLECTIVE_RUNS:-}" ]; then
+      local word wanted=no
+      for word in $COLLECTIVE_RUNS; do [[ $name == *$word* ]] && wanted=yes; done
+      [ $wanted = yes ] || continue
+    fi
     local log=$dir/$name.log libdir=$shim_lib t=$SECONDS
     [ "$lib" = nccl ] && libdir=$(dirname "$real")
     # shellcheck disable=SC2086
@@ -146,15 +161,21 @@ torch_suite() {
 # shim forwards every call: NCCLSHIM_CORE=0; see bench_report.py for the band), default (the
 # shim as built, its own code included), aa (NCCL against itself: the noise floor; BENCH_AA=1).
 bench_suite() {
-  local n=$1 configs="forward default"
+  local n=$1 configs=${BENCH_CONFIGS:-forward default}
   [ "${BENCH_AA:-0}" = 1 ] && configs="$configs aa"
   for config in $configs; do
     local t=$SECONDS name=bench-$config-$n vars=() check=--check-wrong
     local args=(--shim "$(readlink -f "$shim")" --real "$real" --ngpus "$n" --json "$out/$name.json")
     [ "${QUICK:-0}" = 1 ] && args+=(--max-bytes 64M --rounds 5 --round-us 1000)
+    # shellcheck disable=SC2206
+    args+=(${BENCH_ARGS:-})
     case $config in
       forward) vars=(NCCLSHIM_CORE=0); check=--check ;;
+      default) ;;
       aa) args+=(--same) ;;
+      *) local env_name=BENCH_ENV_$config
+         # shellcheck disable=SC2206
+         vars=(${!env_name:-}) ;;
     esac
     env "${vars[@]}" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT timeout "$step_timeout" \
       "$out/bin/bench" "${args[@]}" >"$out/$name.log" 2>&1

@@ -6,7 +6,8 @@
 //
 // Memory layout of one rank's buffer (allocated and exchanged by the host side):
 //   flags:   [BARRIERS][MAX_BLOCKS][MAX_RANKS] u32  arrival epochs, written by the peers
-//            u32 epoch, u32 blocks done              this rank's call count (see begin_call)
+//            u32 epoch, u32 blocks done, u32 windows  this rank's call count (see begin_call)
+//            [MAX_RANKS] Published                   each rank's buffers of this call (direct)
 //   staging: two areas, by epoch parity, then the low-latency inboxes (see "the kernels")
 //
 // Ordering. Element i is handled by the same block index in every phase on every rank (the
@@ -219,7 +220,8 @@ __device__ __forceinline__ void barrier(const Peers& peers, int rank, int nranks
 // in one call may be handled by block 0 in the next; with per-block counts the two could carry
 // the same epoch, and a stale packet or flag could pass for a fresh one.
 __device__ __forceinline__ u32* epoch_state(const Peers& peers, int rank) {
-  return peers.flags[rank] + BARRIERS * MAX_BLOCKS * MAX_RANKS;  // [0]: epoch, [1]: blocks done
+  // [0]: epoch, [1]: blocks done, [2]: blocks past windows (grid_barrier)
+  return peers.flags[rank] + BARRIERS * MAX_BLOCKS * MAX_RANKS;
 }
 __device__ __forceinline__ u32 begin_call(const Peers& peers, int rank) {
   __shared__ u32 epoch;
@@ -227,6 +229,7 @@ __device__ __forceinline__ u32 begin_call(const Peers& peers, int rank) {
   __syncthreads();
   return epoch;
 }
+// `epoch`: the last this call used (a call in windows uses one per window, see two_shot).
 __device__ __forceinline__ void end_call(const Peers& peers, int rank, u32 epoch) {
   if (threadIdx.x != 0) return;
   u32* state = epoch_state(peers, rank);
@@ -234,8 +237,41 @@ __device__ __forceinline__ void end_call(const Peers& peers, int rank, u32 epoch
   // lone block needs no count (the atomic's round trip would lengthen every small call).
   if (gridDim.x == 1 || atomicAdd(&state[1], 1u) == gridDim.x - 1) {
     state[1] = 0;
+    state[2] = 0;
     state[0] = epoch;
   }
+}
+
+// Waits for every block of this grid to finish window `window` of the call (see two_shot). The
+// host never launches more blocks than the GPU holds at once, so they all run. The count goes
+// back to zero in end_call, when no block waits on it any more.
+__device__ __forceinline__ void grid_barrier(const Peers& peers, int rank, u32 window, const volatile int* abort) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    u32* windows = &epoch_state(peers, rank)[2];
+    __threadfence();
+    atomicAdd(windows, 1u);
+    u32 target = gridDim.x * (window + 1);
+    unsigned spins = 0;
+    while (*(volatile u32*)windows < target) {
+      if ((++spins & 1023u) == 0 && load_volatile(abort)) break;
+    }
+    __threadfence();
+  }
+  __syncthreads();
+}
+
+// What a rank tells every rank of its call's buffers, for the direct algorithm: written by the
+// rank's block 0 into each rank's flags with plain stores, then `epoch` with a release.
+struct Published {
+  u64 in;
+  u64 out;
+  u32 usable;  // the host found both reachable from every peer GPU, and 16-aligned
+  u32 epoch;
+};
+
+__device__ __forceinline__ Published* published(u32* flags, int rank) {
+  return (Published*)(flags + BARRIERS * MAX_BLOCKS * MAX_RANKS + 4) + rank;
 }
 
 // ---- data movement ------------------------------------------------------------------------------
@@ -320,6 +356,51 @@ __device__ void push_range(const T* in, u64 count, u64 begin, u64 end, char* con
 // Reduces elements [begin, end) (`begin` a multiple of the pack) of `src[0..nranks)`, in rank
 // order, into `out` and into `copies[0..ncopies)`. `src[r]` and `copies[c]` are 16-aligned and
 // hold element i at byte (i - begin) * sizeof(T).
+// Packs j, j + G, ..., j + (U - 1) G (G the grid's threads) of every source, reduced and stored:
+// all loads first (the sources may be other GPUs, a round trip away), then the stores.
+template <typename T, int OP, int U>
+__device__ __forceinline__ void reduce_packs(const char* const* src, int nranks, u64 begin, u64 j, T* out,
+                                             bool out_aligned, char* const* copies, int ncopies) {
+  typedef Reduce<T, OP> R;
+  typedef typename Traits<T>::Acc Acc;
+  const int N = PackOf<T>::N;
+  const u64 G = grid_threads();
+  typename PackOf<T>::U in[U][MAX_RANKS];
+#pragma unroll
+  for (int u = 0; u < U; u++) {
+#pragma unroll
+    for (int r = 0; r < MAX_RANKS; r++) {
+      if (r < nranks) in[u][r].pack = *(const Pack*)(src[r] + ((j + u * G) * N - begin) * sizeof(T));
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < U; u++) {
+    u64 at = ((j + u * G) * N - begin) * sizeof(T);
+    typename PackOf<T>::U result;
+#pragma unroll
+    for (int k = 0; k < N; k++) {
+      Acc a = R::first(in[u][0].v[k], nranks);
+#pragma unroll
+      for (int r = 1; r < MAX_RANKS; r++) {
+        if (r < nranks) a = R::combine(a, in[u][r].v[k], nranks);
+      }
+      result.v[k] = R::finish(a, nranks);
+    }
+    if (out_aligned) {
+      ((Pack*)out)[j + u * G] = result.pack;
+    } else {
+#pragma unroll
+      for (int k = 0; k < N; k++) out[(j + u * G) * N + k] = result.v[k];
+    }
+    for (int c = 0; c < ncopies; c++) *(Pack*)(copies[c] + at) = result.pack;
+  }
+}
+
+// Packs a thread reduces at a time (see reduce_packs).
+#ifndef REDUCE_UNROLL
+#define REDUCE_UNROLL 2
+#endif
+
 template <typename T, int OP>
 __device__ void reduce_range(const char* const* src, int nranks, u64 count, u64 begin, u64 end, T* out,
                              char* const* copies, int ncopies) {
@@ -328,31 +409,12 @@ __device__ void reduce_range(const char* const* src, int nranks, u64 count, u64 
   const int N = PackOf<T>::N;
   bool out_aligned = aligned16(out);
   u64 whole_end = (end < count / N * N ? end : count / N * N) / N;
-  for (u64 j = first_pack(begin / N); j < whole_end; j += grid_threads()) {
-    u64 at = (j * N - begin) * sizeof(T);
-    typename PackOf<T>::U in[MAX_RANKS];
-#pragma unroll
-    for (int r = 0; r < MAX_RANKS; r++) {
-      if (r < nranks) in[r].pack = *(const Pack*)(src[r] + at);
-    }
-    typename PackOf<T>::U result;
-#pragma unroll
-    for (int k = 0; k < N; k++) {
-      Acc a = R::first(in[0].v[k], nranks);
-#pragma unroll
-      for (int r = 1; r < MAX_RANKS; r++) {
-        if (r < nranks) a = R::combine(a, in[r].v[k], nranks);
-      }
-      result.v[k] = R::finish(a, nranks);
-    }
-    if (out_aligned) {
-      ((Pack*)out)[j] = result.pack;
-    } else {
-#pragma unroll
-      for (int k = 0; k < N; k++) out[j * N + k] = result.v[k];
-    }
-    for (int c = 0; c < ncopies; c++) *(Pack*)(copies[c] + at) = result.pack;
+  const u64 G = grid_threads();
+  u64 j = first_pack(begin / N);
+  for (; j + (REDUCE_UNROLL - 1) * G < whole_end; j += REDUCE_UNROLL * G) {
+    reduce_packs<T, OP, REDUCE_UNROLL>(src, nranks, begin, j, out, out_aligned, copies, ncopies);
   }
+  for (; j < whole_end; j += G) reduce_packs<T, OP, 1>(src, nranks, begin, j, out, out_aligned, copies, ncopies);
   u64 e;
   if (my_tail_element<T>(count, begin, end, &e)) {
     u64 at = (e - begin) * sizeof(T);
@@ -414,7 +476,7 @@ __device__ __forceinline__ u64 inbox_offset(u64 half_bytes) { return 2 * area_by
 // every rank reduces all slots, locally, in rank order.
 template <typename T, int OP>
 __device__ void one_shot(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,
-                         const volatile int* abort) {
+                         const volatile int* abort, int) {
   u32 epoch = begin_call(peers, rank);
   u64 area = area_offset(half_bytes, epoch);
   u64 slot = area_bytes(half_bytes) / MAX_RANKS / 16 * 16;
@@ -453,9 +515,8 @@ __device__ __forceinline__ void chunk_bounds(int owner, int nranks, u64 count, u
 // every other rank's result area; they meet; every rank copies the other chunks from its result
 // area to its output.
 template <typename T, int OP>
-__device__ void two_shot(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,
-                         const volatile int* abort) {
-  u32 epoch = begin_call(peers, rank);
+__device__ void two_shot_staged(Peers peers, int rank, int nranks, const T* in, T* out, u64 count,
+                                u64 half_bytes, const volatile int* abort, u32 epoch) {
   u64 area = area_offset(half_bytes, epoch);
   // A slot holds one chunk, and the last owner's also the elements past the last whole pack.
   u64 slot = chunk_elements<T>(nranks, count) * sizeof(T) + 16;
@@ -483,7 +544,84 @@ __device__ void two_shot(Peers peers, int rank, int nranks, const T* in, T* out,
     chunk_bounds<T>(owner, nranks, count, &begin, &end);
     copy_out(out, results + begin, count, begin, end);
   }
-  end_call(peers, rank, epoch);
+}
+
+// Messages larger than the staging go through it in windows of `half_bytes`, each run as if it
+// were a call of its own, with an epoch of its own (so the staging areas alternate as between
+// calls), and all blocks meet between windows (as kernels do between calls: the proof of the
+// staging layout above needs it, since a window's blocks may handle other elements than the
+// previous one's). Returns the last epoch used.
+template <typename T, int OP>
+__device__ u32 two_shot_windows(Peers peers, int rank, int nranks, const T* in, T* out, u64 count,
+                                u64 half_bytes, const volatile int* abort, u32 epoch) {
+  const u64 window = half_bytes / sizeof(T);
+  u32 w = 0;
+  for (u64 done = 0; done < count; done += window, w++) {
+    if (w > 0) grid_barrier(peers, rank, w - 1, abort);
+    u64 n = count - done < window ? count - done : window;
+    two_shot_staged<T, OP>(peers, rank, nranks, in + done, out + done, n, half_bytes, abort, epoch + w);
+  }
+  return epoch + w - 1;
+}
+
+template <typename T, int OP>
+__device__ void two_shot(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,
+                         const volatile int* abort, int) {
+  u32 epoch = begin_call(peers, rank);
+  u32 last = two_shot_windows<T, OP>(peers, rank, nranks, in, out, count, half_bytes, abort, epoch);
+  end_call(peers, rank, last);
+}
+
+// Direct (every rank in one process): two-shot without the staging. The ranks tell each other
+// their buffers; each owner reads its chunk straight from every rank's input, reduces it in rank
+// order and writes it straight into every rank's output; they meet once at the end, so that no
+// rank goes on (and reuses its buffers) while a peer still reads or writes them. Pack j is read
+// and written by one thread only, the owner's (j mod grid size), so in-place is safe. A rank's
+// buffers may not be reachable from the other GPUs (cuMem allocations without access for them,
+// other contexts) or not 16-aligned: the host says so in `usable`, and if any rank's are not,
+// every rank sees it and they all run the staged two-shot instead, in the same call.
+template <typename T, int OP>
+__device__ void direct(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,
+                       const volatile int* abort, int usable) {
+  u32 epoch = begin_call(peers, rank);
+  int p = threadIdx.x;
+  if (blockIdx.x == 0 && p < nranks) {
+    Published* mine = published(peers.flags[p], rank);
+    mine->in = (u64)in;
+    mine->out = (u64)out;
+    mine->usable = usable;
+    store_release(&mine->epoch, epoch);
+  }
+  __shared__ u64 ins[MAX_RANKS], outs[MAX_RANKS];
+  int ready = 1;
+  if (p < nranks) {
+    volatile Published* theirs = published(peers.flags[rank], p);
+    unsigned spins = 0;
+    while ((int)(load_acquire((const u32*)&theirs->epoch) - epoch) < 0) {
+      if ((++spins & 1023u) == 0 && load_volatile(abort)) break;
+    }
+    // Aborted before the peer came: its slot may be stale, so take the staged path.
+    ready = (int)(theirs->epoch - epoch) >= 0 && theirs->usable;
+    ins[p] = theirs->in;
+    outs[p] = theirs->out;
+  }
+  if (__syncthreads_and(ready)) {
+    u64 begin, end;
+    chunk_bounds<T>(rank, nranks, count, &begin, &end);
+    const char* src[MAX_RANKS];
+    char* copies[MAX_RANKS];
+    int ncopies = 0;
+    for (int r = 0; r < nranks; r++) {
+      src[r] = (const char*)ins[r] + begin * sizeof(T);
+      if (r != rank) copies[ncopies++] = (char*)outs[r] + begin * sizeof(T);
+    }
+    reduce_range<T, OP>(src, nranks, count, begin, end, out, copies, ncopies);
+    barrier(peers, rank, nranks, BARRIER_START, epoch, abort);
+    end_call(peers, rank, epoch);
+  } else {
+    u32 last = two_shot_windows<T, OP>(peers, rank, nranks, in, out, count, half_bytes, abort, epoch);
+    end_call(peers, rank, last);
+  }
 }
 
 // Low latency (small messages): no staging, no barrier. Each rank writes its input straight into
@@ -507,7 +645,7 @@ __device__ __forceinline__ u32 ll_wait(const u64* address, u32 flag, const volat
 
 template <typename T, int OP>
 __device__ void ll_one_shot(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,
-                            const volatile int* abort) {
+                            const volatile int* abort, int) {
   typedef Reduce<T, OP> R;
   typedef typename Traits<T>::Acc Acc;
   const int E = 8 / sizeof(T);  // elements in one 8-byte unit
@@ -581,14 +719,15 @@ __device__ __forceinline__ void after_previous_kernel() {
 #define KERNEL(NAME, T, OPNAME, OP)                                                                   \
   KERNEL_OF(ll_one_shot, ncclshim_ll_##NAME##_##OPNAME, T, OP)                                        \
   KERNEL_OF(one_shot, ncclshim_one_shot_##NAME##_##OPNAME, T, OP)                                     \
-  KERNEL_OF(two_shot, ncclshim_two_shot_##NAME##_##OPNAME, T, OP)
+  KERNEL_OF(two_shot, ncclshim_two_shot_##NAME##_##OPNAME, T, OP)                                     \
+  KERNEL_OF(direct, ncclshim_direct_##NAME##_##OPNAME, T, OP)
 
 #define KERNEL_OF(ALGORITHM, SYMBOL, T, OP)                                                           \
   extern "C" __global__ void __launch_bounds__(MAX_THREADS)                                           \
       SYMBOL(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,       \
-             const volatile int* abort) {                                                             \
+             const volatile int* abort, int usable) {                                                 \
     after_previous_kernel();                                                                          \
-    ALGORITHM<T, OP>(peers, rank, nranks, in, out, count, half_bytes, abort);                         \
+    ALGORITHM<T, OP>(peers, rank, nranks, in, out, count, half_bytes, abort, usable);                 \
   }
 
 // NCCL_TYPES is defined by the host to the types wanted (all of them by default).

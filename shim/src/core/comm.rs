@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use super::cuda::{self, Cuda, Device, DevicePtr, HostFlag};
 use super::kernels::Kernels;
-use super::policy::{MAX_RANKS, Plan};
+use super::policy::{CommFacts, MAX_RANKS, Plan};
+use super::types::Algorithm;
 
 /// Bytes at the start of each rank's buffer for the flags (see all_reduce.cu), rounded up.
 pub const FLAGS_BYTES: usize = 64 << 10;
@@ -35,7 +36,8 @@ impl Peers {
 
 pub struct CoreComm {
     pub rank: usize,
-    pub nranks: usize,
+    /// What every rank agreed on at set-up, for planning calls.
+    pub facts: CommFacts,
     pub device: Device,
     kernels: Arc<Kernels>,
     peers: Peers,
@@ -62,19 +64,21 @@ pub struct Parts {
     pub abort: HostFlag,
     /// Launch with programmatic stream serialization (see all_reduce.cu).
     pub early_launch: bool,
+    /// Blocks the two-shot kernels can have resident at once on this GPU.
+    pub resident_blocks: u32,
 }
 
 impl CoreComm {
     pub fn new(
         rank: usize,
-        nranks: usize,
+        facts: CommFacts,
         parts: Parts,
         bases: &[DevicePtr],
         opened: Vec<DevicePtr>,
     ) -> CoreComm {
         CoreComm {
             rank,
-            nranks,
+            facts,
             device: parts.device,
             kernels: parts.kernels,
             peers: Peers::from_bases(bases),
@@ -99,13 +103,17 @@ impl CoreComm {
         let function = self.kernels.get(plan.algorithm, plan.dtype, plan.op);
         let mut peers = self.peers;
         let mut rank = self.rank as i32;
-        let mut nranks = self.nranks as i32;
+        let mut nranks = self.facts.nranks as i32;
         let mut input = send as u64;
         let mut output = recv as u64;
         let mut count = count as u64;
         let mut half_bytes = self.half_bytes;
         let mut abort = self.abort.device;
-        let mut params: [*mut c_void; 8] = [
+        let mut usable = (plan.algorithm == Algorithm::Direct
+            && self.reachable_by_peers(input)
+            && (output == input || self.reachable_by_peers(output)))
+            as i32;
+        let mut params: [*mut c_void; 9] = [
             (&raw mut peers).cast(),
             (&raw mut rank).cast(),
             (&raw mut nranks).cast(),
@@ -114,6 +122,7 @@ impl CoreComm {
             (&raw mut count).cast(),
             (&raw mut half_bytes).cast(),
             (&raw mut abort).cast(),
+            (&raw mut usable).cast(),
         ];
         // SAFETY: the parameters are the kernel's, in order; cuLaunchKernel copies them.
         unsafe {
@@ -126,6 +135,12 @@ impl CoreComm {
                 self.early_launch,
             )
         }
+    }
+
+    /// Whether the direct kernel may read or write `pointer` from every GPU: 16-aligned, and
+    /// memory the peers can reach.
+    fn reachable_by_peers(&self, pointer: u64) -> bool {
+        pointer.is_multiple_of(16) && self.device.reachable_from_peers(pointer)
     }
 
     /// Frees everything once our kernels are done (the device is synchronised, on a thread of

@@ -134,6 +134,22 @@ impl Device {
         }
     }
 
+    /// How many blocks of `threads` threads of `function` this device runs at once.
+    pub fn resident_blocks(&self, function: Function, threads: u32) -> Cuda<u32> {
+        use sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT;
+        // SAFETY: a valid device and attribute.
+        let multiprocessors = unsafe {
+            result::device::get_attribute(self.handle, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        }
+        .named("cuDeviceGetAttribute")?;
+        // SAFETY: a function of a loaded module, no dynamic shared memory.
+        let per_multiprocessor = unsafe {
+            result::occupancy::max_active_block_per_multiprocessor(function, threads as c_int, 0)
+        }
+        .named("cuOccupancyMaxActiveBlocksPerMultiprocessor")?;
+        Ok((multiprocessors.max(0) as u32) * (per_multiprocessor.max(0) as u32))
+    }
+
     /// The PCI bus id, e.g. "0000:1B:00.0": identifies a GPU across processes.
     pub fn pci_bus_id(&self) -> Cuda<[u8; 16]> {
         let mut id = [0u8; 16];
@@ -161,6 +177,45 @@ impl Device {
             return Ok(());
         }
         check("cuCtxEnablePeerAccess", result)
+    }
+
+    /// Whether the GPUs this context enabled peer access for can read and write `pointer`:
+    /// memory of this device's primary context made by cuMemAlloc (cudaMalloc), which peer
+    /// access covers. cuMem (VMM) allocations and pools grant access only to the GPUs they
+    /// name, so they, host memory and anything else answer no.
+    pub fn reachable_from_peers(&self, pointer: DevicePtr) -> bool {
+        use sys::CUpointer_attribute::*;
+        let mut context: sys::CUcontext = std::ptr::null_mut();
+        let mut memory_type: c_uint = 0;
+        let mut ordinal: c_int = -1;
+        let mut legacy_ipc: c_int = 0;
+        let mut attributes = [
+            CU_POINTER_ATTRIBUTE_CONTEXT,
+            CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+            CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+            CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+        ];
+        let mut data: [*mut c_void; 4] = [
+            (&raw mut context).cast(),
+            (&raw mut memory_type).cast(),
+            (&raw mut ordinal).cast(),
+            (&raw mut legacy_ipc).cast(),
+        ];
+        // SAFETY: one output of the attribute's type per attribute; unknown pointers are not an
+        // error (the outputs keep their defaults).
+        let result = unsafe {
+            sys::cuPointerGetAttributes(
+                attributes.len() as c_uint,
+                attributes.as_mut_ptr(),
+                data.as_mut_ptr(),
+                pointer,
+            )
+        };
+        result == sys::CUresult::CUDA_SUCCESS
+            && context == self.context
+            && memory_type == sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as c_uint
+            && ordinal == self.ordinal
+            && legacy_ipc != 0
     }
 }
 

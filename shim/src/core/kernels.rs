@@ -33,6 +33,23 @@ impl Kernels {
     }
 }
 
+impl Kernels {
+    /// Blocks of `policy::MAX_THREADS` that every two-shot kernel (staged and direct) can have
+    /// resident at once on `device`: the fewest of any type and op.
+    pub fn two_shot_resident_blocks(&self, device: &Device) -> cuda::Cuda<u32> {
+        let mut fewest = u32::MAX;
+        for algorithm in [Algorithm::TwoShot, Algorithm::Direct] {
+            for dtype in DataType::ALL {
+                for op in Op::ALL {
+                    let function = self.get(algorithm, dtype, op);
+                    fewest = fewest.min(device.resident_blocks(function, policy::MAX_THREADS)?);
+                }
+            }
+        }
+        Ok(fewest)
+    }
+}
+
 /// The kernel's name for one variant, as `all_reduce.cu` defines it.
 pub fn kernel_name(algorithm: Algorithm, dtype: DataType, op: Op) -> String {
     format!(

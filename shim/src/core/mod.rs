@@ -79,7 +79,7 @@ pub fn all_reduce(
     if send.is_null() || recv.is_null() {
         return None;
     }
-    let plan = policy::plan_all_reduce(policy::settings(), count, dtype, op, core.nranks)?;
+    let plan = policy::plan_all_reduce(policy::settings(), count, dtype, op, &core.facts)?;
     let stream = stream as cuda::Stream;
     if group::inside() {
         group::queue(group::Queued {

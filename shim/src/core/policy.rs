@@ -8,6 +8,7 @@
 //!   NCCLSHIM_LL_MAX_BYTES=N              low-latency up to N bytes (at most 128 KiB)
 //!   NCCLSHIM_ONE_SHOT_MAX_BYTES=N        one-shot up to N bytes (at most 4 MiB)
 //!   NCCLSHIM_ALL_REDUCE_MAX_BYTES=N      the core up to N bytes (two-shot above one-shot's limit)
+//!   NCCLSHIM_DIRECT=0                    no direct two-shot (ranks of one process), staged only
 //! and two that change only how kernels are launched, not which run (they may differ by rank):
 //!   NCCLSHIM_LAUNCH_HELPERS=0            a group's all-reduces on several GPUs launched in turn
 //!   NCCLSHIM_EARLY_LAUNCH=0              no programmatic stream serialization
@@ -16,7 +17,8 @@ use std::sync::OnceLock;
 
 use super::types::{Algorithm, DataType, Op};
 
-/// Largest all-reduce the staging buffers take.
+/// Largest all-reduce the staging buffers take in one go (two-shot goes through them in windows
+/// of this size).
 pub const STAGING_HALF_BYTES: usize = 16 << 20;
 /// Largest one-shot: its slot per sender, a staging area (more than `2 * STAGING_HALF_BYTES`)
 /// shared by MAX_RANKS senders (see all_reduce.cu).
@@ -47,7 +49,10 @@ pub struct Settings {
     pub ll_max_bytes: Option<usize>,
     /// `None`: by the number of ranks (see `one_shot_max`).
     pub one_shot_max_bytes: Option<usize>,
-    pub all_reduce_max_bytes: usize,
+    /// `None`: by the number of ranks and processes (see `all_reduce_max`).
+    pub all_reduce_max_bytes: Option<usize>,
+    /// Two-shot straight between the users' buffers where every rank is in one process.
+    pub direct: bool,
     /// Helper threads launch a group's all-reduces on other GPUs (launcher.rs).
     pub launch_helpers: bool,
     /// Kernels launched with programmatic stream serialization (all_reduce.cu).
@@ -62,7 +67,8 @@ impl Settings {
             force_core: false,
             ll_max_bytes: None,
             one_shot_max_bytes: None,
-            all_reduce_max_bytes: STAGING_HALF_BYTES,
+            all_reduce_max_bytes: None,
+            direct: true,
             launch_helpers: true,
             early_launch: true,
         }
@@ -74,7 +80,7 @@ impl Settings {
         let by_ranks = if nranks <= 2 { 128 << 10 } else { 32 << 10 };
         self.ll_max_bytes
             .unwrap_or(by_ranks)
-            .min(self.all_reduce_max_bytes)
+            .min(self.all_reduce_max_bytes.unwrap_or(usize::MAX))
             .min(LL_MAX_BYTES)
     }
 
@@ -88,8 +94,23 @@ impl Settings {
         };
         self.one_shot_max_bytes
             .unwrap_or(by_ranks)
-            .min(self.all_reduce_max_bytes)
+            .min(self.all_reduce_max_bytes.unwrap_or(usize::MAX))
             .min(ONE_SHOT_LIMIT_BYTES)
+    }
+
+    /// The largest all-reduce the core takes: where its two-shot still beat NCCL on H200
+    /// (docs/performance.md). Direct (ranks of one process) took 2 ranks to 0.91 of NCCL's time
+    /// at 256 MiB, the largest size measured, and 4 ranks to 0.97 at 32 MiB; the staged one 2
+    /// ranks to 0.91 at 32 MiB, and 4 to 0.96 at 16 MiB. More ranks: as far as the staging goes
+    /// in one window, as before.
+    pub fn all_reduce_max(&self, nranks: usize, single_process: bool) -> usize {
+        let direct = single_process && self.direct;
+        let by_ranks = match (nranks, direct) {
+            (..=2, true) => 256 << 20,
+            (..=2, false) | (3..=4, true) => 32 << 20,
+            _ => STAGING_HALF_BYTES,
+        };
+        self.all_reduce_max_bytes.unwrap_or(by_ranks)
     }
 
     fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Settings {
@@ -97,6 +118,7 @@ impl Settings {
         let bytes = |name: &str| get(name).and_then(|v| v.trim().parse::<usize>().ok());
         let off = |name: &str| get(name).is_some_and(|v| v.trim() == "0");
         s.enabled = !off("NCCLSHIM_CORE");
+        s.direct = !off("NCCLSHIM_DIRECT");
         s.launch_helpers = !off("NCCLSHIM_LAUNCH_HELPERS");
         s.early_launch = !off("NCCLSHIM_EARLY_LAUNCH");
         match get("NCCLSHIM_FORCE")
@@ -114,9 +136,8 @@ impl Settings {
             s.one_shot_max_bytes = Some(n);
         }
         if let Some(n) = bytes("NCCLSHIM_ALL_REDUCE_MAX_BYTES") {
-            s.all_reduce_max_bytes = n;
+            s.all_reduce_max_bytes = Some(n);
         }
-        s.all_reduce_max_bytes = s.all_reduce_max_bytes.min(STAGING_HALF_BYTES);
         s
     }
 }
@@ -124,6 +145,18 @@ impl Settings {
 pub fn settings() -> &'static Settings {
     static SETTINGS: OnceLock<Settings> = OnceLock::new();
     SETTINGS.get_or_init(|| Settings::from_lookup(|name| std::env::var(name).ok()))
+}
+
+/// What a plan may depend on besides the call: facts of the communicator that every rank agreed
+/// on when it was set up (setup.rs), so that every rank plans alike.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CommFacts {
+    pub nranks: usize,
+    /// Every rank is in one process: the kernels can reach each other's user buffers.
+    pub single_process: bool,
+    /// Blocks of MAX_THREADS the two-shot kernels can have resident at once on every rank's GPU:
+    /// their blocks wait for each other between windows, so all of them must run at once.
+    pub resident_blocks: u32,
 }
 
 /// How the core runs one all-reduce.
@@ -145,8 +178,8 @@ fn launch_shape(algorithm: Algorithm, bytes: usize) -> (u32, u32) {
         Algorithm::LowLatency => (128, MAX_BLOCKS),
         Algorithm::OneShot if bytes <= 256 << 10 => (128, MAX_BLOCKS),
         Algorithm::OneShot => (256, 128),
-        Algorithm::TwoShot if bytes <= 4 << 20 => (256, 128),
-        Algorithm::TwoShot => (MAX_THREADS, 128),
+        Algorithm::TwoShot | Algorithm::Direct if bytes <= 4 << 20 => (256, 128),
+        Algorithm::TwoShot | Algorithm::Direct => (MAX_THREADS, 128),
     }
 }
 
@@ -156,19 +189,16 @@ pub fn plan_all_reduce(
     count: usize,
     dtype: u32,
     op: u32,
-    nranks: usize,
+    comm: &CommFacts,
 ) -> Option<Plan> {
+    let (nranks, single_process) = (comm.nranks, comm.single_process);
     let (dtype, op) = (DataType::from_nccl(dtype)?, Op::from_nccl(op)?);
     let bytes = count.checked_mul(dtype.size())?;
     if !settings.enabled || count == 0 || !(2..=MAX_RANKS).contains(&nranks) {
         return None;
     }
-    let limit = if settings.force_core {
-        STAGING_HALF_BYTES
-    } else {
-        settings.all_reduce_max_bytes
-    };
-    if bytes > limit {
+    // Forced, the core takes any size (two-shot goes through the staging in windows).
+    if !settings.force_core && bytes > settings.all_reduce_max(nranks, single_process) {
         return None;
     }
     // Each thread moves 8 bytes at a time in the low-latency kernel, 16 in the others.
@@ -176,10 +206,15 @@ pub fn plan_all_reduce(
         (Algorithm::LowLatency, 8)
     } else if bytes <= settings.one_shot_max(nranks) {
         (Algorithm::OneShot, 16)
+    } else if single_process && settings.direct {
+        (Algorithm::Direct, 16)
     } else {
         (Algorithm::TwoShot, 16)
     };
-    let (threads, max_blocks) = launch_shape(algorithm, bytes);
+    let (threads, mut max_blocks) = launch_shape(algorithm, bytes);
+    if matches!(algorithm, Algorithm::TwoShot | Algorithm::Direct) {
+        max_blocks = max_blocks.min(comm.resident_blocks.max(1));
+    }
     let units = bytes.div_ceil(unit) as u64;
     let blocks = units.div_ceil(threads as u64).clamp(1, max_blocks as u64) as u32;
     Some(Plan {
@@ -203,14 +238,23 @@ mod tests {
         })
     }
 
+    /// A communicator of `nranks` processes on GPUs like H200's.
+    fn procs(nranks: usize) -> CommFacts {
+        CommFacts {
+            nranks,
+            single_process: false,
+            resident_blocks: 132,
+        }
+    }
+
     fn algorithm(s: &Settings, bytes: usize, nranks: usize) -> Option<Algorithm> {
-        plan_all_reduce(s, bytes / 4, 7, 0, nranks).map(|p| p.algorithm)
+        plan_all_reduce(s, bytes / 4, 7, 0, &procs(nranks)).map(|p| p.algorithm)
     }
 
     #[test]
     fn plans_depend_on_size_type_op_and_ranks_only() {
         let s = with(&[]);
-        let plan = plan_all_reduce(&s, 1024, 7, 0, 2).unwrap();
+        let plan = plan_all_reduce(&s, 1024, 7, 0, &procs(2)).unwrap();
         assert_eq!(
             (plan.algorithm, plan.dtype, plan.op),
             (Algorithm::LowLatency, DataType::Float32, Op::Sum)
@@ -237,21 +281,23 @@ mod tests {
             Some(Algorithm::TwoShot),
             "{fewer}"
         );
-        assert_eq!(algorithm(&s, 16 << 20, 2), Some(Algorithm::TwoShot));
-        let above = "above the staging buffers NCCL takes it";
-        assert_eq!(algorithm(&s, (16 << 20) + 4, 2), None, "{above}");
-        assert_eq!(plan_all_reduce(&s, 0, 7, 0, 2), None);
+        let nccl = "NCCL takes what it does faster";
+        assert_eq!(algorithm(&s, 32 << 20, 2), Some(Algorithm::TwoShot));
+        assert_eq!(algorithm(&s, (32 << 20) + 4, 2), None, "{nccl}");
+        assert_eq!(algorithm(&s, 16 << 20, 4), Some(Algorithm::TwoShot));
+        assert_eq!(algorithm(&s, (16 << 20) + 4, 4), None, "{nccl}");
+        assert_eq!(plan_all_reduce(&s, 0, 7, 0, &procs(2)), None);
         assert_eq!(
-            plan_all_reduce(&s, 8, 7, 5, 2),
+            plan_all_reduce(&s, 8, 7, 5, &procs(2)),
             None,
             "PreMulSum stays with NCCL"
         );
-        assert_eq!(plan_all_reduce(&s, 8, 12, 0, 2), None);
-        assert_eq!(plan_all_reduce(&s, 8, 7, 0, 1), None);
-        assert_eq!(plan_all_reduce(&s, 8, 7, 0, 9), None);
-        assert_eq!(plan_all_reduce(&s, usize::MAX / 2, 7, 0, 2), None);
+        assert_eq!(plan_all_reduce(&s, 8, 12, 0, &procs(2)), None);
+        assert_eq!(plan_all_reduce(&s, 8, 7, 0, &procs(1)), None);
+        assert_eq!(plan_all_reduce(&s, 8, 7, 0, &procs(9)), None);
+        assert_eq!(plan_all_reduce(&s, usize::MAX / 2, 7, 0, &procs(2)), None);
         let shape = |bytes: usize, nranks| {
-            let plan = plan_all_reduce(&s, bytes, 0, 0, nranks).unwrap();
+            let plan = plan_all_reduce(&s, bytes, 0, 0, &procs(nranks)).unwrap();
             (plan.algorithm, plan.threads, plan.blocks)
         };
         use Algorithm::*;
@@ -288,9 +334,9 @@ mod tests {
         ]);
         assert_eq!(algorithm(&forced, 16 << 20, 2), Some(Algorithm::TwoShot));
         assert_eq!(
-            algorithm(&forced, (16 << 20) + 4, 2),
-            None,
-            "never past the staging buffers"
+            algorithm(&forced, 1 << 30, 2),
+            Some(Algorithm::TwoShot),
+            "forced, past the staging too (in windows)"
         );
         let limits = with(&[
             ("NCCLSHIM_LL_MAX_BYTES", "0"),
@@ -308,11 +354,61 @@ mod tests {
         ]);
         assert_eq!(
             (
-                huge.all_reduce_max_bytes,
+                huge.all_reduce_max(2, false),
                 huge.ll_max(2),
                 huge.one_shot_max(2)
             ),
-            (STAGING_HALF_BYTES, LL_MAX_BYTES, ONE_SHOT_LIMIT_BYTES)
+            (999999999999, LL_MAX_BYTES, ONE_SHOT_LIMIT_BYTES)
         );
+        assert!(with(&[]).direct && !with(&[("NCCLSHIM_DIRECT", "0")]).direct);
+    }
+
+    #[test]
+    fn two_shot_grids_fit_the_gpu_at_once() {
+        let s = with(&[]);
+        let small_gpu = CommFacts {
+            resident_blocks: 78,
+            ..procs(2)
+        };
+        let blocks = |bytes: usize, comm: &CommFacts| {
+            plan_all_reduce(&s, bytes / 4, 7, 0, comm).map(|p| (p.algorithm, p.blocks))
+        };
+        assert_eq!(blocks(32 << 20, &small_gpu), Some((Algorithm::TwoShot, 78)));
+        assert_eq!(blocks(32 << 20, &procs(2)), Some((Algorithm::TwoShot, 128)));
+        assert_eq!(
+            blocks(64 << 10, &small_gpu),
+            Some((Algorithm::LowLatency, 64)),
+            "other kernels need no more than their blocks' peers"
+        );
+    }
+
+    #[test]
+    fn direct_two_shot_only_for_ranks_of_one_process() {
+        let plan = |s: &Settings, bytes: usize, nranks, single_process| {
+            let comm = CommFacts {
+                single_process,
+                ..procs(nranks)
+            };
+            plan_all_reduce(s, bytes / 4, 7, 0, &comm).map(|p| p.algorithm)
+        };
+        let s = with(&[]);
+        for (bytes, nranks) in [(4 << 20, 2), (1 << 20, 4), (16 << 20, 4)] {
+            assert_eq!(plan(&s, bytes, nranks, true), Some(Algorithm::Direct));
+            assert_eq!(plan(&s, bytes, nranks, false), Some(Algorithm::TwoShot));
+        }
+        assert_eq!(
+            plan(&s, 64 << 10, 2, true),
+            Some(Algorithm::LowLatency),
+            "small messages as before"
+        );
+        assert_eq!(plan(&s, 1 << 20, 2, true), Some(Algorithm::OneShot));
+        let staged = with(&[("NCCLSHIM_DIRECT", "0")]);
+        assert_eq!(plan(&staged, 4 << 20, 2, true), Some(Algorithm::TwoShot));
+        let farther = "direct beat NCCL to larger sizes than staged";
+        assert_eq!(plan(&s, 256 << 20, 2, true), Some(Algorithm::Direct));
+        assert_eq!(plan(&s, (256 << 20) + 4, 2, true), None);
+        assert_eq!(plan(&s, 32 << 20, 4, true), Some(Algorithm::Direct));
+        assert_eq!(plan(&s, 32 << 20, 4, false), None, "{farther}");
+        assert_eq!(plan(&staged, 64 << 20, 2, true), None, "{farther}");
     }
 }

@@ -9,14 +9,14 @@ use std::sync::{Arc, OnceLock};
 
 use super::comm::{CoreComm, FLAGS_BYTES, Parts};
 use super::cuda::{self, Cuda, Device, DevicePtr, HostFlag};
-use super::policy::{self, INBOX_BYTES, MAX_RANKS, STAGING_HALF_BYTES};
+use super::policy::{self, CommFacts, INBOX_BYTES, MAX_RANKS, STAGING_HALF_BYTES};
 use super::{kernels, table};
 use crate::api::ffi::{cudaStream_t, ncclComm_t, ncclSuccess, ncclUint8};
 use crate::api::real;
 use crate::log::log_info;
 
 const MAGIC: u64 = 0x6e63_636c_7368_696d; // "ncclshim"
-const LAYOUT: u32 = 1;
+const LAYOUT: u32 = 2;
 
 /// What one rank tells the others, as plain bytes.
 #[repr(C)]
@@ -31,7 +31,8 @@ struct Record {
     settings: u64,
     buffer: u64,
     device: i32,
-    _pad: i32,
+    /// Blocks the two-shot kernels can have resident at once on this rank's GPU.
+    resident_blocks: u32,
     pci_bus_id: [u8; 16],
     ipc: [u8; 64],
 }
@@ -50,7 +51,7 @@ impl Record {
             settings: 0,
             buffer: 0,
             device: -1,
-            _pad: 0,
+            resident_blocks: 0,
             pci_bus_id: [0; 16],
             ipc: [0; 64],
         }
@@ -89,6 +90,8 @@ struct Exchange {
 struct Mapped {
     bases: Vec<DevicePtr>,
     opened: Vec<DevicePtr>,
+    /// What every rank computes alike from the gathered records.
+    facts: CommFacts,
 }
 
 /// Sets up the core for `comms` (all driven by this thread, e.g. those of one group), after the
@@ -216,6 +219,9 @@ fn own_parts(device: Device) -> Result<Parts, String> {
     }
     super::nvrtc::load()?;
     let kernels = kernels::for_device(&device)?;
+    let resident_blocks = kernels
+        .two_shot_resident_blocks(&device)
+        .map_err(|e| e.to_string())?;
     let half_bytes = STAGING_HALF_BYTES as u64;
     let inbox = FLAGS_BYTES + policy::staging_bytes(STAGING_HALF_BYTES);
     let buffer = cuda::alloc(inbox + INBOX_BYTES).map_err(|e| e.to_string())?;
@@ -233,6 +239,7 @@ fn own_parts(device: Device) -> Result<Parts, String> {
             half_bytes,
             abort,
             early_launch: early_launch(),
+            resident_blocks,
         }),
         Err(e) => {
             cuda::free(buffer);
@@ -268,7 +275,7 @@ fn own_record(candidate: &Candidate) -> Record {
         settings: settings_key(parts.half_bytes),
         buffer: parts.buffer,
         device: exchange.device.ordinal,
-        _pad: 0,
+        resident_blocks: parts.resident_blocks,
         pci_bus_id,
         ipc,
     }
@@ -281,8 +288,9 @@ fn settings_key(half_bytes: u64) -> u64 {
     for v in [
         s.ll_max_bytes.map_or(u64::MAX, |n| n as u64),
         s.one_shot_max_bytes.map_or(u64::MAX, |n| n as u64),
-        s.all_reduce_max_bytes as u64,
+        s.all_reduce_max_bytes.map_or(u64::MAX, |n| n as u64),
         s.force_core as u64,
+        s.direct as u64,
     ] {
         key = (key ^ v).wrapping_mul(0x100000001b3);
     }
@@ -354,6 +362,11 @@ fn map_peers(candidate: &Candidate, gathered: &[u8]) -> Result<Mapped, String> {
     let mut mapped = Mapped {
         bases: Vec::new(),
         opened: Vec::new(),
+        facts: CommFacts {
+            nranks: records.len(),
+            single_process: records.iter().all(|r| r.process == me.process),
+            resident_blocks: records.iter().map(|r| r.resident_blocks).min().unwrap_or(0),
+        },
     };
     for (r, record) in records.iter().enumerate() {
         let base = if r == candidate.rank {
@@ -428,18 +441,23 @@ fn finish(candidate: &mut Candidate, mapped: Result<Mapped, String>, everyone: b
         (Some(parts), Ok(mapped), true) => {
             let settings = policy::settings();
             log_info!(
-                "core on for comm {:p} rank {}/{} on GPU {} (all-reduce: low-latency up to {} B, one-shot up to {} B, two-shot up to {} B)",
+                "core on for comm {:p} rank {}/{} on GPU {} (all-reduce: low-latency up to {} B, one-shot up to {} B, {} two-shot up to {} B)",
                 candidate.comm,
                 candidate.rank,
                 candidate.nranks,
                 parts.device.ordinal,
                 settings.ll_max(candidate.nranks),
                 settings.one_shot_max(candidate.nranks),
-                settings.all_reduce_max_bytes
+                if mapped.facts.single_process && settings.direct {
+                    "direct"
+                } else {
+                    "staged"
+                },
+                settings.all_reduce_max(candidate.nranks, mapped.facts.single_process)
             );
             let core = CoreComm::new(
                 candidate.rank,
-                candidate.nranks,
+                mapped.facts,
                 parts,
                 &mapped.bases,
                 mapped.opened,

@@ -10,13 +10,17 @@ pub enum Algorithm {
     OneShot = 1,
     /// Reduce-scatter then all-gather through the peers' buffers: two barriers, for larger ones.
     TwoShot = 2,
+    /// Two-shot straight from the inputs into the outputs, for ranks of one process: one
+    /// barrier, no staging (the staged two-shot where a rank's buffers cannot be reached).
+    Direct = 3,
 }
 
 impl Algorithm {
-    pub const ALL: [Algorithm; 3] = [
+    pub const ALL: [Algorithm; 4] = [
         Algorithm::LowLatency,
         Algorithm::OneShot,
         Algorithm::TwoShot,
+        Algorithm::Direct,
     ];
 
     pub fn name(self) -> &'static str {
@@ -24,6 +28,7 @@ impl Algorithm {
             Algorithm::LowLatency => "ll",
             Algorithm::OneShot => "one_shot",
             Algorithm::TwoShot => "two_shot",
+            Algorithm::Direct => "direct",
         }
     }
 }
