@@ -356,51 +356,6 @@ __device__ void push_range(const T* in, u64 count, u64 begin, u64 end, char* con
 // Reduces elements [begin, end) (`begin` a multiple of the pack) of `src[0..nranks)`, in rank
 // order, into `out` and into `copies[0..ncopies)`. `src[r]` and `copies[c]` are 16-aligned and
 // hold element i at byte (i - begin) * sizeof(T).
-// Packs j, j + G, ..., j + (U - 1) G (G the grid's threads) of every source, reduced and stored:
-// all loads first (the sources may be other GPUs, a round trip away), then the stores.
-template <typename T, int OP, int U>
-__device__ __forceinline__ void reduce_packs(const char* const* src, int nranks, u64 begin, u64 j, T* out,
-                                             bool out_aligned, char* const* copies, int ncopies) {
-  typedef Reduce<T, OP> R;
-  typedef typename Traits<T>::Acc Acc;
-  const int N = PackOf<T>::N;
-  const u64 G = grid_threads();
-  typename PackOf<T>::U in[U][MAX_RANKS];
-#pragma unroll
-  for (int u = 0; u < U; u++) {
-#pragma unroll
-    for (int r = 0; r < MAX_RANKS; r++) {
-      if (r < nranks) in[u][r].pack = *(const Pack*)(src[r] + ((j + u * G) * N - begin) * sizeof(T));
-    }
-  }
-#pragma unroll
-  for (int u = 0; u < U; u++) {
-    u64 at = ((j + u * G) * N - begin) * sizeof(T);
-    typename PackOf<T>::U result;
-#pragma unroll
-    for (int k = 0; k < N; k++) {
-      Acc a = R::first(in[u][0].v[k], nranks);
-#pragma unroll
-      for (int r = 1; r < MAX_RANKS; r++) {
-        if (r < nranks) a = R::combine(a, in[u][r].v[k], nranks);
-      }
-      result.v[k] = R::finish(a, nranks);
-    }
-    if (out_aligned) {
-      ((Pack*)out)[j + u * G] = result.pack;
-    } else {
-#pragma unroll
-      for (int k = 0; k < N; k++) out[(j + u * G) * N + k] = result.v[k];
-    }
-    for (int c = 0; c < ncopies; c++) *(Pack*)(copies[c] + at) = result.pack;
-  }
-}
-
-// Packs a thread reduces at a time (see reduce_packs).
-#ifndef REDUCE_UNROLL
-#define REDUCE_UNROLL 2
-#endif
-
 template <typename T, int OP>
 __device__ void reduce_range(const char* const* src, int nranks, u64 count, u64 begin, u64 end, T* out,
                              char* const* copies, int ncopies) {
@@ -409,12 +364,31 @@ __device__ void reduce_range(const char* const* src, int nranks, u64 count, u64 
   const int N = PackOf<T>::N;
   bool out_aligned = aligned16(out);
   u64 whole_end = (end < count / N * N ? end : count / N * N) / N;
-  const u64 G = grid_threads();
-  u64 j = first_pack(begin / N);
-  for (; j + (REDUCE_UNROLL - 1) * G < whole_end; j += REDUCE_UNROLL * G) {
-    reduce_packs<T, OP, REDUCE_UNROLL>(src, nranks, begin, j, out, out_aligned, copies, ncopies);
+  for (u64 j = first_pack(begin / N); j < whole_end; j += grid_threads()) {
+    u64 at = (j * N - begin) * sizeof(T);
+    typename PackOf<T>::U in[MAX_RANKS];
+#pragma unroll
+    for (int r = 0; r < MAX_RANKS; r++) {
+      if (r < nranks) in[r].pack = *(const Pack*)(src[r] + at);
+    }
+    typename PackOf<T>::U result;
+#pragma unroll
+    for (int k = 0; k < N; k++) {
+      Acc a = R::first(in[0].v[k], nranks);
+#pragma unroll
+      for (int r = 1; r < MAX_RANKS; r++) {
+        if (r < nranks) a = R::combine(a, in[r].v[k], nranks);
+      }
+      result.v[k] = R::finish(a, nranks);
+    }
+    if (out_aligned) {
+      ((Pack*)out)[j] = result.pack;
+    } else {
+#pragma unroll
+      for (int k = 0; k < N; k++) out[j * N + k] = result.v[k];
+    }
+    for (int c = 0; c < ncopies; c++) *(Pack*)(copies[c] + at) = result.pack;
   }
-  for (; j < whole_end; j += G) reduce_packs<T, OP, 1>(src, nranks, begin, j, out, out_aligned, copies, ncopies);
   u64 e;
   if (my_tail_element<T>(count, begin, end, &e)) {
     u64 at = (e - begin) * sizeof(T);
