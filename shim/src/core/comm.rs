@@ -64,8 +64,6 @@ pub struct Parts {
     pub abort: HostFlag,
     /// Launch with programmatic stream serialization (see all_reduce.cu).
     pub early_launch: bool,
-    /// Blocks the two-shot kernels can have resident at once on this GPU.
-    pub resident_blocks: u32,
 }
 
 impl CoreComm {

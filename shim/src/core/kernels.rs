@@ -19,6 +19,9 @@ pub const SOURCE: &str = include_str!("all_reduce.cu");
 /// Every kernel of one device: `[algorithm][type][op]`.
 pub struct Kernels {
     functions: Vec<Function>,
+    /// Blocks of `policy::MAX_THREADS` that every two-shot kernel (staged and direct) can have
+    /// resident at once on the device: the fewest of any type and op.
+    pub two_shot_resident_blocks: u32,
 }
 
 // SAFETY: CUfunction handles may be used from any thread.
@@ -28,26 +31,26 @@ unsafe impl Sync for Kernels {}
 
 impl Kernels {
     pub fn get(&self, algorithm: Algorithm, dtype: DataType, op: Op) -> Function {
-        self.functions[(algorithm as usize * DataType::ALL.len() + dtype as usize) * Op::ALL.len()
+        Kernels::index(&self.functions, algorithm, dtype, op)
+    }
+
+    fn index(functions: &[Function], algorithm: Algorithm, dtype: DataType, op: Op) -> Function {
+        functions[(algorithm as usize * DataType::ALL.len() + dtype as usize) * Op::ALL.len()
             + op as usize]
     }
 }
 
-impl Kernels {
-    /// Blocks of `policy::MAX_THREADS` that every two-shot kernel (staged and direct) can have
-    /// resident at once on `device`: the fewest of any type and op.
-    pub fn two_shot_resident_blocks(&self, device: &Device) -> cuda::Cuda<u32> {
-        let mut fewest = u32::MAX;
-        for algorithm in [Algorithm::TwoShot, Algorithm::Direct] {
-            for dtype in DataType::ALL {
-                for op in Op::ALL {
-                    let function = self.get(algorithm, dtype, op);
-                    fewest = fewest.min(device.resident_blocks(function, policy::MAX_THREADS)?);
-                }
+fn two_shot_resident_blocks(functions: &[Function], device: &Device) -> cuda::Cuda<u32> {
+    let mut fewest = u32::MAX;
+    for algorithm in [Algorithm::TwoShot, Algorithm::Direct] {
+        for dtype in DataType::ALL {
+            for op in Op::ALL {
+                let function = Kernels::index(functions, algorithm, dtype, op);
+                fewest = fewest.min(device.resident_blocks(function, policy::MAX_THREADS)?);
             }
         }
-        Ok(fewest)
     }
+    Ok(fewest)
 }
 
 /// The kernel's name for one variant, as `all_reduce.cu` defines it.
@@ -103,7 +106,12 @@ pub fn for_device(device: &Device) -> Result<Arc<Kernels>, String> {
             }
         }
     }
-    let kernels = Arc::new(Kernels { functions });
+    let two_shot_resident_blocks =
+        two_shot_resident_blocks(&functions, device).map_err(|e| e.to_string())?;
+    let kernels = Arc::new(Kernels {
+        functions,
+        two_shot_resident_blocks,
+    });
     loaded
         .get_or_insert_with(HashMap::new)
         .insert(device.ordinal, kernels.clone());

@@ -98,14 +98,18 @@ impl Settings {
             .min(ONE_SHOT_LIMIT_BYTES)
     }
 
+    /// Whether two-shot runs direct, on a communicator whose ranks are (or not) in one process.
+    pub fn uses_direct(&self, single_process: bool) -> bool {
+        single_process && self.direct
+    }
+
     /// The largest all-reduce the core takes: where its two-shot still beat NCCL on H200
     /// (docs/performance.md). Direct (ranks of one process) took 2 ranks to 0.91 of NCCL's time
     /// at 256 MiB, the largest size measured, and 4 ranks to 0.97 at 32 MiB; the staged one 2
     /// ranks to 0.91 at 32 MiB, and 4 to 0.96 at 16 MiB. More ranks: as far as the staging goes
     /// in one window, as before.
     pub fn all_reduce_max(&self, nranks: usize, single_process: bool) -> usize {
-        let direct = single_process && self.direct;
-        let by_ranks = match (nranks, direct) {
+        let by_ranks = match (nranks, self.uses_direct(single_process)) {
             (..=2, true) => 256 << 20,
             (..=2, false) | (3..=4, true) => 32 << 20,
             _ => STAGING_HALF_BYTES,
@@ -206,7 +210,7 @@ pub fn plan_all_reduce(
         (Algorithm::LowLatency, 8)
     } else if bytes <= settings.one_shot_max(nranks) {
         (Algorithm::OneShot, 16)
-    } else if single_process && settings.direct {
+    } else if settings.uses_direct(single_process) {
         (Algorithm::Direct, 16)
     } else {
         (Algorithm::TwoShot, 16)

@@ -219,9 +219,6 @@ fn own_parts(device: Device) -> Result<Parts, String> {
     }
     super::nvrtc::load()?;
     let kernels = kernels::for_device(&device)?;
-    let resident_blocks = kernels
-        .two_shot_resident_blocks(&device)
-        .map_err(|e| e.to_string())?;
     let half_bytes = STAGING_HALF_BYTES as u64;
     let inbox = FLAGS_BYTES + policy::staging_bytes(STAGING_HALF_BYTES);
     let buffer = cuda::alloc(inbox + INBOX_BYTES).map_err(|e| e.to_string())?;
@@ -239,7 +236,6 @@ fn own_parts(device: Device) -> Result<Parts, String> {
             half_bytes,
             abort,
             early_launch: early_launch(),
-            resident_blocks,
         }),
         Err(e) => {
             cuda::free(buffer);
@@ -275,7 +271,7 @@ fn own_record(candidate: &Candidate) -> Record {
         settings: settings_key(parts.half_bytes),
         buffer: parts.buffer,
         device: exchange.device.ordinal,
-        resident_blocks: parts.resident_blocks,
+        resident_blocks: parts.kernels.two_shot_resident_blocks,
         pci_bus_id,
         ipc,
     }
@@ -448,7 +444,7 @@ fn finish(candidate: &mut Candidate, mapped: Result<Mapped, String>, everyone: b
                 parts.device.ordinal,
                 settings.ll_max(candidate.nranks),
                 settings.one_shot_max(candidate.nranks),
-                if mapped.facts.single_process && settings.direct {
+                if settings.uses_direct(mapped.facts.single_process) {
                     "direct"
                 } else {
                     "staged"
