@@ -2,7 +2,7 @@
 // buffers (peer pointers in one process, CUDA IPC mappings across processes). Writes, not reads:
 // a store to a peer is posted and goes on, a load waits a round trip over NVLink.
 // Compiled at run time by NVRTC (no CUDA headers needed), one kernel per (algorithm, type, op):
-//   ncclshim_<ll|one_shot|two_shot>_<type>_<op>
+//   ncclshim_<ll|one_shot|two_shot|direct>_<type>_<op>
 //
 // Memory layout of one rank's buffer (allocated and exchanged by the host side):
 //   flags:   [BARRIERS][MAX_BLOCKS][MAX_RANKS] u32  arrival epochs, written by the peers
@@ -261,19 +261,6 @@ __device__ __forceinline__ void grid_barrier(const Peers& peers, int rank, u32 w
   __syncthreads();
 }
 
-// What a rank tells every rank of its call's buffers, for the direct algorithm: written by the
-// rank's block 0 into each rank's flags with plain stores, then `epoch` with a release.
-struct Published {
-  u64 in;
-  u64 out;
-  u32 usable;  // the host found both reachable from every peer GPU, and 16-aligned
-  u32 epoch;
-};
-
-__device__ __forceinline__ Published* published(u32* flags, int rank) {
-  return (Published*)(flags + BARRIERS * MAX_BLOCKS * MAX_RANKS + 4) + rank;
-}
-
 // ---- data movement ------------------------------------------------------------------------------
 
 // A pack is 16 bytes: the unit of the bulk of the work. Pack j (elements j*N .. j*N+N-1) is
@@ -484,6 +471,54 @@ __device__ __forceinline__ void chunk_bounds(int owner, int nranks, u64 count, u
   *end = owner == nranks - 1 ? count : (*begin + chunk < count ? *begin + chunk : count);
 }
 
+// What a rank tells every rank of its call's buffers, for the direct algorithm: written by the
+// rank's block 0 into each rank's flags with plain stores, then `epoch` with a release.
+struct Published {
+  u64 in;
+  u64 out;
+  u32 usable;  // the host found both reachable from every peer GPU, and 16-aligned
+  u32 epoch;
+};
+
+__device__ __forceinline__ Published* published(u32* flags, int rank) {
+  return (Published*)(flags + BARRIERS * MAX_BLOCKS * MAX_RANKS + 4) + rank;
+}
+
+// Block 0 tells every rank this call's buffers.
+__device__ __forceinline__ void publish(const Peers& peers, int rank, int nranks, const void* in, void* out,
+                                        int usable, u32 epoch) {
+  int p = threadIdx.x;
+  if (blockIdx.x == 0 && p < nranks) {
+    Published* mine = published(peers.flags[p], rank);
+    mine->in = (u64)in;
+    mine->out = (u64)out;
+    mine->usable = usable;
+    store_release(&mine->epoch, epoch);
+  }
+}
+
+// Waits for every rank's buffers of call `epoch`, into `ins` and `outs` (shared). Whether every
+// rank's are usable: the same answer in every block of every rank, as they all read the same
+// slots. A peer's slot for this call stays until this call is done: the peer publishes the next
+// call only after passing this call's last barrier with every block of ours.
+__device__ __forceinline__ bool gather_published(const Peers& peers, int rank, int nranks, u32 epoch,
+                                                 const volatile int* abort, u64* ins, u64* outs) {
+  int p = threadIdx.x;
+  int ready = 1;
+  if (p < nranks) {
+    volatile Published* theirs = published(peers.flags[rank], p);
+    unsigned spins = 0;
+    while ((int)(load_acquire((const u32*)&theirs->epoch) - epoch) < 0) {
+      if ((++spins & 1023u) == 0 && load_volatile(abort)) break;
+    }
+    // Aborted before the peer came: its slot may be stale, so take the staged path.
+    ready = (int)(theirs->epoch - epoch) >= 0 && theirs->usable;
+    ins[p] = theirs->in;
+    outs[p] = theirs->out;
+  }
+  return __syncthreads_and(ready);
+}
+
 // Two-shot: every rank pushes each chunk of its input into a slot of the chunk's owner; they
 // meet; each owner reduces its chunk from its slots, in rank order, into its output and into
 // every other rank's result area; they meet; every rank copies the other chunks from its result
@@ -558,28 +593,10 @@ template <typename T, int OP>
 __device__ void direct(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,
                        const volatile int* abort, int usable) {
   u32 epoch = begin_call(peers, rank);
-  int p = threadIdx.x;
-  if (blockIdx.x == 0 && p < nranks) {
-    Published* mine = published(peers.flags[p], rank);
-    mine->in = (u64)in;
-    mine->out = (u64)out;
-    mine->usable = usable;
-    store_release(&mine->epoch, epoch);
-  }
+  publish(peers, rank, nranks, in, out, usable, epoch);
   __shared__ u64 ins[MAX_RANKS], outs[MAX_RANKS];
-  int ready = 1;
-  if (p < nranks) {
-    volatile Published* theirs = published(peers.flags[rank], p);
-    unsigned spins = 0;
-    while ((int)(load_acquire((const u32*)&theirs->epoch) - epoch) < 0) {
-      if ((++spins & 1023u) == 0 && load_volatile(abort)) break;
-    }
-    // Aborted before the peer came: its slot may be stale, so take the staged path.
-    ready = (int)(theirs->epoch - epoch) >= 0 && theirs->usable;
-    ins[p] = theirs->in;
-    outs[p] = theirs->out;
-  }
-  if (__syncthreads_and(ready)) {
+  u32 last = epoch;
+  if (gather_published(peers, rank, nranks, epoch, abort, ins, outs)) {
     u64 begin, end;
     chunk_bounds<T>(rank, nranks, count, &begin, &end);
     const char* src[MAX_RANKS];
@@ -591,30 +608,52 @@ __device__ void direct(Peers peers, int rank, int nranks, const T* in, T* out, u
     }
     reduce_range<T, OP>(src, nranks, count, begin, end, out, copies, ncopies);
     barrier(peers, rank, nranks, BARRIER_START, epoch, abort);
-    end_call(peers, rank, epoch);
   } else {
-    u32 last = two_shot_windows<T, OP>(peers, rank, nranks, in, out, count, half_bytes, abort, epoch);
-    end_call(peers, rank, last);
+    last = two_shot_windows<T, OP>(peers, rank, nranks, in, out, count, half_bytes, abort, epoch);
   }
+  end_call(peers, rank, last);
 }
 
 // Low latency (small messages): no staging, no barrier. Each rank writes its input straight into
-// every rank's inbox as 8-byte packets of 4 data bytes and a 4-byte flag (the epoch), which an
-// 8-byte store delivers whole; a receiver spins on each packet until its flag is this call's
-// epoch, then reduces in rank order. Inboxes alternate by epoch parity: a rank writes a parity
-// again only two calls later, and to finish the call in between it must have received every
-// peer's packets of that call, which each peer sends only once done with the call before.
-__device__ __forceinline__ void ll_store(u64* address, u32 data, u32 flag) {
-  asm volatile("st.volatile.global.v2.u32 [%0], {%1, %2};" ::"l"(address), "r"(data), "r"(flag) : "memory");
+// every peer's inbox as 8-byte packets of 4 data bytes and a 4-byte flag (the epoch), two to a
+// 16-byte store (an 8-byte half always arrives whole, which is all a packet needs); a receiver
+// spins on each pair until both flags are this call's epoch, then reduces in rank order, its own
+// input read again from memory rather than through its inbox. Inboxes alternate by epoch parity:
+// a rank writes a parity again only two calls later, and to finish the call in between it must
+// have received every peer's packets of that call, which each peer sends only once done with
+// the call before.
+__device__ __forceinline__ void ll_store(u64* address, u32 data0, u32 data1, u32 flag) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(address), "r"(data0), "r"(flag),
+               "r"(data1), "r"(flag)
+               : "memory");
 }
-__device__ __forceinline__ u32 ll_wait(const u64* address, u32 flag, const volatile int* abort) {
-  u32 data, seen;
+__device__ __forceinline__ void ll_wait(const u64* address, u32 flag, const volatile int* abort, u32* data) {
+  u32 seen0, seen1;
   unsigned spins = 0;
   do {
-    asm volatile("ld.volatile.global.v2.u32 {%0, %1}, [%2];" : "=r"(data), "=r"(seen) : "l"(address) : "memory");
-    if (seen != flag && (++spins & 1023u) == 0 && load_volatile(abort)) break;
-  } while (seen != flag);
-  return data;
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(data[0]), "=r"(seen0), "=r"(data[1]), "=r"(seen1)
+                 : "l"(address)
+                 : "memory");
+    if ((seen0 != flag || seen1 != flag) && (++spins & 1023u) == 0 && load_volatile(abort)) break;
+  } while (seen0 != flag || seen1 != flag);
+}
+
+// 8 bytes of `in` from byte 8u on (zero past the end), whatever its alignment.
+template <typename T, int E> union Unit {
+  u32 w[2];
+  T v[E];
+};
+template <typename T, int E>
+__device__ __forceinline__ Unit<T, E> load_unit(const T* in, u64 count, u64 u, bool whole) {
+  Unit<T, E> unit;
+  if (whole && (u + 1) * E <= count) {
+    unit = *(const Unit<T, E>*)(in + u * E);
+  } else {
+    unit.w[0] = unit.w[1] = 0;
+    for (u64 e = 0; e < (u64)E && u * E + e < count; e++) unit.v[e] = in[u * E + e];
+  }
+  return unit;
 }
 
 template <typename T, int OP>
@@ -623,39 +662,31 @@ __device__ void ll_one_shot(Peers peers, int rank, int nranks, const T* in, T* o
   typedef Reduce<T, OP> R;
   typedef typename Traits<T>::Acc Acc;
   const int E = 8 / sizeof(T);  // elements in one 8-byte unit
-  union Unit {
-    u32 w[2];
-    T v[E];
-  };
   u32 epoch = begin_call(peers, rank);
-  const u64 bytes = count * sizeof(T);
-  const u64 units = (bytes + 7) / 8;
+  const u64 units = (count * sizeof(T) + 7) / 8;
   const u64 slot = LL_MAX_BYTES / 4;  // packets per (parity, sender)
   const u64 parity = epoch & 1;
   const u64 inbox = inbox_offset(half_bytes);
   const bool whole = ((u64)in & 7) == 0;
   for (u64 u = thread_index(); u < units; u += grid_threads()) {
-    Unit mine;
-    if (whole && (u + 1) * 8 <= bytes) {
-      mine = *(const Unit*)((const char*)in + u * 8);
-    } else {
-      mine.w[0] = mine.w[1] = 0;
-      for (u64 e = 0; e < (u64)E && u * E + e < count; e++) mine.v[e] = in[u * E + e];
-    }
-    for (int p = 0; p < nranks; p++) {
+    Unit<T, E> mine = load_unit<T, E>(in, count, u, whole);
+    // Starting with the next rank: the ranks' first stores go to different GPUs.
+    for (int i = 1; i < nranks; i++) {
+      int p = (rank + i) % nranks;
       u64* packets = (u64*)(peers.staging[p] + inbox) + (parity * MAX_RANKS + rank) * slot + 2 * u;
-      ll_store(packets, mine.w[0], epoch);
-      ll_store(packets + 1, mine.w[1], epoch);
+      ll_store(packets, mine.w[0], mine.w[1], epoch);
     }
   }
   for (u64 u = thread_index(); u < units; u += grid_threads()) {
-    Unit from[MAX_RANKS];
+    Unit<T, E> from[MAX_RANKS];
 #pragma unroll
     for (int p = 0; p < MAX_RANKS; p++) {
-      if (p < nranks) {
+      if (p == rank) {
+        // Not yet overwritten in place: only this thread writes these elements, below.
+        from[p] = load_unit<T, E>(in, count, u, whole);
+      } else if (p < nranks) {
         const u64* packets = (const u64*)(peers.staging[rank] + inbox) + (parity * MAX_RANKS + p) * slot + 2 * u;
-        from[p].w[0] = ll_wait(packets, epoch, abort);
-        from[p].w[1] = ll_wait(packets + 1, epoch, abort);
+        ll_wait(packets, epoch, abort, from[p].w);
       }
     }
 #pragma unroll

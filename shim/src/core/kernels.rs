@@ -42,7 +42,7 @@ impl Kernels {
 
 fn two_shot_resident_blocks(functions: &[Function], device: &Device) -> cuda::Cuda<u32> {
     let mut fewest = u32::MAX;
-    for algorithm in [Algorithm::TwoShot, Algorithm::Direct] {
+    for algorithm in Algorithm::ALL.into_iter().filter(|a| a.is_two_shot()) {
         for dtype in DataType::ALL {
             for op in Op::ALL {
                 let function = Kernels::index(functions, algorithm, dtype, op);

@@ -9,6 +9,7 @@
 //!   NCCLSHIM_ONE_SHOT_MAX_BYTES=N        one-shot up to N bytes (at most 4 MiB)
 //!   NCCLSHIM_ALL_REDUCE_MAX_BYTES=N      the core up to N bytes (two-shot above one-shot's limit)
 //!   NCCLSHIM_DIRECT=0                    no direct two-shot (ranks of one process), staged only
+//!   NCCLSHIM_TWO_SHOT_BLOCKS=N           two-shot grids of at most N blocks (1 to 256)
 //! and two that change only how kernels are launched, not which run (they may differ by rank):
 //!   NCCLSHIM_LAUNCH_HELPERS=0            a group's all-reduces on several GPUs launched in turn
 //!   NCCLSHIM_EARLY_LAUNCH=0              no programmatic stream serialization
@@ -53,6 +54,8 @@ pub struct Settings {
     pub all_reduce_max_bytes: Option<usize>,
     /// Two-shot straight between the users' buffers where every rank is in one process.
     pub direct: bool,
+    /// `None`: by the number of ranks (see `two_shot_blocks`).
+    pub two_shot_blocks: Option<u32>,
     /// Helper threads launch a group's all-reduces on other GPUs (launcher.rs).
     pub launch_helpers: bool,
     /// Kernels launched with programmatic stream serialization (all_reduce.cu).
@@ -69,6 +72,7 @@ impl Settings {
             one_shot_max_bytes: None,
             all_reduce_max_bytes: None,
             direct: true,
+            two_shot_blocks: None,
             launch_helpers: true,
             early_launch: true,
         }
@@ -103,6 +107,17 @@ impl Settings {
         single_process && self.direct
     }
 
+    /// The most blocks of a two-shot grid, measured on H200: on 4 GPUs 64 blocks took 1 – 2 %
+    /// less time than 128 from 1 MiB to 16 MiB (and than 48 or 96); on 2, 128 stayed faster than
+    /// 96. More ranks: not measured, so as before.
+    pub fn two_shot_blocks(&self, nranks: usize) -> u32 {
+        let by_ranks = match nranks {
+            3..=4 => 64,
+            _ => 128,
+        };
+        self.two_shot_blocks.unwrap_or(by_ranks)
+    }
+
     /// The largest all-reduce the core takes: where its two-shot still beat NCCL on H200
     /// (docs/performance.md). Direct (ranks of one process) took 2 ranks to 0.91 of NCCL's time
     /// at 256 MiB, the largest size measured, and 4 ranks to 0.97 at 32 MiB; the staged one 2
@@ -123,6 +138,8 @@ impl Settings {
         let off = |name: &str| get(name).is_some_and(|v| v.trim() == "0");
         s.enabled = !off("NCCLSHIM_CORE");
         s.direct = !off("NCCLSHIM_DIRECT");
+        s.two_shot_blocks =
+            bytes("NCCLSHIM_TWO_SHOT_BLOCKS").map(|n| n.clamp(1, MAX_BLOCKS as usize) as u32);
         s.launch_helpers = !off("NCCLSHIM_LAUNCH_HELPERS");
         s.early_launch = !off("NCCLSHIM_EARLY_LAUNCH");
         match get("NCCLSHIM_FORCE")
@@ -175,15 +192,21 @@ pub struct Plan {
 
 /// Threads per block and the most blocks, measured on H200 (docs/performance.md): latency-bound
 /// sizes gain from spreading over more SMs with smaller blocks; bandwidth-bound two-shot from
-/// bigger blocks. A grid never exceeds what the GPU holds at once (its blocks wait on each other's
-/// peers), and one-shot and two-shot stop at 128 blocks, past which they measured slower.
-fn launch_shape(algorithm: Algorithm, bytes: usize) -> (u32, u32) {
+/// bigger blocks. One-shot stops at 128 blocks, past which it measured slower; two-shot at
+/// `Settings::two_shot_blocks`, and never past what the GPU holds at once (plan_all_reduce).
+fn launch_shape(
+    settings: &Settings,
+    algorithm: Algorithm,
+    bytes: usize,
+    nranks: usize,
+) -> (u32, u32) {
+    let two_shot_blocks = settings.two_shot_blocks(nranks);
     match algorithm {
         Algorithm::LowLatency => (128, MAX_BLOCKS),
         Algorithm::OneShot if bytes <= 256 << 10 => (128, MAX_BLOCKS),
         Algorithm::OneShot => (256, 128),
-        Algorithm::TwoShot | Algorithm::Direct if bytes <= 4 << 20 => (256, 128),
-        Algorithm::TwoShot | Algorithm::Direct => (MAX_THREADS, 128),
+        _ if bytes <= 4 << 20 => (256, two_shot_blocks),
+        _ => (MAX_THREADS, two_shot_blocks),
     }
 }
 
@@ -215,8 +238,8 @@ pub fn plan_all_reduce(
     } else {
         (Algorithm::TwoShot, 16)
     };
-    let (threads, mut max_blocks) = launch_shape(algorithm, bytes);
-    if matches!(algorithm, Algorithm::TwoShot | Algorithm::Direct) {
+    let (threads, mut max_blocks) = launch_shape(settings, algorithm, bytes, nranks);
+    if algorithm.is_two_shot() {
         max_blocks = max_blocks.min(comm.resident_blocks.max(1));
     }
     let units = bytes.div_ceil(unit) as u64;
@@ -312,12 +335,15 @@ mod tests {
         let per_16_bytes = "one-shot and two-shot: a thread per 16 bytes, up to 128 blocks";
         assert_eq!(shape(256 << 10, 4), (OneShot, 128, 128), "{per_16_bytes}");
         assert_eq!(shape(512 << 10, 4), (OneShot, 256, 128), "{per_16_bytes}");
-        assert_eq!(shape(1 << 20, 4), (TwoShot, 256, 128), "{per_16_bytes}");
+        assert_eq!(shape(4 << 20, 2), (TwoShot, 256, 128), "{per_16_bytes}");
         assert_eq!(
-            shape(16 << 20, 4),
+            shape(16 << 20, 2),
             (TwoShot, MAX_THREADS, 128),
             "{per_16_bytes}"
         );
+        let fewer = "two-shot on 4 ranks: up to 64 blocks";
+        assert_eq!(shape(1 << 20, 4), (TwoShot, 256, 64), "{fewer}");
+        assert_eq!(shape(16 << 20, 4), (TwoShot, MAX_THREADS, 64), "{fewer}");
     }
 
     #[test]
@@ -384,6 +410,19 @@ mod tests {
             Some((Algorithm::LowLatency, 64)),
             "other kernels need no more than their blocks' peers"
         );
+        assert_eq!(blocks(16 << 20, &procs(4)), Some((Algorithm::TwoShot, 64)));
+        assert_eq!(blocks(16 << 20, &procs(8)), Some((Algorithm::TwoShot, 128)));
+        let set = with(&[("NCCLSHIM_TWO_SHOT_BLOCKS", "32")]);
+        let planned = plan_all_reduce(&set, (4 << 20) / 4, 7, 0, &procs(2)).map(|p| p.blocks);
+        assert_eq!(
+            planned,
+            Some(32),
+            "the setting overrides the measured shape"
+        );
+        let beyond = with(&[("NCCLSHIM_TWO_SHOT_BLOCKS", "100000")]);
+        let planned = plan_all_reduce(&beyond, (32 << 20) / 4, 7, 0, &small_gpu).map(|p| p.blocks);
+        assert_eq!(planned, Some(78), "but never past what the GPU holds");
+        assert_eq!(beyond.two_shot_blocks, Some(MAX_BLOCKS));
     }
 
     #[test]

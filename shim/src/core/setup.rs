@@ -287,6 +287,7 @@ fn settings_key(half_bytes: u64) -> u64 {
         s.all_reduce_max_bytes.map_or(u64::MAX, |n| n as u64),
         s.force_core as u64,
         s.direct as u64,
+        s.two_shot_blocks.map_or(u64::MAX, u64::from),
     ] {
         key = (key ^ v).wrapping_mul(0x100000001b3);
     }

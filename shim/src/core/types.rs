@@ -23,6 +23,11 @@ impl Algorithm {
         Algorithm::Direct,
     ];
 
+    /// The two-shot family: grids whose blocks wait on each other (between windows).
+    pub fn is_two_shot(self) -> bool {
+        matches!(self, Algorithm::TwoShot | Algorithm::Direct)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Algorithm::LowLatency => "ll",
