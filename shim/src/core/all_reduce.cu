@@ -639,11 +639,12 @@ __device__ __forceinline__ void ll_wait(const u64* address, u32 flag, const vola
   } while (seen0 != flag || seen1 != flag);
 }
 
-// 8 bytes of `in` from byte 8u on (zero past the end), whatever its alignment.
+// The low-latency kernel's unit of work: 8 bytes, E elements.
 template <typename T, int E> union Unit {
   u32 w[2];
   T v[E];
 };
+// Unit u of `in` (zero past the end), whatever its alignment.
 template <typename T, int E>
 __device__ __forceinline__ Unit<T, E> load_unit(const T* in, u64 count, u64 u, bool whole) {
   Unit<T, E> unit;
