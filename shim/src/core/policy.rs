@@ -150,15 +150,9 @@ impl Settings {
             Some("core") => s.force_core = true,
             _ => {}
         }
-        if let Some(n) = bytes("NCCLSHIM_LL_MAX_BYTES") {
-            s.ll_max_bytes = Some(n);
-        }
-        if let Some(n) = bytes("NCCLSHIM_ONE_SHOT_MAX_BYTES") {
-            s.one_shot_max_bytes = Some(n);
-        }
-        if let Some(n) = bytes("NCCLSHIM_ALL_REDUCE_MAX_BYTES") {
-            s.all_reduce_max_bytes = Some(n);
-        }
+        s.ll_max_bytes = bytes("NCCLSHIM_LL_MAX_BYTES");
+        s.one_shot_max_bytes = bytes("NCCLSHIM_ONE_SHOT_MAX_BYTES");
+        s.all_reduce_max_bytes = bytes("NCCLSHIM_ALL_REDUCE_MAX_BYTES");
         s
     }
 }
