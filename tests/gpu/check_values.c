@@ -113,8 +113,29 @@ static void inputs_vary(void) {
     }
 }
 
+// The special values' ground: -0.0 keeps its sign in every float type, the all-ones pattern is a
+// NaN in each (what the sentinel kernel reserves), and NaN is told from the largest finite
+// values and infinity.
+static void special_values(void) {
+  for (int t = T_HALF; t < T_COUNT; t++) {
+    if (!TYPES[t].is_float) continue;
+    uint64_t sign = 1ull << (8 * TYPES[t].size - 1);
+    EXPECT(encode_float(t, -0.0) == sign, "%s -0.0", TYPES[t].name);
+    EXPECT(is_nan_bits(t, width_mask(TYPES[t].size)), "%s all ones is NaN", TYPES[t].name);
+    EXPECT(!is_nan_bits(t, encode_float(t, 1.0)), "%s 1.0 is no NaN", TYPES[t].name);
+    EXPECT(!is_nan_bits(t, encode_float(t, -0.0)), "%s -0.0 is no NaN", TYPES[t].name);
+    EXPECT(special_sum_bits(t, 4, 7, 4) == sign, "%s: -0.0 summed", TYPES[t].name);
+    EXPECT(is_nan_bits(t, special_sum_bits(t, 4, 7, 3)), "%s: NaN summed", TYPES[t].name);
+  }
+  EXPECT(!is_nan_bits(T_FP8E4M3, 0x7E), "e4m3 448 is finite");
+  EXPECT(is_nan_bits(T_FP8E4M3, 0x7F), "e4m3 NaN");
+  EXPECT(!is_nan_bits(T_HALF, 0x7C00) && is_nan_bits(T_HALF, 0x7C01), "half inf and NaN");
+  EXPECT(!is_nan_bits(T_FLOAT, 0x7F800000) && is_nan_bits(T_FLOAT, 0x7FFFFFFF), "float");
+}
+
 int main(void) {
   known_encodings();
+  special_values();
   orders_agree();
   inputs_vary();
   TestList full = build_matrix(MATRIX_FULL, 4, 256u << 20);

@@ -34,6 +34,7 @@ typedef struct {
   int inplace;
   int misaligned;   // buffers start 1 and 3 elements past an allocation's start
   uint64_t seed;
+  int special;      // AllReduce sums of floats: NaN and -0.0 among the inputs (values.h)
 } Test;
 
 // The root of the rooted collectives: not rank 0, so that a root argument ignored shows.
@@ -81,6 +82,7 @@ static inline Layout test_layout(const Test* t, int rank, int nranks) {
 
 // Element `i` of rank `rank`'s input.
 static inline uint64_t test_input(const Test* t, int nranks, int rank, uint64_t i) {
+  if (t->special) return special_input_bits(t->type, nranks, rank, t->seed, i);
   return input_bits(t->type, t->op, nranks, rank, t->seed, i);
 }
 
@@ -88,6 +90,7 @@ static inline uint64_t test_input(const Test* t, int nranks, int rank, uint64_t 
 static inline uint64_t test_expected(const Test* t, int nranks, int rank, uint64_t j) {
   uint64_t c = t->count, n = (uint64_t)nranks, root = (uint64_t)test_root(nranks);
   uint64_t in[64];  // one input per rank: the matrix runs on at most 64 ranks
+  if (t->special) return special_sum_bits(t->type, nranks, t->seed, j);
   switch (t->coll) {
     case C_ALLREDUCE:
     case C_REDUCE:
@@ -155,7 +158,7 @@ static inline TestList build_matrix(int matrix, int nranks, size_t max_bytes) {
           if (!full && ci == 2) continue;
           for (int inplace = 0; inplace < 2; inplace++) {
             if (inplace ? !coll_inplace_ok(coll) : coll == C_BCAST) continue;
-            Test t = {coll, type, op, counts[ci], inplace, 0, 0};
+            Test t = {coll, type, op, counts[ci], inplace, 0, 0, 0};
             test_list_push(&list, t);
             if (counts[ci] == 4099) {
               t.misaligned = 1;
@@ -166,12 +169,20 @@ static inline TestList build_matrix(int matrix, int nranks, size_t max_bytes) {
       }
       // One medium, odd count per type: past NCCL's small-message protocols.
       Test medium = {coll, type, coll_reduces(coll) ? OP_SUM : OP_NONE,
-                     count_for_bytes(coll, type, nranks, 4 << 20) | 1, coll == C_BCAST, 0, 0};
+                     count_for_bytes(coll, type, nranks, 4 << 20) | 1, coll == C_BCAST, 0, 0, 0};
       if (full || type == T_FLOAT) test_list_push(&list, medium);
+      // Special values: as small as the sentinel kernel takes, and past it.
+      for (int big = 0; coll == C_ALLREDUCE && TYPES[type].is_float && big < 2; big++) {
+        for (int inplace = 0; inplace < 2; inplace++) {
+          size_t count = big ? count_for_bytes(coll, type, nranks, 1 << 20) | 1 : 4099;
+          Test special = {coll, type, OP_SUM, count, inplace, 0, 0, 1};
+          test_list_push(&list, special);
+        }
+      }
     }
     if (max_bytes > 0) {  // the largest: float sums and copies
       Test big = {coll, T_FLOAT, coll_reduces(coll) ? OP_SUM : OP_NONE,
-                  count_for_bytes(coll, T_FLOAT, nranks, max_bytes), coll == C_BCAST, 0, 0};
+                  count_for_bytes(coll, T_FLOAT, nranks, max_bytes), coll == C_BCAST, 0, 0, 0};
       test_list_push(&list, big);
     }
   }

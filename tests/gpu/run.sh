@@ -92,6 +92,7 @@ collectives() {
   local runs=(
     "procs-$full|shim||--launch procs --matrix $full --max-bytes $big"
     "procs-$full-forcecore|shim|NCCLSHIM_FORCE=core|--launch procs --matrix $full --max-bytes $big"
+    "procs-quick-nosentinel|shim|NCCLSHIM_SENTINEL_MAX_BYTES=0|--launch procs --matrix quick --max-bytes 0"
     "group-$full-forcedirect|shim|$direct|--launch group --matrix $full --max-bytes $big"
     "group-memalloc-forcedirect|shim|$direct|--launch group --matrix quick --memalloc --max-bytes $big"
     "procs-memalloc-split|shim||--launch procs --matrix quick --memalloc --split --max-bytes $big"

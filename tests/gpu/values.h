@@ -59,7 +59,7 @@ static inline uint64_t width_mask(int size) {
 
 static inline uint64_t encode_small_float(double v, int exp_bits, int mant_bits) {
   int bias = (1 << (exp_bits - 1)) - 1;
-  uint64_t sign = v < 0 ? 1 : 0;
+  uint64_t sign = signbit(v) ? 1 : 0;  // -0.0 too
   double a = fabs(v);
   uint64_t e = 0, m = 0;
   if (a != 0) {
@@ -113,6 +113,16 @@ static inline double decode_float(int type, uint64_t bits) {
     return d;
   }
   return decode_small_float(bits, TYPES[type].exp_bits, TYPES[type].mant_bits);
+}
+
+// Whether `bits` are a NaN of the floating-point `type` (e4m3 has one NaN per sign, S.1111.111;
+// the others are IEEE-like: exponent all ones, mantissa not zero).
+static inline int is_nan_bits(int type, uint64_t bits) {
+  const TypeInfo* t = &TYPES[type];
+  uint64_t m = bits & ((1ull << t->mant_bits) - 1);
+  uint64_t e = (bits >> t->mant_bits) & ((1ull << t->exp_bits) - 1);
+  if (type == T_FP8E4M3) return (bits & 0x7f) == 0x7f;
+  return e == (1ull << t->exp_bits) - 1 && m != 0;
 }
 
 // An integer's bits, sign-extended to 64 bits if the type is signed.
@@ -207,6 +217,31 @@ static inline uint64_t reduce_bits(int type, int op, int n, const uint64_t* in) 
   }
   if (op == OP_AVG) acc = t->is_signed ? (uint64_t)((int64_t)acc / n) : acc / (uint64_t)n;
   return acc & mask;
+}
+
+// Special values for a floating-point sum, in runs of 4 elements (a whole 4- or 8-byte word of
+// any type, in a 16-aligned buffer), by run: all bits set on rank 0 and 1.0 elsewhere (a NaN
+// whose every word is the pattern the core's sentinel kernel reserves: it must come out NaN,
+// and not hang); -0.0 on every rank (its sum is -0.0, sign included); a sum's usual inputs.
+static inline uint64_t special_input_bits(int type, int nranks, int rank, uint64_t seed,
+                                          uint64_t i) {
+  switch (i / 4 % 3) {
+    case 0: return rank == 0 ? width_mask(TYPES[type].size) : encode_float(type, 1.0);
+    case 1: return encode_float(type, -0.0);
+    default: return input_bits(type, OP_SUM, nranks, rank, seed, i);
+  }
+}
+
+// The bits of the sum of special_input_bits over `nranks` ranks: any NaN where this gives one.
+static inline uint64_t special_sum_bits(int type, int nranks, uint64_t seed, uint64_t i) {
+  uint64_t in[64];
+  switch (i / 4 % 3) {
+    case 0: return width_mask(TYPES[type].size);
+    case 1: return encode_float(type, -0.0);
+    default:
+      for (int r = 0; r < nranks; r++) in[r] = special_input_bits(type, nranks, r, seed, i);
+      return reduce_bits(type, OP_SUM, nranks, in);
+  }
 }
 
 // Whether the matrix can check `op` on `type` over `nranks` exactly.

@@ -2,13 +2,15 @@
 // buffers (peer pointers in one process, CUDA IPC mappings across processes). Writes, not reads:
 // a store to a peer is posted and goes on, a load waits a round trip over NVLink.
 // Compiled at run time by NVRTC (no CUDA headers needed), one kernel per (algorithm, type, op):
-//   ncclshim_<ll|one_shot|two_shot|direct>_<type>_<op>
+//   ncclshim_<ll|one_shot|two_shot|direct>_<type>_<op>, and ncclshim_sentinel_<type>_<op> for the
+//   floating-point types only
 //
 // Memory layout of one rank's buffer (allocated and exchanged by the host side):
 //   flags:   [BARRIERS][MAX_BLOCKS][MAX_RANKS] u32  arrival epochs, written by the peers
 //            u32 epoch, u32 blocks done, u32 windows  this rank's call count (see begin_call)
 //            [MAX_RANKS] Published                   each rank's buffers of this call (direct)
-//   staging: two areas, by epoch parity, then the low-latency inboxes (see "the kernels")
+//   staging: two areas, by epoch parity, then the low-latency inboxes and the sentinel inboxes
+//            (see "the kernels")
 //
 // Ordering. Element i is handled by the same block index in every phase on every rank (the
 // same grid-stride partition), so block b of each rank only ever waits for block b of its
@@ -25,10 +27,11 @@
 // Results are bitwise identical on every rank: one-shot reduces in rank order 0..n-1 on every
 // rank; two-shot reduces each chunk once, on its owner, and the others copy it.
 
-// MAX_THREADS, MAX_RANKS, MAX_BLOCKS and LL_MAX_BYTES come from the host (kernels::options),
-// from policy.rs.
-#if !defined(MAX_THREADS) || !defined(MAX_RANKS) || !defined(MAX_BLOCKS) || !defined(LL_MAX_BYTES)
-#error "compile with -DMAX_THREADS, -DMAX_RANKS, -DMAX_BLOCKS and -DLL_MAX_BYTES"
+// MAX_THREADS, MAX_RANKS, MAX_BLOCKS, LL_MAX_BYTES and SENTINEL_MAX_BYTES come from the host
+// (kernels::options), from policy.rs.
+#if !defined(MAX_THREADS) || !defined(MAX_RANKS) || !defined(MAX_BLOCKS) || !defined(LL_MAX_BYTES) || \
+    !defined(SENTINEL_MAX_BYTES)
+#error "compile with -DMAX_THREADS, -DMAX_RANKS, -DMAX_BLOCKS, -DLL_MAX_BYTES and -DSENTINEL_MAX_BYTES"
 #endif
 #define BARRIERS 2
 #define BARRIER_START 0
@@ -420,7 +423,7 @@ __device__ void copy_out(T* out, const T* src, u64 count, u64 begin, u64 end) {
 // ---- the kernels --------------------------------------------------------------------------------
 //
 // Staging, as the kernels divide it (the host allocates staging_bytes(half_bytes)):
-//   [area of even epochs][area of odd epochs][low-latency inboxes]
+//   [area of even epochs][area of odd epochs][low-latency inboxes][sentinel inboxes]
 // An area is 2 * half_bytes + 256 bytes: one-shot uses MAX_RANKS slots of area / MAX_RANKS, one
 // per sender; two-shot uses nranks slots of one chunk and 16 bytes (at most half_bytes + 32 *
 // nranks in all), then a result area of half_bytes at RESULTS. A rank writes into an area (or
@@ -432,6 +435,11 @@ __device__ void copy_out(T* out, const T* src, u64 count, u64 begin, u64 end) {
 __device__ __forceinline__ u64 area_bytes(u64 half_bytes) { return 2 * half_bytes + 256; }
 __device__ __forceinline__ u64 area_offset(u64 half_bytes, u32 epoch) { return (epoch & 1) * area_bytes(half_bytes); }
 __device__ __forceinline__ u64 inbox_offset(u64 half_bytes) { return 2 * area_bytes(half_bytes); }
+// Past the low-latency inboxes (2 parities x MAX_RANKS senders x packets of twice the payload);
+// the sentinel inboxes are 2 parities x MAX_RANKS senders x SENTINEL_MAX_BYTES.
+__device__ __forceinline__ u64 sentinel_inbox_offset(u64 half_bytes) {
+  return inbox_offset(half_bytes) + 2ull * MAX_RANKS * 2 * LL_MAX_BYTES;
+}
 
 // One-shot: every rank pushes its input into a slot of every rank's staging, they meet, and
 // every rank reduces all slots, locally, in rank order.
@@ -704,6 +712,160 @@ __device__ void ll_one_shot(Peers peers, int rank, int nranks, const T* in, T* o
   end_call(peers, rank, epoch);
 }
 
+// Sentinel (small messages of floating-point types): as low-latency, but the data signals its
+// own arrival, so every byte on NVLink is data. A word of the inbox that holds no data holds the
+// sentinel, every bit set: a NaN in every element of every floating-point type. Senders write
+// their input straight into every peer's inbox in 16-byte stores, each word of it (4 bytes, or 8
+// for double) after one change: a word that is the sentinel gets its top bit cleared, which
+// turns a NaN's sign, nothing else (the all-ones NaN of the top element becomes the positive
+// one; the other elements, all-ones NaNs too, stay). A receiver spins on each 16 bytes until no
+// word is the sentinel, then puts the sentinel back and reduces in rank order, its own input
+// read again from memory and changed alike, so that every rank reduces the same bits. A word is
+// written and read whole (aligned 4- and 8-byte accesses are single-copy atomic), so a word that
+// is not the sentinel is the sender's, whatever order the words of a store arrive in.
+//
+// Inboxes alternate by epoch parity, as the low-latency kernel's: a sender writes a parity again
+// only two calls later, once it has received something every peer sent in the call between,
+// after that peer's kernel of this call had completed, sentinels put back included (a kernel's
+// writes are done before the next one passes griddepcontrol.wait). The host fills the inboxes
+// with the sentinel once; every call leaves them so, as long as every rank gives the same count.
+// Integers have no free bit pattern: their small messages take the low-latency kernel.
+#define SENTINEL 0xffffffffu
+
+// The word a sentinel is a value of: an element, or 4 bytes of smaller ones.
+template <typename T> struct SentinelWord { typedef u32 W; };
+template <> struct SentinelWord<double> { typedef u64 W; };
+
+// Clears the top bit of each word of `p` that is the sentinel (W: the word, u32 or u64).
+template <typename W> __device__ __forceinline__ Pack clear_sentinels(Pack p) {
+  if constexpr (sizeof(W) == 8) {
+#pragma unroll
+    for (int k = 0; k < 4; k += 2) {
+      if (p.w[k] == SENTINEL && p.w[k + 1] == SENTINEL) p.w[k + 1] = SENTINEL >> 1;
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+      if (p.w[k] == SENTINEL) p.w[k] = SENTINEL >> 1;
+    }
+  }
+  return p;
+}
+
+template <typename W> __device__ __forceinline__ void sentinel_store(Pack* address, Pack p) {
+  if constexpr (sizeof(W) == 8) {
+    asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(address),
+                 "l"(((u64)p.w[1] << 32) | p.w[0]), "l"(((u64)p.w[3] << 32) | p.w[2])
+                 : "memory");
+  } else {
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(address), "r"(p.w[0]), "r"(p.w[1]),
+                 "r"(p.w[2]), "r"(p.w[3])
+                 : "memory");
+  }
+}
+
+// Waits until no word at `address` is the sentinel, puts the sentinel back, returns the words.
+template <typename W>
+__device__ __forceinline__ Pack sentinel_take(Pack* address, const volatile int* abort) {
+  Pack p;
+  bool arrived;
+  unsigned spins = 0;
+  do {
+    if constexpr (sizeof(W) == 8) {
+      u64 lo, hi;
+      asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(lo), "=l"(hi) : "l"(address) : "memory");
+      p.w[0] = (u32)lo, p.w[1] = (u32)(lo >> 32), p.w[2] = (u32)hi, p.w[3] = (u32)(hi >> 32);
+      arrived = lo != ~0ull && hi != ~0ull;
+    } else {
+      asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(p.w[0]), "=r"(p.w[1]), "=r"(p.w[2]), "=r"(p.w[3])
+                   : "l"(address)
+                   : "memory");
+      arrived = p.w[0] != SENTINEL && p.w[1] != SENTINEL && p.w[2] != SENTINEL && p.w[3] != SENTINEL;
+    }
+    if (!arrived && (++spins & 1023u) == 0 && load_volatile(abort)) break;
+  } while (!arrived);
+  sentinel_store<W>(address, Pack{{SENTINEL, SENTINEL, SENTINEL, SENTINEL}});
+  return p;
+}
+
+// Pack j of `src` (zero past `count`), whatever the alignment of `src`.
+template <typename T>
+__device__ __forceinline__ Pack load_padded_pack(const T* src, u64 count, u64 j, bool aligned) {
+  const int N = PackOf<T>::N;
+  if (aligned && (j + 1) * N <= count) return ((const Pack*)src)[j];
+  typename PackOf<T>::U p;
+  p.pack = Pack{{0, 0, 0, 0}};
+  // Unrolled, so that the loads go out together and the pack stays in registers.
+#pragma unroll
+  for (int k = 0; k < N; k++) {
+    if (j * N + k < count) p.v[k] = src[j * N + k];
+  }
+  return p.pack;
+}
+
+template <typename T, int OP>
+__device__ void sentinel(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,
+                         const volatile int* abort, int) {
+  typedef Reduce<T, OP> R;
+  typedef typename Traits<T>::Acc Acc;
+  typedef typename SentinelWord<T>::W W;
+  const int N = PackOf<T>::N;
+  const u64 packs = (count + N - 1) / N;
+  const bool in_aligned = aligned16(in), out_aligned = aligned16(out);
+  // Each pack is loaded one turn ahead (past the end: zeros, no access), the first one before
+  // the epoch is read, so that the two loads overlap (2 - 7 % faster on 2 and 4 H200; the same
+  // in the low-latency kernel measured 0.1 us slower, so it is not there).
+  Pack next = load_padded_pack(in, count, thread_index(), in_aligned);
+  u32 epoch = begin_call(peers, rank);
+  const u64 inbox = sentinel_inbox_offset(half_bytes);
+  const u64 parity = epoch & 1;
+  for (u64 j = thread_index(); j < packs; j += grid_threads()) {
+    Pack mine = clear_sentinels<W>(next);
+    next = load_padded_pack(in, count, j + grid_threads(), in_aligned);
+    // Starting with the next rank: the ranks' first stores go to different GPUs.
+    for (int i = 1; i < nranks; i++) {
+      int p = (rank + i) % nranks;
+      Pack* slot = (Pack*)(peers.staging[p] + inbox + (parity * MAX_RANKS + rank) * SENTINEL_MAX_BYTES) + j;
+      sentinel_store<W>(slot, mine);
+    }
+  }
+  for (u64 j = thread_index(); j < packs; j += grid_threads()) {
+    // Not yet overwritten in place: only this thread writes these elements, below. Loaded
+    // before the waits, so that its round trip overlaps theirs.
+    Pack own = clear_sentinels<W>(load_padded_pack(in, count, j, in_aligned));
+    typename PackOf<T>::U from[MAX_RANKS];
+#pragma unroll
+    for (int p = 0; p < MAX_RANKS; p++) {
+      if (p == rank) {
+        from[p].pack = own;
+      } else if (p < nranks) {
+        Pack* slot = (Pack*)(peers.staging[rank] + inbox + (parity * MAX_RANKS + p) * SENTINEL_MAX_BYTES) + j;
+        from[p].pack = sentinel_take<W>(slot, abort);
+      }
+    }
+    typename PackOf<T>::U result;
+#pragma unroll
+    for (int k = 0; k < N; k++) {
+      Acc a = R::first(from[0].v[k], nranks);
+#pragma unroll
+      for (int p = 1; p < MAX_RANKS; p++) {
+        if (p < nranks) a = R::combine(a, from[p].v[k], nranks);
+      }
+      result.v[k] = R::finish(a, nranks);
+    }
+    if (out_aligned && (j + 1) * N <= count) {
+      ((Pack*)out)[j] = result.pack;
+    } else {
+#pragma unroll
+      for (int k = 0; k < N; k++) {
+        if (j * N + k < count) out[j * N + k] = result.v[k];
+      }
+    }
+  }
+  end_call(peers, rank, epoch);
+}
+
 // Every kernel starts here. The host launches them with programmatic stream serialization
 // (cuda::launch): a kernel may then be scheduled while the one before it on the stream still
 // runs, which hides part of the launch latency between back-to-back calls. `griddepcontrol.wait`
@@ -728,6 +890,15 @@ __device__ __forceinline__ void after_previous_kernel() {
   KERNEL_OF(two_shot, ncclshim_two_shot_##NAME##_##OPNAME, T, OP)                                     \
   KERNEL_OF(direct, ncclshim_direct_##NAME##_##OPNAME, T, OP)
 
+// The sentinel kernels, for the floating-point types only.
+#define SENTINEL_KERNELS(NAME, T)                                                                     \
+  SENTINEL_KERNEL(NAME, T, sum, OP_SUM)                                                               \
+  SENTINEL_KERNEL(NAME, T, prod, OP_PROD)                                                             \
+  SENTINEL_KERNEL(NAME, T, max, OP_MAX)                                                               \
+  SENTINEL_KERNEL(NAME, T, min, OP_MIN)                                                               \
+  SENTINEL_KERNEL(NAME, T, avg, OP_AVG)
+#define SENTINEL_KERNEL(NAME, T, OPNAME, OP) KERNEL_OF(sentinel, ncclshim_sentinel_##NAME##_##OPNAME, T, OP)
+
 #define KERNEL_OF(ALGORITHM, SYMBOL, T, OP)                                                           \
   extern "C" __global__ void __launch_bounds__(MAX_THREADS)                                           \
       SYMBOL(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,       \
@@ -745,11 +916,11 @@ __device__ __forceinline__ void after_previous_kernel() {
   KERNELS(u32, u32)                                                                                   \
   KERNELS(i64, long long)                                                                             \
   KERNELS(u64, u64)                                                                                   \
-  KERNELS(f16, f16)                                                                                   \
-  KERNELS(f32, float)                                                                                 \
-  KERNELS(f64, double)                                                                                \
-  KERNELS(bf16, bf16)                                                                                 \
-  KERNELS(e4m3, e4m3)                                                                                 \
-  KERNELS(e5m2, e5m2)
+  KERNELS(f16, f16) SENTINEL_KERNELS(f16, f16)                                                       \
+  KERNELS(f32, float) SENTINEL_KERNELS(f32, float)                                                    \
+  KERNELS(f64, double) SENTINEL_KERNELS(f64, double)                                                  \
+  KERNELS(bf16, bf16) SENTINEL_KERNELS(bf16, bf16)                                                    \
+  KERNELS(e4m3, e4m3) SENTINEL_KERNELS(e4m3, e4m3)                                                    \
+  KERNELS(e5m2, e5m2) SENTINEL_KERNELS(e5m2, e5m2)
 #endif
 NCCL_TYPES

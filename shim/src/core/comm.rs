@@ -6,7 +6,7 @@ use std::ffi::c_void;
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
-use super::cuda::{self, Cuda, Device, DevicePtr, HostFlag};
+use super::cuda::{self, Cuda, CudaError, Device, DevicePtr, HostFlag};
 use super::kernels::Kernels;
 use super::policy::{CommFacts, MAX_RANKS, Plan};
 use super::types::Algorithm;
@@ -98,7 +98,14 @@ impl CoreComm {
         stream: cuda::Stream,
     ) -> Cuda<()> {
         let _context = self.device.enter_if_needed()?;
-        let function = self.kernels.get(plan.algorithm, plan.dtype, plan.op);
+        // The policy plans no algorithm for a type it lacks (policy::plan_all_reduce).
+        let function = self
+            .kernels
+            .get(plan.algorithm, plan.dtype, plan.op)
+            .ok_or_else(|| CudaError {
+                call: "launch",
+                error: format!("no {} kernel for {:?}", plan.algorithm.name(), plan.dtype),
+            })?;
         let mut peers = self.peers;
         let mut rank = self.rank as i32;
         let mut nranks = self.facts.nranks as i32;

@@ -264,8 +264,13 @@ pub fn free(pointer: DevicePtr) {
 }
 
 pub fn zero(pointer: DevicePtr, bytes: usize) -> Cuda<()> {
+    fill(pointer, 0, bytes)
+}
+
+/// Sets `bytes` bytes at `pointer` to `value`.
+pub fn fill(pointer: DevicePtr, value: u8, bytes: usize) -> Cuda<()> {
     // SAFETY: `bytes` of device memory at `pointer`.
-    unsafe { result::memset_d8_sync(pointer, 0, bytes) }.named("cuMemsetD8")
+    unsafe { result::memset_d8_sync(pointer, value, bytes) }.named("cuMemsetD8")
 }
 
 pub fn copy_to_device(dst: DevicePtr, src: &[u8]) -> Cuda<()> {

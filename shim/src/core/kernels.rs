@@ -16,9 +16,10 @@ use super::types::{Algorithm, DataType, Op};
 
 pub const SOURCE: &str = include_str!("all_reduce.cu");
 
-/// Every kernel of one device: `[algorithm][type][op]`.
+/// Every kernel of one device: `[algorithm][type][op]`, `None` where the algorithm does not
+/// support the type.
 pub struct Kernels {
-    functions: Vec<Function>,
+    functions: Vec<Option<Function>>,
     /// Blocks of `policy::MAX_THREADS` that every two-shot kernel (staged and direct) can have
     /// resident at once on the device: the fewest of any type and op.
     pub two_shot_resident_blocks: u32,
@@ -30,23 +31,29 @@ unsafe impl Send for Kernels {}
 unsafe impl Sync for Kernels {}
 
 impl Kernels {
-    pub fn get(&self, algorithm: Algorithm, dtype: DataType, op: Op) -> Function {
+    pub fn get(&self, algorithm: Algorithm, dtype: DataType, op: Op) -> Option<Function> {
         Kernels::index(&self.functions, algorithm, dtype, op)
     }
 
-    fn index(functions: &[Function], algorithm: Algorithm, dtype: DataType, op: Op) -> Function {
+    fn index(
+        functions: &[Option<Function>],
+        algorithm: Algorithm,
+        dtype: DataType,
+        op: Op,
+    ) -> Option<Function> {
         functions[(algorithm as usize * DataType::ALL.len() + dtype as usize) * Op::ALL.len()
             + op as usize]
     }
 }
 
-fn two_shot_resident_blocks(functions: &[Function], device: &Device) -> cuda::Cuda<u32> {
+fn two_shot_resident_blocks(functions: &[Option<Function>], device: &Device) -> cuda::Cuda<u32> {
     let mut fewest = u32::MAX;
     for algorithm in Algorithm::ALL.into_iter().filter(|a| a.is_two_shot()) {
         for dtype in DataType::ALL {
             for op in Op::ALL {
-                let function = Kernels::index(functions, algorithm, dtype, op);
-                fewest = fewest.min(device.resident_blocks(function, policy::MAX_THREADS)?);
+                if let Some(function) = Kernels::index(functions, algorithm, dtype, op) {
+                    fewest = fewest.min(device.resident_blocks(function, policy::MAX_THREADS)?);
+                }
             }
         }
     }
@@ -65,6 +72,11 @@ pub fn kernel_name(algorithm: Algorithm, dtype: DataType, op: Op) -> String {
 
 /// NVRTC's options for one element type's program.
 pub fn options(dtype: DataType, arch: (i32, i32)) -> Vec<String> {
+    let (name, cuda_type) = (dtype.kernel_suffix(), dtype.cuda_type());
+    let mut types = format!("KERNELS({name},{cuda_type})");
+    if Algorithm::Sentinel.supports(dtype) {
+        types += &format!(" SENTINEL_KERNELS({name},{cuda_type})");
+    }
     vec![
         format!("--gpu-architecture=sm_{}{}", arch.0, arch.1),
         "-std=c++17".into(),
@@ -72,11 +84,8 @@ pub fn options(dtype: DataType, arch: (i32, i32)) -> Vec<String> {
         format!("-DMAX_RANKS={}", policy::MAX_RANKS),
         format!("-DMAX_BLOCKS={}", policy::MAX_BLOCKS),
         format!("-DLL_MAX_BYTES={}", policy::LL_MAX_BYTES),
-        format!(
-            "-DNCCL_TYPES=KERNELS({},{})",
-            dtype.kernel_suffix(),
-            dtype.cuda_type()
-        ),
+        format!("-DSENTINEL_MAX_BYTES={}", policy::SENTINEL_MAX_BYTES),
+        format!("-DNCCL_TYPES={types}"),
     ]
 }
 
@@ -100,9 +109,14 @@ pub fn for_device(device: &Device) -> Result<Arc<Kernels>, String> {
     for algorithm in Algorithm::ALL {
         for (dtype, &module) in DataType::ALL.iter().zip(&modules) {
             for op in Op::ALL {
+                if !algorithm.supports(*dtype) {
+                    functions.push(None);
+                    continue;
+                }
                 let name = kernel_name(algorithm, *dtype, op);
-                functions
-                    .push(cuda::get_function(module, &name).map_err(|e| format!("{name}: {e}"))?);
+                let function =
+                    cuda::get_function(module, &name).map_err(|e| format!("{name}: {e}"))?;
+                functions.push(Some(function));
             }
         }
     }

@@ -9,14 +9,17 @@ use std::sync::{Arc, OnceLock};
 
 use super::comm::{CoreComm, FLAGS_BYTES, Parts};
 use super::cuda::{self, Cuda, Device, DevicePtr, HostFlag};
-use super::policy::{self, CommFacts, INBOX_BYTES, MAX_RANKS, STAGING_HALF_BYTES};
+use super::policy::{
+    self, CommFacts, INBOX_BYTES, MAX_RANKS, SENTINEL_INBOX_BYTES, STAGING_HALF_BYTES,
+};
 use super::{kernels, table};
 use crate::api::ffi::{cudaStream_t, ncclComm_t, ncclSuccess, ncclUint8};
 use crate::api::real;
 use crate::log::log_info;
 
 const MAGIC: u64 = 0x6e63_636c_7368_696d; // "ncclshim"
-const LAYOUT: u32 = 2;
+// The record's and the buffer's layout (3: sentinel inboxes): other versions never pair up.
+const LAYOUT: u32 = 3;
 
 /// What one rank tells the others, as plain bytes.
 #[repr(C)]
@@ -221,11 +224,14 @@ fn own_parts(device: Device) -> Result<Parts, String> {
     let kernels = kernels::for_device(&device)?;
     let half_bytes = STAGING_HALF_BYTES as u64;
     let inbox = FLAGS_BYTES + policy::staging_bytes(STAGING_HALF_BYTES);
-    let buffer = cuda::alloc(inbox + INBOX_BYTES).map_err(|e| e.to_string())?;
+    let sentinel_inbox = inbox + INBOX_BYTES;
+    let buffer = cuda::alloc(sentinel_inbox + SENTINEL_INBOX_BYTES).map_err(|e| e.to_string())?;
     let rest = || -> Cuda<HostFlag> {
         // Flags, epochs and the low-latency inboxes start at zero: no epoch is zero.
         cuda::zero(buffer, FLAGS_BYTES)?;
         cuda::zero(buffer + inbox as u64, INBOX_BYTES)?;
+        // The sentinel inboxes start empty: every byte 0xff (all_reduce.cu, "Sentinel").
+        cuda::fill(buffer + sentinel_inbox as u64, 0xff, SENTINEL_INBOX_BYTES)?;
         HostFlag::new()
     };
     match rest() {
@@ -288,6 +294,7 @@ fn settings_key(half_bytes: u64) -> u64 {
         s.force_core as u64,
         s.direct as u64,
         s.two_shot_blocks.map_or(u64::MAX, u64::from),
+        s.sentinel_max_bytes.map_or(u64::MAX, |n| n as u64),
     ] {
         key = (key ^ v).wrapping_mul(0x100000001b3);
     }
@@ -438,11 +445,12 @@ fn finish(candidate: &mut Candidate, mapped: Result<Mapped, String>, everyone: b
         (Some(parts), Ok(mapped), true) => {
             let settings = policy::settings();
             log_info!(
-                "core on for comm {:p} rank {}/{} on GPU {} (all-reduce: low-latency up to {} B, one-shot up to {} B, {} two-shot up to {} B)",
+                "core on for comm {:p} rank {}/{} on GPU {} (all-reduce: floating-point types sentinel up to {} B, others low-latency up to {} B, one-shot up to {} B, {} two-shot up to {} B)",
                 candidate.comm,
                 candidate.rank,
                 candidate.nranks,
                 parts.device.ordinal,
+                settings.sentinel_max(candidate.nranks),
                 settings.ll_max(candidate.nranks),
                 settings.one_shot_max(candidate.nranks),
                 if settings.uses_direct(mapped.facts.single_process) {

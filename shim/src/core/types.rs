@@ -13,15 +13,24 @@ pub enum Algorithm {
     /// Two-shot straight from the inputs into the outputs, for ranks of one process: one
     /// barrier, no staging (the staged two-shot where a rank's buffers cannot be reached).
     Direct = 3,
+    /// Low latency without flags: every rank writes its input into every rank's inbox, where
+    /// a value that no sender writes (a NaN) marks what has not arrived. Floating-point types.
+    Sentinel = 4,
 }
 
 impl Algorithm {
-    pub const ALL: [Algorithm; 4] = [
+    pub const ALL: [Algorithm; 5] = [
         Algorithm::LowLatency,
         Algorithm::OneShot,
         Algorithm::TwoShot,
         Algorithm::Direct,
+        Algorithm::Sentinel,
     ];
+
+    /// Whether `all_reduce.cu` has this algorithm's kernels for `dtype`.
+    pub fn supports(self, dtype: DataType) -> bool {
+        self != Algorithm::Sentinel || dtype.is_float()
+    }
 
     /// The two-shot family: grids whose blocks wait on each other (between windows).
     pub fn is_two_shot(self) -> bool {
@@ -34,6 +43,7 @@ impl Algorithm {
             Algorithm::OneShot => "one_shot",
             Algorithm::TwoShot => "two_shot",
             Algorithm::Direct => "direct",
+            Algorithm::Sentinel => "sentinel",
         }
     }
 }
@@ -83,6 +93,18 @@ impl DataType {
             DataType::Int32 | DataType::Uint32 | DataType::Float32 => 4,
             DataType::Int64 | DataType::Uint64 | DataType::Float64 => 8,
         }
+    }
+
+    pub fn is_float(self) -> bool {
+        matches!(
+            self,
+            DataType::Float16
+                | DataType::Float32
+                | DataType::Float64
+                | DataType::Bfloat16
+                | DataType::Float8e4m3
+                | DataType::Float8e5m2
+        )
     }
 
     /// The suffix of this type's kernels in `all_reduce.cu`.
@@ -147,5 +169,14 @@ mod tests {
         assert_eq!(Op::from_nccl(5), None, "PreMulSum ops start at ncclNumOps");
         assert_eq!(DataType::Bfloat16.size(), 2);
         assert_eq!(DataType::Float8e5m2.kernel_suffix(), "e5m2");
+        let floats: Vec<_> = DataType::ALL.into_iter().filter(|t| t.is_float()).collect();
+        assert_eq!(
+            floats.len(),
+            6,
+            "half, float, double, bfloat16 and both fp8"
+        );
+        assert!(!Algorithm::Sentinel.supports(DataType::Int32));
+        assert!(Algorithm::Sentinel.supports(DataType::Float64));
+        assert!(Algorithm::LowLatency.supports(DataType::Uint8));
     }
 }
