@@ -150,10 +150,10 @@ static void prepare(const Test* t, Rank* R) {
 static void report(Tally* tally, const Test* t, const Rank* R, const char* what, size_t at,
                    uint64_t got, uint64_t want, long bad) {
   if (tally->reports++ >= MAX_REPORTS) return;
-  printf("WRONG %s %s %s count=%zu inplace=%d misaligned=%d rank=%d/%d: %ld %s, first at %zu: "
-         "got 0x%llx want 0x%llx\n",
+  printf("WRONG %s %s %s count=%zu inplace=%d misaligned=%d special=%d rank=%d/%d: %ld %s, first "
+         "at %zu: got 0x%llx want 0x%llx\n",
          COLL_NAMES[t->coll], TYPES[t->type].name, OP_NAMES[t->op], t->count, t->inplace,
-         t->misaligned, R->rank, R->nranks, bad, what, at, (unsigned long long)got,
+         t->misaligned, t->special, R->rank, R->nranks, bad, what, at, (unsigned long long)got,
          (unsigned long long)want);
 }
 

@@ -171,12 +171,17 @@ static inline TestList build_matrix(int matrix, int nranks, size_t max_bytes) {
       Test medium = {coll, type, coll_reduces(coll) ? OP_SUM : OP_NONE,
                      count_for_bytes(coll, type, nranks, 4 << 20) | 1, coll == C_BCAST, 0, 0, 0};
       if (full || type == T_FLOAT) test_list_push(&list, medium);
-      // Special values: as small as the sentinel kernel takes, and past it.
+      // Special values: as small as the sentinel kernel takes (4095: the last, partial pack
+      // ends in a run of the all-ones pattern), also misaligned, and past it.
       for (int big = 0; coll == C_ALLREDUCE && TYPES[type].is_float && big < 2; big++) {
         for (int inplace = 0; inplace < 2; inplace++) {
-          size_t count = big ? count_for_bytes(coll, type, nranks, 1 << 20) | 1 : 4099;
+          size_t count = big ? count_for_bytes(coll, type, nranks, 1 << 20) | 1 : 4095;
           Test special = {coll, type, OP_SUM, count, inplace, 0, 0, 1};
           test_list_push(&list, special);
+          if (!big) {
+            special.misaligned = 1;
+            test_list_push(&list, special);
+          }
         }
       }
     }

@@ -86,7 +86,7 @@ collectives() {
   [ "${QUICK:-0}" = 1 ] && full=quick big=16M
   # Every all-reduce the core can take, at every size, by the direct two-shot (one process);
   # with ncclMemAlloc buffers (which it cannot reach) the staged two-shot runs in its place.
-  local direct="NCCLSHIM_FORCE=core NCCLSHIM_LL_MAX_BYTES=0 NCCLSHIM_ONE_SHOT_MAX_BYTES=0"
+  local direct="NCCLSHIM_FORCE=core NCCLSHIM_SENTINEL_MAX_BYTES=0 NCCLSHIM_LL_MAX_BYTES=0 NCCLSHIM_ONE_SHOT_MAX_BYTES=0"
   mkdir -p "$dir"
   # name | library (shim or nccl) | environment | arguments
   local runs=(

@@ -24,8 +24,9 @@
 // when we look, so arrival is `flag - epoch >= 0` (wrap-safe). No end barrier is needed: the
 // staging alternates areas by epoch parity (see "the kernels" for why that is enough).
 //
-// Results are bitwise identical on every rank: one-shot reduces in rank order 0..n-1 on every
-// rank; two-shot reduces each chunk once, on its owner, and the others copy it.
+// Results are bitwise identical on every rank: the low-latency, sentinel and one-shot kernels
+// reduce in rank order 0..n-1 on every rank; two-shot reduces each chunk once, on its owner, and
+// the others copy it.
 
 // MAX_THREADS, MAX_RANKS, MAX_BLOCKS, LL_MAX_BYTES and SENTINEL_MAX_BYTES come from the host
 // (kernels::options), from policy.rs.
@@ -422,7 +423,8 @@ __device__ void copy_out(T* out, const T* src, u64 count, u64 begin, u64 end) {
 
 // ---- the kernels --------------------------------------------------------------------------------
 //
-// Staging, as the kernels divide it (the host allocates staging_bytes(half_bytes)):
+// Staging, as the kernels divide it (the host allocates staging_bytes(half_bytes), then both
+// kinds of inboxes):
 //   [area of even epochs][area of odd epochs][low-latency inboxes][sentinel inboxes]
 // An area is 2 * half_bytes + 256 bytes: one-shot uses MAX_RANKS slots of area / MAX_RANKS, one
 // per sender; two-shot uses nranks slots of one chunk and 16 bytes (at most half_bytes + 32 *
@@ -815,7 +817,8 @@ __device__ void sentinel(Peers peers, int rank, int nranks, const T* in, T* out,
   const bool in_aligned = aligned16(in), out_aligned = aligned16(out);
   // Each pack is loaded one turn ahead (past the end: zeros, no access), the first one before
   // the epoch is read, so that the two loads overlap (2 - 7 % faster on 2 and 4 H200; the same
-  // in the low-latency kernel measured 0.1 us slower, so it is not there).
+  // in the low-latency kernel measured 0.1 us slower, so it is not there). The policy gives a
+  // thread one pack, so only the first load counts there; the loop takes any grid.
   Pack next = load_padded_pack(in, count, thread_index(), in_aligned);
   u32 epoch = begin_call(peers, rank);
   const u64 inbox = sentinel_inbox_offset(half_bytes);

@@ -1,4 +1,4 @@
-//! One communicator's core: its buffer (flags, staging, low-latency inboxes), the peers'
+//! One communicator's core: its buffer (flags, staging, low-latency and sentinel inboxes), the peers'
 //! buffers as this rank maps them, the kernels of its device; launching an all-reduce on the
 //! caller's stream; releasing everything without hanging.
 

@@ -27,11 +27,12 @@ pub const STAGING_HALF_BYTES: usize = 16 << 20;
 /// Largest one-shot: its slot per sender, a staging area (more than `2 * STAGING_HALF_BYTES`)
 /// shared by MAX_RANKS senders (see all_reduce.cu).
 pub const ONE_SHOT_LIMIT_BYTES: usize = 2 * STAGING_HALF_BYTES / MAX_RANKS;
-// MAX_THREADS, MAX_BLOCKS, MAX_RANKS and LL_MAX_BYTES are passed to all_reduce.cu
-// (kernels::options).
+// MAX_THREADS, MAX_BLOCKS, MAX_RANKS, LL_MAX_BYTES and SENTINEL_MAX_BYTES are passed to
+// all_reduce.cu (kernels::options).
 /// The kernels' `__launch_bounds__`.
 pub const MAX_THREADS: u32 = 512;
-/// Blocks per launch: sizes the kernels' flag arrays.
+/// Blocks per launch of the kernels with per-block flags: sizes their flag arrays (the sentinel
+/// kernel has none, see SENTINEL_BLOCKS).
 pub const MAX_BLOCKS: u32 = 256;
 pub const MAX_RANKS: usize = 8;
 /// Largest low-latency all-reduce: sizes the inboxes.
@@ -492,8 +493,8 @@ mod tests {
         assert_eq!(blocks(32 << 20, &small_gpu), Some((Algorithm::TwoShot, 78)));
         assert_eq!(blocks(32 << 20, &procs(2)), Some((Algorithm::TwoShot, 128)));
         assert_eq!(
-            blocks(64 << 10, &small_gpu),
-            Some((Algorithm::Sentinel, 64)),
+            blocks(512 << 10, &small_gpu),
+            Some((Algorithm::Sentinel, 512)),
             "other kernels need no more than their blocks' peers"
         );
         assert_eq!(blocks(16 << 20, &procs(4)), Some((Algorithm::TwoShot, 64)));
@@ -528,7 +529,7 @@ mod tests {
         assert_eq!(
             plan(&s, 64 << 10, 2, true),
             Some(Algorithm::Sentinel),
-            "small messages as before"
+            "small messages whatever the processes"
         );
         assert_eq!(plan(&s, 1 << 20, 2, true), Some(Algorithm::OneShot));
         let staged = with(&[("NCCLSHIM_DIRECT", "0")]);

@@ -288,6 +288,8 @@ fn settings_key(half_bytes: u64) -> u64 {
     let s = policy::settings();
     let mut key = half_bytes ^ (FLAGS_BYTES as u64).rotate_left(40);
     for v in [
+        INBOX_BYTES as u64,
+        SENTINEL_INBOX_BYTES as u64,
         s.ll_max_bytes.map_or(u64::MAX, |n| n as u64),
         s.one_shot_max_bytes.map_or(u64::MAX, |n| n as u64),
         s.all_reduce_max_bytes.map_or(u64::MAX, |n| n as u64),
@@ -445,7 +447,7 @@ fn finish(candidate: &mut Candidate, mapped: Result<Mapped, String>, everyone: b
         (Some(parts), Ok(mapped), true) => {
             let settings = policy::settings();
             log_info!(
-                "core on for comm {:p} rank {}/{} on GPU {} (all-reduce: floating-point types sentinel up to {} B, others low-latency up to {} B, one-shot up to {} B, {} two-shot up to {} B)",
+                "core on for comm {:p} rank {}/{} on GPU {} (all-reduce: sentinel for floating-point types up to {} B, low-latency up to {} B, one-shot up to {} B, {} two-shot up to {} B)",
                 candidate.comm,
                 candidate.rank,
                 candidate.nranks,

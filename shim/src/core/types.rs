@@ -4,7 +4,7 @@
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Algorithm {
     /// Every rank writes its input into every rank's inbox as flagged packets: no barrier, for
-    /// the smallest messages.
+    /// the smallest messages of types the sentinel kernel lacks.
     LowLatency = 0,
     /// Every rank reads every peer's staged data and reduces it all: one barrier.
     OneShot = 1,
