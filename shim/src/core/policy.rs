@@ -92,7 +92,7 @@ impl Settings {
     }
 
     /// The sentinel kernel sends nothing but data and meets no one: on 2 and 4 H200 it was as
-    /// fast as the low-latency kernel or faster at every size (0.1 - 1.1 us faster from 4 KiB),
+    /// fast as the low-latency kernel or faster at every size (0.06 - 1.1 us faster from 4 KiB),
     /// and beat one-shot up to 512 KiB, its largest (2 ranks in 0.83 of one-shot's time, 4 in
     /// 0.95). More ranks: not measured, so none.
     pub fn sentinel_max(&self, nranks: usize) -> usize {
