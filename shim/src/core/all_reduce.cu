@@ -183,6 +183,19 @@ template <typename T, int OP> struct Reduce {
   }
 };
 
+// Element k of `from[0..nranks)` (packs or units of T, each with `v[]`), reduced in rank order:
+// the one order every rank's kernels reduce in, which makes their results bitwise identical.
+template <typename T, int OP, typename Group>
+__device__ __forceinline__ T reduce_element(const Group* from, int nranks, int k) {
+  typedef Reduce<T, OP> R;
+  typename Traits<T>::Acc a = R::first(from[0].v[k], nranks);
+#pragma unroll
+  for (int r = 1; r < MAX_RANKS; r++) {
+    if (r < nranks) a = R::combine(a, from[r].v[k], nranks);
+  }
+  return R::finish(a, nranks);
+}
+
 // ---- signals ------------------------------------------------------------------------------------
 
 __device__ __forceinline__ void store_release(u32* address, u32 value) {
@@ -364,14 +377,7 @@ __device__ void reduce_range(const char* const* src, int nranks, u64 count, u64 
     }
     typename PackOf<T>::U result;
 #pragma unroll
-    for (int k = 0; k < N; k++) {
-      Acc a = R::first(in[0].v[k], nranks);
-#pragma unroll
-      for (int r = 1; r < MAX_RANKS; r++) {
-        if (r < nranks) a = R::combine(a, in[r].v[k], nranks);
-      }
-      result.v[k] = R::finish(a, nranks);
-    }
+    for (int k = 0; k < N; k++) result.v[k] = reduce_element<T, OP>(in, nranks, k);
     if (out_aligned) {
       ((Pack*)out)[j] = result.pack;
     } else {
@@ -670,8 +676,6 @@ __device__ __forceinline__ Unit<T, E> load_unit(const T* in, u64 count, u64 u, b
 template <typename T, int OP>
 __device__ void ll_one_shot(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,
                             const volatile int* abort, int) {
-  typedef Reduce<T, OP> R;
-  typedef typename Traits<T>::Acc Acc;
   const int E = 8 / sizeof(T);  // elements in one 8-byte unit
   u32 epoch = begin_call(peers, rank);
   const u64 units = (count * sizeof(T) + 7) / 8;
@@ -703,12 +707,7 @@ __device__ void ll_one_shot(Peers peers, int rank, int nranks, const T* in, T* o
 #pragma unroll
     for (int e = 0; e < E; e++) {
       if (u * E + e >= count) break;
-      Acc a = R::first(from[0].v[e], nranks);
-#pragma unroll
-      for (int p = 1; p < MAX_RANKS; p++) {
-        if (p < nranks) a = R::combine(a, from[p].v[e], nranks);
-      }
-      out[u * E + e] = R::finish(a, nranks);
+      out[u * E + e] = reduce_element<T, OP>(from, nranks, e);
     }
   }
   end_call(peers, rank, epoch);
@@ -809,8 +808,6 @@ __device__ __forceinline__ Pack load_padded_pack(const T* src, u64 count, u64 j,
 template <typename T, int OP>
 __device__ void sentinel(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,
                          const volatile int* abort, int) {
-  typedef Reduce<T, OP> R;
-  typedef typename Traits<T>::Acc Acc;
   typedef typename SentinelWord<T>::W W;
   const int N = PackOf<T>::N;
   const u64 packs = (count + N - 1) / N;
@@ -849,14 +846,7 @@ __device__ void sentinel(Peers peers, int rank, int nranks, const T* in, T* out,
     }
     typename PackOf<T>::U result;
 #pragma unroll
-    for (int k = 0; k < N; k++) {
-      Acc a = R::first(from[0].v[k], nranks);
-#pragma unroll
-      for (int p = 1; p < MAX_RANKS; p++) {
-        if (p < nranks) a = R::combine(a, from[p].v[k], nranks);
-      }
-      result.v[k] = R::finish(a, nranks);
-    }
+    for (int k = 0; k < N; k++) result.v[k] = reduce_element<T, OP>(from, nranks, k);
     if (out_aligned && (j + 1) * N <= count) {
       ((Pack*)out)[j] = result.pack;
     } else {
