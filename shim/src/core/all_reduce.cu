@@ -870,12 +870,15 @@ __device__ __forceinline__ void after_previous_kernel() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
-#define KERNELS(NAME, T)                                                                              \
-  KERNEL(NAME, T, sum, OP_SUM)                                                                        \
-  KERNEL(NAME, T, prod, OP_PROD)                                                                      \
-  KERNEL(NAME, T, max, OP_MAX)                                                                        \
-  KERNEL(NAME, T, min, OP_MIN)                                                                        \
-  KERNEL(NAME, T, avg, OP_AVG)
+// M(NAME, T, OPNAME, OP) for each operation, in the host's order (types::Op).
+#define FOR_EACH_OP(M, NAME, T)                                                                       \
+  M(NAME, T, sum, OP_SUM)                                                                             \
+  M(NAME, T, prod, OP_PROD)                                                                           \
+  M(NAME, T, max, OP_MAX)                                                                             \
+  M(NAME, T, min, OP_MIN)                                                                             \
+  M(NAME, T, avg, OP_AVG)
+
+#define KERNELS(NAME, T) FOR_EACH_OP(KERNEL, NAME, T)
 
 #define KERNEL(NAME, T, OPNAME, OP)                                                                   \
   KERNEL_OF(ll_one_shot, ncclshim_ll_##NAME##_##OPNAME, T, OP)                                        \
@@ -884,12 +887,7 @@ __device__ __forceinline__ void after_previous_kernel() {
   KERNEL_OF(direct, ncclshim_direct_##NAME##_##OPNAME, T, OP)
 
 // The sentinel kernels, for the floating-point types only.
-#define SENTINEL_KERNELS(NAME, T)                                                                     \
-  SENTINEL_KERNEL(NAME, T, sum, OP_SUM)                                                               \
-  SENTINEL_KERNEL(NAME, T, prod, OP_PROD)                                                             \
-  SENTINEL_KERNEL(NAME, T, max, OP_MAX)                                                               \
-  SENTINEL_KERNEL(NAME, T, min, OP_MIN)                                                               \
-  SENTINEL_KERNEL(NAME, T, avg, OP_AVG)
+#define SENTINEL_KERNELS(NAME, T) FOR_EACH_OP(SENTINEL_KERNEL, NAME, T)
 #define SENTINEL_KERNEL(NAME, T, OPNAME, OP) KERNEL_OF(sentinel, ncclshim_sentinel_##NAME##_##OPNAME, T, OP)
 
 #define KERNEL_OF(ALGORITHM, SYMBOL, T, OP)                                                           \
