@@ -401,8 +401,6 @@ __device__ __forceinline__ void reduce_packs(const char* const* src, int nranks,
 template <typename T, int OP, int NR>
 __device__ void reduce_range_of(const char* const* any_src, int nranks, u64 count, u64 begin, u64 end, T* out,
                                 char* const* any_copies, int ncopies) {
-  typedef Reduce<T, OP> R;
-  typedef typename Traits<T>::Acc Acc;
   const int N = PackOf<T>::N;
   // In registers: fully unrolled loops index them with constants.
   const char* src[NR];
@@ -422,9 +420,14 @@ __device__ void reduce_range_of(const char* const* any_src, int nranks, u64 coun
   u64 e;
   if (my_tail_element<T>(count, begin, end, &e)) {
     u64 at = (e - begin) * sizeof(T);
-    Acc a = R::first(*(const T*)(src[0] + at), nranks);
-    for (int r = 1; r < nranks; r++) a = R::combine(a, *(const T*)(src[r] + at), nranks);
-    T v = R::finish(a, nranks);
+    struct {
+      T v[1];
+    } from[NR];
+#pragma unroll
+    for (int r = 0; r < NR; r++) {
+      if (r < nranks) from[r].v[0] = *(const T*)(src[r] + at);
+    }
+    T v = reduce_element<T, OP, NR>(from, nranks, 0);
     out[e] = v;
     for (int c = 0; c < ncopies; c++) *(T*)(copies[c] + at) = v;
   }
