@@ -10,8 +10,7 @@ use crate::{core, error_strings, runtime};
 
 pub struct Router;
 
-/// Whether a communicator made with `config` blocks (NULL: the default, blocking). The core is
-/// set up only for blocking communicators.
+/// Whether a communicator made with `config` blocks (NULL: the default, blocking).
 ///
 /// # Safety
 /// `config` is NULL or points to an `ncclConfig_t` the real NCCL accepted.
@@ -20,14 +19,22 @@ unsafe fn blocking(config: *const ncclConfig_t) -> bool {
     config.is_null() || unsafe { (*config).blocking } != 0
 }
 
-/// Hands a communicator that the real NCCL just created to the core.
+/// Hands a communicator that the real NCCL just created (or, nonblocking, is creating) to the
+/// core. A nonblocking split or shrink writes the handle only once done, so its child stays
+/// with NCCL.
 ///
 /// # Safety
 /// `comm` is NULL or points to the handle the real NCCL wrote.
 unsafe fn created(result: ncclResult_t, comm: *mut ncclComm_t, blocking: bool) -> ncclResult_t {
-    if result == ncclSuccess && blocking && !comm.is_null() {
+    if comm.is_null() {
+        return result;
+    }
+    if blocking && result == ncclSuccess {
         // SAFETY: the real NCCL wrote it.
         core::created(&[unsafe { *comm }]);
+    } else if !blocking && (result == ncclSuccess || result == ncclInProgress) {
+        // SAFETY: as above (NULL until done for a split).
+        core::created_nonblocking(unsafe { *comm });
     }
     result
 }
@@ -84,8 +91,7 @@ impl Route for Router {
 
     unsafe fn ncclGroupEnd() -> ncclResult_t {
         // SAFETY: no arguments.
-        let result = unsafe { real::ncclGroupEnd() };
-        core::group_end(result)
+        core::group_end(|| unsafe { real::ncclGroupEnd() })
     }
 
     unsafe fn ncclCommInitRank(
@@ -141,7 +147,7 @@ impl Route for Router {
         config: *mut ncclConfig_t,
     ) -> ncclResult_t {
         // SAFETY: as above. A child without config inherits its parent's blocking mode; a
-        // nonblocking one returns ncclInProgress and so gets no core.
+        // nonblocking one returns ncclInProgress with a NULL handle and so gets no core.
         unsafe {
             created(
                 real::ncclCommSplit(comm, color, key, newcomm, config),

@@ -102,6 +102,8 @@ collectives() {
     "threads-split|shim||--launch threads --matrix quick --split --max-bytes 0"
     "initall|shim||--launch initall --matrix quick --max-bytes 0"
     "nonblocking-group-split|shim||--launch group --nonblocking --matrix quick --split --max-bytes 0"
+    "nonblocking-threads|shim||--launch threads --nonblocking --matrix quick --max-bytes 0"
+    "nonblocking-procs-graph|shim||--launch procs --nonblocking --matrix quick --graph --max-bytes 0"
     "control-procs-$full|nccl||--launch procs --matrix $full --max-bytes $big"
   )
   for run in "${runs[@]}"; do
@@ -124,7 +126,12 @@ collectives() {
     # Through the shim it must be in use; the control run must not touch it.
     [ "$lib" = shim ] && [ $used = no ] && status=1
     [ "$lib" = nccl ] && [ $used = yes ] && status=1
-    verdict "collectives $n GPUs $name" $status "${wrong:-#wrong ?} ($(grep -h '^checks' "$log" | tail -1)); shim in use: $used; $((SECONDS - t)) s"
+    # Nonblocking communicators must get the core too (after their first all-reduce).
+    local on off
+    on=$(grep -c 'core on for comm' "$log")
+    off=$(grep -c 'core off for comm' "$log")
+    [[ $name == nonblocking-* ]] && [ "$on" = 0 ] && status=1
+    verdict "collectives $n GPUs $name" $status "${wrong:-#wrong ?} ($(grep -h '^checks' "$log" | tail -1)); shim in use: $used; core on/off: $on/$off; $((SECONDS - t)) s"
   done
 }
 
@@ -152,7 +159,7 @@ torch_suite() {
   shim_used "$dir/shim.log" && shim_used "$dir/shim-forward.log" && used=yes
   local status=$((s_nccl | s_fwd | s_shim | c_fwd | c_shim))
   [ $used = yes ] || status=1
-  verdict "torch $n GPUs" $status "exit codes: without shim $s_nccl, forwarding $s_fwd, as built $s_shim; shim in use: $used; $((SECONDS - t)) s"
+  verdict "torch $n GPUs" $status "exit codes: without shim $s_nccl, forwarding $s_fwd, as built $s_shim; shim in use: $used; core on/off: $(grep -c 'core on for comm' "$dir/shim.log")/$(grep -c 'core off for comm' "$dir/shim.log"); $((SECONDS - t)) s"
   echo "  forwarding (NCCLSHIM_CORE=0) vs NCCL: $(tail -1 "$dir/compare-forward.log" | cut -c1-200)" | tee -a "$summary"
   echo "  as built vs NCCL: $(tail -1 "$dir/compare.log" | cut -c1-200)" | tee -a "$summary"
   grep -h "^torch rank" "$dir/shim.log" | sed 's/^/  as built: /' | tee -a "$summary"

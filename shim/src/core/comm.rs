@@ -36,6 +36,8 @@ impl Peers {
 
 pub struct CoreComm {
     pub rank: usize,
+    /// A blocking communicator (see `core::group_end` for what differs).
+    pub blocking: bool,
     /// What every rank agreed on at set-up, for planning calls.
     pub facts: CommFacts,
     pub device: Device,
@@ -69,6 +71,7 @@ pub struct Parts {
 impl CoreComm {
     pub fn new(
         rank: usize,
+        blocking: bool,
         facts: CommFacts,
         parts: Parts,
         bases: &[DevicePtr],
@@ -76,6 +79,7 @@ impl CoreComm {
     ) -> CoreComm {
         CoreComm {
             rank,
+            blocking,
             facts,
             device: parts.device,
             kernels: parts.kernels,

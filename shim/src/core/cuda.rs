@@ -239,6 +239,29 @@ impl Drop for KeepCurrent {
     }
 }
 
+/// The calling thread in relaxed stream-capture mode until dropped (then back in its own): a
+/// capture in progress does not forbid it allocations, copies and synchronisation, on streams
+/// that are not captured.
+pub struct RelaxedCapture(Option<sys::CUstreamCaptureMode>);
+
+impl RelaxedCapture {
+    pub fn new() -> RelaxedCapture {
+        let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+        // SAFETY: swaps this thread's mode with `mode`, which then holds the previous one.
+        let swapped = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
+        RelaxedCapture((swapped == sys::CUresult::CUDA_SUCCESS).then_some(mode))
+    }
+}
+
+impl Drop for RelaxedCapture {
+    fn drop(&mut self) {
+        if let Some(mut mode) = self.0 {
+            // SAFETY: puts back the mode `new` took away.
+            unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
+        }
+    }
+}
+
 /// Restores the caller's context when dropped.
 pub struct ContextGuard;
 

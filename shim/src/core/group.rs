@@ -1,7 +1,8 @@
-//! NCCL's groups as the core sees them, per thread: communicators created inside a group are set
-//! up at the outermost ncclGroupEnd (once the real NCCL has initialised them), and core
-//! all-reduces issued inside a group are launched there, after the real NCCL's own operations
-//! (NCCL promises no order inside a group).
+//! NCCL's groups as the core sees them, per thread: communicators created inside a group, and
+//! nonblocking ones whose first all-reduce is in it (deferred.rs), are set up at the outermost
+//! ncclGroupEnd (once the real NCCL has initialised them), and core all-reduces issued inside a
+//! group are launched there, on every rank on the same side of the real NCCL's own operations
+//! (NCCL promises no order inside a group; see `core::group_end`).
 
 use std::cell::{Cell, RefCell};
 use std::ffi::c_void;
@@ -41,9 +42,16 @@ impl DeviceOp for Queued {
     }
 }
 
+/// A communicator to set up at the end of the group.
+#[derive(Clone, Copy)]
+pub struct Deferred {
+    pub comm: ncclComm_t,
+    pub blocking: bool,
+}
+
 thread_local! {
     static DEPTH: Cell<u32> = const { Cell::new(0) };
-    static NEW_COMMS: RefCell<Vec<ncclComm_t>> = const { RefCell::new(Vec::new()) };
+    static NEW_COMMS: RefCell<Vec<Deferred>> = const { RefCell::new(Vec::new()) };
     static QUEUED: RefCell<Vec<Queued>> = const { RefCell::new(Vec::new()) };
 }
 
@@ -51,13 +59,18 @@ pub fn inside() -> bool {
     DEPTH.with(Cell::get) > 0
 }
 
+/// Whether the next `end` leaves the outermost group.
+pub fn ending_outermost() -> bool {
+    DEPTH.with(Cell::get) == 1
+}
+
 pub fn start() {
     DEPTH.with(|d| d.set(d.get() + 1));
 }
 
-/// Leaves one group level; at the outermost, hands back the communicators created in the group
-/// (their queued operations wait for `drain_queued`).
-pub fn end() -> Option<Vec<ncclComm_t>> {
+/// Leaves one group level; at the outermost, hands back the communicators to set up (their
+/// queued operations wait for `drain_queued`).
+pub fn end() -> Option<Vec<Deferred>> {
     let depth = DEPTH.with(|d| {
         let depth = d.get().saturating_sub(1);
         d.set(depth);
@@ -82,8 +95,14 @@ pub fn discard_queued() {
     QUEUED.with(|q| q.borrow_mut().clear());
 }
 
-pub fn defer_setup(comm: ncclComm_t) {
-    NEW_COMMS.with(|c| c.borrow_mut().push(comm));
+/// Whether an operation queued in the group is on a nonblocking communicator (NCCL allows no
+/// group of both kinds).
+pub fn queued_nonblocking() -> bool {
+    QUEUED.with(|q| q.borrow().iter().any(|op| !op.core.blocking))
+}
+
+pub fn defer_setup(comm: ncclComm_t, blocking: bool) {
+    NEW_COMMS.with(|c| c.borrow_mut().push(Deferred { comm, blocking }));
 }
 
 pub fn queue(op: Queued) {

@@ -6,6 +6,7 @@
 
 mod comm;
 mod cuda;
+mod deferred;
 mod group;
 pub mod kernels;
 mod launcher;
@@ -18,23 +19,33 @@ pub mod types;
 use std::ffi::c_void;
 
 use crate::api::ffi::{
-    cudaStream_t, ncclComm_t, ncclResult_t, ncclSuccess, ncclUnhandledCudaError,
+    cudaStream_t, ncclComm_t, ncclInProgress, ncclResult_t, ncclSuccess, ncclUnhandledCudaError,
 };
-use crate::log::log_warn;
+use crate::api::real;
+use crate::log::{log_info, log_warn};
 
 /// Makes NVRTC loadable (for the core, and for tests that compile its kernels).
 pub fn nvrtc_load() -> Result<(), String> {
     nvrtc::load()
 }
 
-/// A communicator (or several, from one call such as ncclCommInitAll) was created: set up its
-/// core now, or at the end of the group it was created in.
+/// A blocking communicator (or several, from one call such as ncclCommInitAll) was created: set
+/// up its core now, or at the end of the group it was created in.
 pub fn created(comms: &[ncclComm_t]) {
     let comms: Vec<ncclComm_t> = comms.iter().copied().filter(|c| !c.is_null()).collect();
     if group::inside() {
-        comms.into_iter().for_each(group::defer_setup);
+        comms.into_iter().for_each(|c| group::defer_setup(c, true));
     } else {
-        setup::set_up(&comms);
+        setup::set_up(&comms, true);
+    }
+}
+
+/// A nonblocking communicator was created (the real NCCL may still be initialising it): its
+/// core is set up after its first all-reduce (deferred.rs).
+pub fn created_nonblocking(comm: ncclComm_t) {
+    if policy::settings().enabled && !comm.is_null() {
+        log_info!("comm {comm:p} is nonblocking: its core is set up after its first all-reduce");
+        deferred::insert(comm);
     }
 }
 
@@ -42,20 +53,41 @@ pub fn group_start() {
     group::start();
 }
 
-/// After the real ncclGroupEnd returned `result`: at the outermost level, set up the
-/// communicators created in the group and launch the core operations queued in it.
-pub fn group_end(result: ncclResult_t) -> ncclResult_t {
-    let Some(new_comms) = group::end() else {
+/// Ends a group through `real_end` (the real ncclGroupEnd); at the outermost level, sets up the
+/// communicators that wait for the group's end and launches the core operations queued in it.
+pub fn group_end(real_end: impl FnOnce() -> ncclResult_t) -> ncclResult_t {
+    // A nonblocking group's operations are launched by a thread of the real NCCL's after
+    // ncclGroupEnd returns, so ours go first: the same order on every rank's streams. A blocking
+    // group's are launched before it returns, so ours go after them.
+    let first = (group::ending_outermost() && group::queued_nonblocking())
+        .then(|| group::drain_queued(launcher::launch_group));
+    let result = real_end();
+    let Some(deferred) = group::end() else {
         return result;
     };
-    if result != ncclSuccess {
-        group::discard_queued();
-        return result;
+    let launched = match first {
+        Some(launched) => launched,
+        None if result == ncclSuccess => Ok(()),
+        // Nothing of a failed group is launched.
+        None => {
+            group::discard_queued();
+            Ok(())
+        }
+    };
+    let (blocking, nonblocking): (Vec<_>, Vec<_>) = deferred.into_iter().partition(|d| d.blocking);
+    let comms_of = |d: Vec<group::Deferred>| d.into_iter().map(|d| d.comm).collect::<Vec<_>>();
+    if result == ncclSuccess && !blocking.is_empty() {
+        setup::set_up(&comms_of(blocking), true);
     }
-    if !new_comms.is_empty() {
-        setup::set_up(&new_comms);
+    if (result == ncclSuccess || result == ncclInProgress) && !nonblocking.is_empty() {
+        // Their first all-reduces must have settled before the exchange goes on them.
+        let mut ready = comms_of(nonblocking);
+        ready.retain(|&comm| setup::settle(comm) == ncclSuccess);
+        setup::set_up(&ready, false);
     }
-    match group::drain_queued(launcher::launch_group) {
+    // What is still queued (a blocking group's) goes after the set-ups.
+    let launched = launched.and_then(|()| group::drain_queued(launcher::launch_group));
+    match launched {
         Ok(()) => result,
         Err((ordinal, e)) => {
             log_warn!("all-reduce on GPU {ordinal} could not be launched: {e}");
@@ -74,6 +106,9 @@ pub fn all_reduce(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> Option<ncclResult_t> {
+    if deferred::take(comm) {
+        return Some(first_all_reduce(send, recv, count, dtype, op, comm, stream));
+    }
     let core = table::get(comm)?;
     // Bad pointers are for the real NCCL to report, as it reports them.
     if send.is_null() || recv.is_null() {
@@ -106,9 +141,40 @@ pub fn all_reduce(
     )
 }
 
+/// The first all-reduce on a nonblocking communicator waiting for its core: the real NCCL's,
+/// then the set-up, now or at the end of the group. A rank whose call fails sets nothing up (its
+/// peers' calls fail alike, or wait for it in NCCL).
+fn first_all_reduce(
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    dtype: u32,
+    op: u32,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    // SAFETY: the caller's arguments, unchanged.
+    let result = unsafe { real::ncclAllReduce(send, recv, count, dtype, op, comm, stream) };
+    if result != ncclSuccess && result != ncclInProgress {
+        return result;
+    }
+    if group::inside() {
+        group::defer_setup(comm, false);
+        return result;
+    }
+    // Settled, as NCCL wants before the next operation on the communicator (the exchange's).
+    let state = setup::settle(comm);
+    if state == ncclSuccess {
+        setup::set_up(&[comm], false);
+    }
+    state
+}
+
 /// The communicator is going away (ncclCommDestroy, or ncclCommAbort with `abort`): release its
 /// core, never hanging.
 pub fn destroyed(comm: ncclComm_t, abort: bool) {
+    // Never set up: forgotten, as its handle may come back for another communicator.
+    deferred::take(comm);
     if let Some(core) = table::remove(comm) {
         match std::sync::Arc::into_inner(core) {
             Some(core) => core.release(abort),

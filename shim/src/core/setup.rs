@@ -13,7 +13,9 @@ use super::policy::{
     self, CommFacts, INBOX_BYTES, MAX_RANKS, SENTINEL_INBOX_BYTES, STAGING_HALF_BYTES,
 };
 use super::{kernels, table};
-use crate::api::ffi::{cudaStream_t, ncclComm_t, ncclSuccess, ncclUint8};
+use crate::api::ffi::{
+    cudaStream_t, ncclComm_t, ncclInProgress, ncclResult_t, ncclSuccess, ncclUint8,
+};
 use crate::api::real;
 use crate::log::log_info;
 
@@ -75,6 +77,7 @@ impl Record {
 /// One communicator being set up by this thread.
 struct Candidate {
     comm: ncclComm_t,
+    blocking: bool,
     rank: usize,
     nranks: usize,
     /// Where the exchanges happen; `None` if even that could not be had.
@@ -97,14 +100,19 @@ struct Mapped {
     facts: CommFacts,
 }
 
-/// Sets up the core for `comms` (all driven by this thread, e.g. those of one group), after the
-/// real NCCL has initialised them, outside any group; or leaves them to NCCL.
-pub fn set_up(comms: &[ncclComm_t]) {
+/// Sets up the core for `comms` (all driven by this thread, e.g. those of one group; blocking or
+/// nonblocking ones, as NCCL allows no group of both), after the real NCCL has initialised them
+/// and settled their last operation, outside any group; or leaves them to NCCL.
+pub fn set_up(comms: &[ncclComm_t], blocking: bool) {
     if !policy::settings().enabled || comms.is_empty() || !cuda_ready() {
         return;
     }
     let _keep = cuda::KeepCurrent::new();
-    let mut candidates: Vec<Candidate> = comms.iter().map(|&comm| prepare(comm)).collect();
+    // Stream captures on this thread (a nonblocking communicator's first all-reduce may be
+    // captured) must not forbid our allocations and copies: none of it goes on their streams.
+    let _relaxed = cuda::RelaxedCapture::new();
+    let mut candidates: Vec<Candidate> =
+        comms.iter().map(|&comm| prepare(comm, blocking)).collect();
 
     let records: Vec<Vec<u8>> = candidates
         .iter()
@@ -159,8 +167,25 @@ fn cuda_ready() -> bool {
     })
 }
 
+/// Waits until the real NCCL has finished the last operation on `comm` (always at once on a
+/// blocking communicator) and returns its state.
+pub fn settle(comm: ncclComm_t) -> ncclResult_t {
+    loop {
+        let mut state = ncclInProgress;
+        // SAFETY: a communicator of the caller's; the state is written.
+        let result = unsafe { real::ncclCommGetAsyncError(comm, &mut state) };
+        if result != ncclSuccess {
+            return result;
+        }
+        if state != ncclInProgress {
+            return state;
+        }
+        std::thread::yield_now();
+    }
+}
+
 /// Asks the real NCCL about the communicator and sets up this rank's side.
-fn prepare(comm: ncclComm_t) -> Candidate {
+fn prepare(comm: ncclComm_t, blocking: bool) -> Candidate {
     let (mut rank, mut nranks, mut ordinal) = (0, 0, 0);
     // SAFETY: a communicator the real NCCL has just initialised; the ints are written.
     let asked = unsafe {
@@ -170,6 +195,7 @@ fn prepare(comm: ncclComm_t) -> Candidate {
     };
     let mut candidate = Candidate {
         comm,
+        blocking,
         rank: rank as usize,
         nranks: nranks as usize,
         exchange: None,
@@ -318,21 +344,33 @@ fn all_gather(candidates: &[Candidate], payloads: &[Vec<u8>]) -> Vec<Option<Vec<
             })
         })
         .collect();
-    // SAFETY: communicators the real NCCL initialised; buffers of nranks * len bytes.
-    let launched = unsafe {
-        real::ncclGroupStart();
-        for (c, _) in candidates
+    let issued = || {
+        candidates
             .iter()
             .zip(&staged)
             .filter(|(_, staged)| **staged)
-        {
+            .map(|(c, _)| c)
+    };
+    // SAFETY: communicators the real NCCL initialised; buffers of nranks * len bytes.
+    let end = unsafe {
+        real::ncclGroupStart();
+        for c in issued() {
             let x = c.exchange.as_ref().unwrap();
             let _context = x.device.enter();
             let recv = x.buffer as *mut c_void;
             let send = (x.buffer + (c.rank * len) as u64) as *const c_void;
             real::ncclAllGather(send, recv, len, ncclUint8, c.comm, x.stream as cudaStream_t);
         }
-        real::ncclGroupEnd() == ncclSuccess
+        real::ncclGroupEnd()
+    };
+    // A nonblocking group is issued by a thread of the real NCCL's: wait for it on every
+    // communicator, each then free for the program's next operation.
+    let launched = if end == ncclInProgress {
+        // Every one settled, even past a failure.
+        let states: Vec<ncclResult_t> = issued().map(|c| settle(c.comm)).collect();
+        states.iter().all(|&state| state == ncclSuccess)
+    } else {
+        end == ncclSuccess
     };
     candidates
         .iter()
@@ -464,6 +502,7 @@ fn finish(candidate: &mut Candidate, mapped: Result<Mapped, String>, everyone: b
             );
             let core = CoreComm::new(
                 candidate.rank,
+                candidate.blocking,
                 mapped.facts,
                 parts,
                 &mapped.bases,
