@@ -397,7 +397,8 @@ __device__ __forceinline__ void reduce_packs(const char* const* src, int nranks,
 // order, into `out` and into `copies[0..ncopies)`. `src[r]` and `copies[c]` are 16-aligned and
 // hold element i at byte (i - begin) * sizeof(T). Two packs at a time per thread: on 2 H200 the
 // direct two-shot took 3 - 6 % less time from 4 MiB, the staged one 10 - 13 % (one pack: fewer
-// loads in flight; more: spilled registers).
+// loads in flight; more: spilled registers). Eight ranks take one: two held 16 packs in registers
+// and spilled.
 template <typename T, int OP, int NR>
 __device__ void reduce_range_of(const char* const* any_src, int nranks, u64 count, u64 begin, u64 end, T* out,
                                 char* const* any_copies, int ncopies) {
@@ -414,8 +415,9 @@ __device__ void reduce_range_of(const char* const* any_src, int nranks, u64 coun
   u64 whole_end = (end < count / N * N ? end : count / N * N) / N;
   const u64 G = grid_threads();
   u64 j = first_pack(begin / N);
-  for (; j + G < whole_end; j += 2 * G)
-    reduce_packs<T, OP, NR, 2>(src, nranks, begin, j, G, out, out_aligned, copies, ncopies);
+  const int U = NR > 4 ? 1 : 2;
+  for (; j + (U - 1) * G < whole_end; j += U * G)
+    reduce_packs<T, OP, NR, U>(src, nranks, begin, j, G, out, out_aligned, copies, ncopies);
   if (j < whole_end) reduce_packs<T, OP, NR, 1>(src, nranks, begin, j, G, out, out_aligned, copies, ncopies);
   u64 e;
   if (my_tail_element<T>(count, begin, end, &e)) {
