@@ -150,18 +150,27 @@ torch_suite() {
   env "${common[@]}" "${preload[@]}" timeout "$step_timeout" "${launch[@]}" "$dir/shim" \
     >"$dir/shim.log" 2>&1
   local s_shim=$?
+  # PyTorch's nonblocking communicators (their core is set up after their first all-reduce).
+  env "${common[@]}" "${preload[@]}" TORCH_NCCL_USE_COMM_NONBLOCKING=1 timeout "$step_timeout" \
+    "${launch[@]}" "$dir/shim-nonblocking" >"$dir/shim-nonblocking.log" 2>&1
+  local s_nb=$?
   # Forwarding everything, every bit must match; with our own all-reduce, DDP's float sums may
   # be added in another order.
   $python "$here/torch_compare.py" "$dir/shim-forward" "$dir/nccl" >"$dir/compare-forward.log" 2>&1
   local c_fwd=$?
   $python "$here/torch_compare.py" --ddp-rtol 1e-5 "$dir/shim" "$dir/nccl" >"$dir/compare.log" 2>&1
-  local c_shim=$? used=no
+  local c_shim=$?
+  $python "$here/torch_compare.py" --ddp-rtol 1e-5 "$dir/shim-nonblocking" "$dir/nccl" \
+    >"$dir/compare-nonblocking.log" 2>&1
+  local c_nb=$? used=no
   shim_used "$dir/shim.log" && shim_used "$dir/shim-forward.log" && used=yes
-  local status=$((s_nccl | s_fwd | s_shim | c_fwd | c_shim))
+  local status=$((s_nccl | s_fwd | s_shim | s_nb | c_fwd | c_shim | c_nb))
   [ $used = yes ] || status=1
-  verdict "torch $n GPUs" $status "exit codes: without shim $s_nccl, forwarding $s_fwd, as built $s_shim; shim in use: $used; core on/off: $(grep -c 'core on for comm' "$dir/shim.log")/$(grep -c 'core off for comm' "$dir/shim.log"); $((SECONDS - t)) s"
+  core() { echo "$(grep -c 'core on for comm' "$1")/$(grep -c 'core off for comm' "$1")"; }
+  verdict "torch $n GPUs" $status "exit codes: without shim $s_nccl, forwarding $s_fwd, as built $s_shim, nonblocking $s_nb; shim in use: $used; core on/off: $(core "$dir/shim.log"), nonblocking $(core "$dir/shim-nonblocking.log") of $(grep -c 'is nonblocking' "$dir/shim-nonblocking.log") nonblocking comms; $((SECONDS - t)) s"
   echo "  forwarding (NCCLSHIM_CORE=0) vs NCCL: $(tail -1 "$dir/compare-forward.log" | cut -c1-200)" | tee -a "$summary"
   echo "  as built vs NCCL: $(tail -1 "$dir/compare.log" | cut -c1-200)" | tee -a "$summary"
+  echo "  nonblocking (TORCH_NCCL_USE_COMM_NONBLOCKING=1) vs NCCL: $(tail -1 "$dir/compare-nonblocking.log" | cut -c1-200)" | tee -a "$summary"
   grep -h "^torch rank" "$dir/shim.log" | sed 's/^/  as built: /' | tee -a "$summary"
 }
 
