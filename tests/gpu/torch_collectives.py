@@ -4,6 +4,8 @@ compute by itself, and saved to OUT/rank<R>.pt so that the two runs can be compa
 (torch_compare.py).
 
     python3 -m torch.distributed.run --standalone --nproc_per_node N torch_collectives.py OUT
+
+TORCH_COLLECTIVES_SKIP: steps to leave out, by name, comma-separated (e.g. all_to_all).
 """
 import os
 import sys
@@ -179,9 +181,11 @@ def main():
     torch.use_deterministic_algorithms(True)
     dist.init_process_group("nccl", device_id=torch.device("cuda", local))
     run = Run(out)
+    skip = set(filter(None, os.environ.get("TORCH_COLLECTIVES_SKIP", "").split(",")))
     for step in (run.all_reduce, run.gather_scatter, run.all_to_all, run.send_recv, run.groups,
                  run.ddp):
-        step()
+        if step.__name__ not in skip:
+            step()
     torch.cuda.synchronize()
     os.makedirs(out, exist_ok=True)
     torch.save(run.results, os.path.join(out, f"rank{run.rank}.pt"))
