@@ -145,8 +145,8 @@ impl Settings {
 
     /// The largest all-reduce the core takes: where its two-shot still beat NCCL on H200
     /// (docs/performance.md). Direct (ranks of one process) took 2 ranks to 0.89 of NCCL's time
-    /// at 256 MiB, the largest size measured, and 4 ranks to 0.97 - 0.99 at 32 MiB; the staged
-    /// one 2 ranks to 0.91 at 32 MiB, and 4 to 0.98 at 16 MiB. More ranks: as far as the staging
+    /// at 256 MiB, the largest size measured, and 4 ranks to 0.97 - 1.00 at 32 MiB; the staged
+    /// one 2 ranks to 0.89 at 32 MiB, and 4 to 0.96 at 16 MiB. More ranks: as far as the staging
     /// goes in one window, as before.
     pub fn all_reduce_max(&self, nranks: usize, single_process: bool) -> usize {
         let by_ranks = match (nranks, self.uses_direct(single_process)) {
