@@ -71,13 +71,15 @@ impl Route for Router {
         comm: ncclComm_t,
         stream: cudaStream_t,
     ) -> ncclResult_t {
-        match core::all_reduce(sendbuff, recvbuff, count, datatype, op, comm, stream) {
-            Some(result) => result,
-            // SAFETY: the caller's arguments, unchanged.
-            None => unsafe {
-                real::ncclAllReduce(sendbuff, recvbuff, count, datatype, op, comm, stream)
-            },
+        // SAFETY: the caller's arguments, unchanged.
+        let forward = || unsafe {
+            real::ncclAllReduce(sendbuff, recvbuff, count, datatype, op, comm, stream)
+        };
+        if let Some(result) = core::first_all_reduce(comm, forward) {
+            return result;
         }
+        core::all_reduce(sendbuff, recvbuff, count, datatype, op, comm, stream)
+            .unwrap_or_else(forward)
     }
 
     unsafe fn ncclGroupStart() -> ncclResult_t {

@@ -21,7 +21,6 @@ use std::ffi::c_void;
 use crate::api::ffi::{
     cudaStream_t, ncclComm_t, ncclInProgress, ncclResult_t, ncclSuccess, ncclUnhandledCudaError,
 };
-use crate::api::real;
 use crate::log::{log_info, log_warn};
 
 /// Makes NVRTC loadable (for the core, and for tests that compile its kernels).
@@ -106,9 +105,6 @@ pub fn all_reduce(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> Option<ncclResult_t> {
-    if deferred::take(comm) {
-        return Some(first_all_reduce(send, recv, count, dtype, op, comm, stream));
-    }
     let core = table::get(comm)?;
     // Bad pointers are for the real NCCL to report, as it reports them.
     if send.is_null() || recv.is_null() {
@@ -141,33 +137,30 @@ pub fn all_reduce(
     )
 }
 
-/// The first all-reduce on a nonblocking communicator waiting for its core: the real NCCL's,
-/// then the set-up, now or at the end of the group. A rank whose call fails sets nothing up (its
-/// peers' calls fail alike, or wait for it in NCCL).
-fn first_all_reduce(
-    send: *const c_void,
-    recv: *mut c_void,
-    count: usize,
-    dtype: u32,
-    op: u32,
+/// If `comm` is a nonblocking communicator waiting for its core, its first all-reduce: the real
+/// NCCL's (`forward`), then the set-up, now or at the end of the group; `None` for any other. A
+/// rank whose call fails sets nothing up (its peers' calls fail alike, or wait for it in NCCL).
+pub fn first_all_reduce(
     comm: ncclComm_t,
-    stream: cudaStream_t,
-) -> ncclResult_t {
-    // SAFETY: the caller's arguments, unchanged.
-    let result = unsafe { real::ncclAllReduce(send, recv, count, dtype, op, comm, stream) };
+    forward: impl FnOnce() -> ncclResult_t,
+) -> Option<ncclResult_t> {
+    if !deferred::take(comm) {
+        return None;
+    }
+    let result = forward();
     if result != ncclSuccess && result != ncclInProgress {
-        return result;
+        return Some(result);
     }
     if group::inside() {
         group::defer_setup(comm, false);
-        return result;
+        return Some(result);
     }
     // Settled, as NCCL wants before the next operation on the communicator (the exchange's).
     let state = setup::settle(comm);
     if state == ncclSuccess {
         setup::set_up(&[comm], false);
     }
-    state
+    Some(state)
 }
 
 /// The communicator is going away (ncclCommDestroy, or ncclCommAbort with `abort`): release its
