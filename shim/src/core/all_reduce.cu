@@ -495,6 +495,15 @@ __device__ __forceinline__ u64 inbox_offset(u64 half_bytes) { return 2 * area_by
 __device__ __forceinline__ u64 sentinel_inbox_offset(u64 half_bytes) {
   return inbox_offset(half_bytes) + 2ull * MAX_RANKS * 2 * LL_MAX_BYTES;
 }
+// Where the packets of sender `from` for epoch parity `parity` start, in the low-latency inbox
+// at `inbox` of a rank's `staging` (the sender writes them there, the rank reads them).
+__device__ __forceinline__ u64* ll_slot(char* staging, u64 inbox, u64 parity, int from) {
+  return (u64*)(staging + inbox) + (parity * MAX_RANKS + from) * (LL_MAX_BYTES / 4);
+}
+// As ll_slot, in the sentinel inbox.
+__device__ __forceinline__ Pack* sentinel_slot(char* staging, u64 inbox, u64 parity, int from) {
+  return (Pack*)(staging + inbox + (parity * MAX_RANKS + from) * SENTINEL_MAX_BYTES);
+}
 
 // One-shot: every rank pushes its input into a slot of every rank's staging, they meet, and
 // every rank reduces all slots, locally, in rank order.
@@ -734,7 +743,6 @@ __device__ void ll_one_shot(Peers peers, int rank, int nranks, const T* in, T* o
   const int E = 8 / sizeof(T);  // elements in one 8-byte unit
   u32 epoch = begin_call(peers, rank);
   const u64 units = (count * sizeof(T) + 7) / 8;
-  const u64 slot = LL_MAX_BYTES / 4;  // packets per (parity, sender)
   const u64 parity = epoch & 1;
   const u64 inbox = inbox_offset(half_bytes);
   const bool whole = ((u64)in & 7) == 0;
@@ -743,8 +751,7 @@ __device__ void ll_one_shot(Peers peers, int rank, int nranks, const T* in, T* o
     // Starting with the next rank: the ranks' first stores go to different GPUs.
     for (int i = 1; i < nranks; i++) {
       int p = (rank + i) % nranks;
-      u64* packets = (u64*)(peers.staging[p] + inbox) + (parity * MAX_RANKS + rank) * slot + 2 * u;
-      ll_store(packets, mine.w[0], mine.w[1], epoch);
+      ll_store(ll_slot(peers.staging[p], inbox, parity, rank) + 2 * u, mine.w[0], mine.w[1], epoch);
     }
   }
   for (u64 u = thread_index(); u < units; u += grid_threads()) {
@@ -755,8 +762,7 @@ __device__ void ll_one_shot(Peers peers, int rank, int nranks, const T* in, T* o
         // Not yet overwritten in place: only this thread writes these elements, below.
         from[p] = load_unit<T, E>(in, count, u, whole);
       } else if (p < nranks) {
-        const u64* packets = (const u64*)(peers.staging[rank] + inbox) + (parity * MAX_RANKS + p) * slot + 2 * u;
-        ll_wait(packets, epoch, abort, from[p].w);
+        ll_wait(ll_slot(peers.staging[rank], inbox, parity, p) + 2 * u, epoch, abort, from[p].w);
       }
     }
 #pragma unroll
@@ -881,8 +887,7 @@ __device__ void sentinel(Peers peers, int rank, int nranks, const T* in, T* out,
     // Starting with the next rank: the ranks' first stores go to different GPUs.
     for (int i = 1; i < nranks; i++) {
       int p = (rank + i) % nranks;
-      Pack* slot = (Pack*)(peers.staging[p] + inbox + (parity * MAX_RANKS + rank) * SENTINEL_MAX_BYTES) + j;
-      sentinel_store<W>(slot, mine);
+      sentinel_store<W>(sentinel_slot(peers.staging[p], inbox, parity, rank) + j, mine);
     }
   }
   for (u64 j = thread_index(); j < packs; j += grid_threads()) {
@@ -895,8 +900,7 @@ __device__ void sentinel(Peers peers, int rank, int nranks, const T* in, T* out,
       if (p == rank) {
         from[p].pack = own;
       } else if (p < nranks) {
-        Pack* slot = (Pack*)(peers.staging[rank] + inbox + (parity * MAX_RANKS + p) * SENTINEL_MAX_BYTES) + j;
-        from[p].pack = sentinel_take<W>(slot, abort);
+        from[p].pack = sentinel_take<W>(sentinel_slot(peers.staging[rank], inbox, parity, p) + j, abort);
       }
     }
     typename PackOf<T>::U result;
