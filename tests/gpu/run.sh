@@ -52,6 +52,8 @@ verdict() {
 }
 # The shim's own line, and the shim mapped, in a log: proof that the calls went through it.
 shim_used() { grep -q '\[ncclshim\].*forwarding to real NCCL' "$1" && grep -q "mapped: .*$shim_lib" "$1"; }
+# "ON/OFF": the communicators a log shows the core set up for, and those it left to NCCL.
+core_counts() { echo "$(grep -c 'core on for comm' "$1")/$(grep -c 'core off for comm' "$1")"; }
 
 {
   echo "ncclshim GPU suite, $(date -u '+%Y-%m-%d %H:%M UTC'), bundle $(cat "$here/VERSION" 2>/dev/null || echo '?')"
@@ -127,11 +129,10 @@ collectives() {
     [ "$lib" = shim ] && [ $used = no ] && status=1
     [ "$lib" = nccl ] && [ $used = yes ] && status=1
     # Nonblocking communicators must get the core too (after their first all-reduce).
-    local on off
-    on=$(grep -c 'core on for comm' "$log")
-    off=$(grep -c 'core off for comm' "$log")
-    [[ $name == nonblocking-* ]] && [ "$on" = 0 ] && status=1
-    verdict "collectives $n GPUs $name" $status "${wrong:-#wrong ?} ($(grep -h '^checks' "$log" | tail -1)); shim in use: $used; core on/off: $on/$off; $((SECONDS - t)) s"
+    local core
+    core=$(core_counts "$log")
+    [[ $name == nonblocking-* ]] && [ "${core%/*}" = 0 ] && status=1
+    verdict "collectives $n GPUs $name" $status "${wrong:-#wrong ?} ($(grep -h '^checks' "$log" | tail -1)); shim in use: $used; core on/off: $core; $((SECONDS - t)) s"
   done
 }
 
@@ -172,8 +173,7 @@ torch_suite() {
   shim_used "$dir/shim.log" && shim_used "$dir/shim-forward.log" && used=yes
   local status=$((s_nccl | s_fwd | s_shim | s_nb_nccl | s_nb | c_fwd | c_shim | c_nb))
   [ $used = yes ] || status=1
-  core() { echo "$(grep -c 'core on for comm' "$1")/$(grep -c 'core off for comm' "$1")"; }
-  verdict "torch $n GPUs" $status "exit codes: without shim $s_nccl, forwarding $s_fwd, as built $s_shim, nonblocking without shim $s_nb_nccl and as built $s_nb; shim in use: $used; core on/off: $(core "$dir/shim.log"), nonblocking $(core "$dir/shim-nonblocking.log") of $(grep -c 'is nonblocking' "$dir/shim-nonblocking.log") nonblocking comms; $((SECONDS - t)) s"
+  verdict "torch $n GPUs" $status "exit codes: without shim $s_nccl, forwarding $s_fwd, as built $s_shim, nonblocking without shim $s_nb_nccl and as built $s_nb; shim in use: $used; core on/off: $(core_counts "$dir/shim.log"), nonblocking $(core_counts "$dir/shim-nonblocking.log") of $(grep -c 'is nonblocking' "$dir/shim-nonblocking.log") nonblocking comms; $((SECONDS - t)) s"
   echo "  forwarding (NCCLSHIM_CORE=0) vs NCCL: $(tail -1 "$dir/compare-forward.log" | cut -c1-200)" | tee -a "$summary"
   echo "  as built vs NCCL: $(tail -1 "$dir/compare.log" | cut -c1-200)" | tee -a "$summary"
   echo "  nonblocking (TORCH_NCCL_USE_COMM_NONBLOCKING=1, no all_to_all) vs NCCL alike: $(tail -1 "$dir/compare-nonblocking.log" | cut -c1-200)" | tee -a "$summary"
