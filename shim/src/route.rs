@@ -20,8 +20,7 @@ unsafe fn blocking(config: *const ncclConfig_t) -> bool {
 }
 
 /// Hands a communicator that the real NCCL just created (or, nonblocking, is creating) to the
-/// core. A nonblocking split or shrink writes the handle only once done, so its child stays
-/// with NCCL.
+/// core.
 ///
 /// # Safety
 /// `comm` is NULL or points to the handle the real NCCL wrote.
@@ -35,6 +34,27 @@ unsafe fn created(result: ncclResult_t, comm: *mut ncclComm_t, blocking: bool) -
     } else if !blocking && (result == ncclSuccess || result == ncclInProgress) {
         // SAFETY: as above (NULL until done for a split).
         core::created_nonblocking(unsafe { *comm });
+    }
+    result
+}
+
+/// Hands a child communicator (ncclCommSplit, ncclCommShrink) to the core. NCCL writes a
+/// child's handle once the child is made: before the call returns where the parent blocks,
+/// at the group's end inside a group (the core reads it there), and later, from a thread of its
+/// own, where the parent does not block (the call returns ncclInProgress). Those children stay
+/// with NCCL: reading their handle would race with that write, and ranks could see it written
+/// or not, and so disagree on the core.
+///
+/// # Safety
+/// `newcomm` is NULL or the caller's handle slot, as the real NCCL took it.
+unsafe fn child_created(
+    result: ncclResult_t,
+    newcomm: *mut ncclComm_t,
+    config: *const ncclConfig_t,
+) -> ncclResult_t {
+    if result == ncclSuccess && !newcomm.is_null() {
+        // SAFETY: the caller's slot and config, both accepted by the real NCCL.
+        unsafe { core::child_created(newcomm, blocking(config)) };
     }
     result
 }
@@ -148,13 +168,13 @@ impl Route for Router {
         newcomm: *mut ncclComm_t,
         config: *mut ncclConfig_t,
     ) -> ncclResult_t {
-        // SAFETY: as above. A child without config inherits its parent's blocking mode; a
-        // nonblocking one returns ncclInProgress with a NULL handle and so gets no core.
+        // SAFETY: as above. A child without config inherits its parent's blocking mode: blocking
+        // wherever the core reads its handle (see child_created).
         unsafe {
-            created(
+            child_created(
                 real::ncclCommSplit(comm, color, key, newcomm, config),
                 newcomm,
-                blocking(config),
+                config,
             )
         }
     }
@@ -189,7 +209,7 @@ impl Route for Router {
             unsafe {
                 let result =
                     real::ncclCommShrink(comm, exclude_ranks_list, exclude_ranks_count, newcomm, config, shrink_flags);
-                created(result, newcomm, blocking(config))
+                child_created(result, newcomm, config)
             }
         }
     });

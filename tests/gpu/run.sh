@@ -128,10 +128,12 @@ collectives() {
     # Through the shim it must be in use; the control run must not touch it.
     [ "$lib" = shim ] && [ $used = no ] && status=1
     [ "$lib" = nccl ] && [ $used = yes ] && status=1
-    # Nonblocking communicators must get the core too (after their first all-reduce).
+    # Nonblocking communicators must get the core too (after their first all-reduce), and the
+    # children of blocking splits (made inside a group) as well as their parents.
     local core
     core=$(core_counts "$log")
     [[ $name == nonblocking-* ]] && [ "${core%/*}" = 0 ] && status=1
+    [[ $name == *split* && $name != nonblocking-* ]] && [ "${core%/*}" != $((2 * n)) ] && status=1
     verdict "collectives $n GPUs $name" $status "${wrong:-#wrong ?} ($(grep -h '^checks' "$log" | tail -1)); shim in use: $used; core on/off: $core; $((SECONDS - t)) s"
   done
 }

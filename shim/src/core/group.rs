@@ -1,6 +1,7 @@
-//! NCCL's groups as the core sees them, per thread: communicators created inside a group, and
-//! nonblocking ones whose first all-reduce is in it (deferred.rs), are set up at the outermost
-//! ncclGroupEnd (once the real NCCL has initialised them), and core all-reduces issued inside a
+//! NCCL's groups as the core sees them, per thread: communicators created inside a group (split
+//! and shrunk children included, whose handles NCCL writes only there), and nonblocking ones
+//! whose first all-reduce is in it (deferred.rs), are set up at the outermost ncclGroupEnd
+//! (once the real NCCL has initialised them), and core all-reduces issued inside a
 //! group are launched there, on every rank on the same side of the real NCCL's own operations
 //! (NCCL promises no order inside a group; see `core::group_end`).
 
@@ -49,9 +50,25 @@ pub struct Deferred {
     pub blocking: bool,
 }
 
+/// A child communicator (ncclCommSplit, ncclCommShrink) made inside the group: NCCL writes its
+/// handle into `slot` when it runs the group's jobs, at the group's end.
+#[derive(Clone, Copy)]
+pub struct Child {
+    pub slot: *mut ncclComm_t,
+    pub blocking: bool,
+}
+
+/// What the outermost group's end hands back: communicators to set up, and children whose
+/// handles are to be read once the real ncclGroupEnd has returned.
+pub struct Ended {
+    pub new_comms: Vec<Deferred>,
+    pub children: Vec<Child>,
+}
+
 thread_local! {
     static DEPTH: Cell<u32> = const { Cell::new(0) };
     static NEW_COMMS: RefCell<Vec<Deferred>> = const { RefCell::new(Vec::new()) };
+    static CHILDREN: RefCell<Vec<Child>> = const { RefCell::new(Vec::new()) };
     static QUEUED: RefCell<Vec<Queued>> = const { RefCell::new(Vec::new()) };
 }
 
@@ -70,13 +87,16 @@ pub fn start() {
 
 /// Leaves one group level; at the outermost, hands back the communicators to set up (their
 /// queued operations wait for `drain_queued`).
-pub fn end() -> Option<Vec<Deferred>> {
+pub fn end() -> Option<Ended> {
     let depth = DEPTH.with(|d| {
         let depth = d.get().saturating_sub(1);
         d.set(depth);
         depth
     });
-    (depth == 0).then(|| NEW_COMMS.with(|c| c.take()))
+    (depth == 0).then(|| Ended {
+        new_comms: NEW_COMMS.with(|c| c.take()),
+        children: CHILDREN.with(|c| c.take()),
+    })
 }
 
 /// Hands the operations queued in the group to `f` and empties the queue (keeping its memory
@@ -103,6 +123,10 @@ pub fn queued_nonblocking() -> bool {
 
 pub fn defer_setup(comm: ncclComm_t, blocking: bool) {
     NEW_COMMS.with(|c| c.borrow_mut().push(Deferred { comm, blocking }));
+}
+
+pub fn defer_child(slot: *mut ncclComm_t, blocking: bool) {
+    CHILDREN.with(|c| c.borrow_mut().push(Child { slot, blocking }));
 }
 
 pub fn queue(op: Queued) {

@@ -48,6 +48,27 @@ pub fn created_nonblocking(comm: ncclComm_t) {
     }
 }
 
+/// A child communicator (ncclCommSplit, ncclCommShrink) of a blocking parent was made, with
+/// the handle NCCL writes into `slot`: handed over now like any other communicator, or, inside
+/// a group, at the group's end, where NCCL runs its job and writes the handle.
+///
+/// # Safety
+/// `slot` is the caller's: written by NCCL already outside a group, else kept until the group's
+/// end (NCCL writes it there).
+pub unsafe fn child_created(slot: *mut ncclComm_t, blocking: bool) {
+    if group::inside() {
+        group::defer_child(slot, blocking);
+        return;
+    }
+    // SAFETY: the caller's; written before the call returned.
+    let comm = unsafe { *slot };
+    if blocking {
+        created(&[comm]);
+    } else {
+        created_nonblocking(comm);
+    }
+}
+
 pub fn group_start() {
     group::start();
 }
@@ -61,9 +82,31 @@ pub fn group_end(real_end: impl FnOnce() -> ncclResult_t) -> ncclResult_t {
     let first = (group::ending_outermost() && group::queued_nonblocking())
         .then(|| group::drain_queued(launcher::launch_group));
     let result = real_end();
-    let Some(deferred) = group::end() else {
+    let Some(ended) = group::end() else {
         return result;
     };
+    let mut deferred = ended.new_comms;
+    // A blocking group's end has made its children. A nonblocking group's (ncclInProgress) are
+    // made later by a thread of NCCL's and stay with NCCL: ranks could see their handles written
+    // or not yet.
+    if result == ncclSuccess {
+        for child in ended.children {
+            // SAFETY: kept by the caller until its group's end, where NCCL wrote it.
+            let comm = unsafe { *child.slot };
+            // NULL: NCCL_SPLIT_NOCOLOR, no child. A slot given twice holds one child.
+            if comm.is_null() || deferred.iter().any(|d| d.comm == comm) {
+                continue;
+            }
+            if child.blocking {
+                deferred.push(group::Deferred {
+                    comm,
+                    blocking: true,
+                });
+            } else {
+                created_nonblocking(comm);
+            }
+        }
+    }
     let launched = match first {
         Some(launched) => launched,
         None if result == ncclSuccess => Ok(()),
@@ -174,5 +217,70 @@ pub fn destroyed(comm: ncclComm_t, abort: bool) {
             // Still used by another thread's call: leave its memory rather than pull it away.
             None => log_warn!("comm {comm:p} destroyed while in use: its core buffers are kept"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Made-up handles, apart from deferred.rs's tests' (the waiting list is shared).
+    const CHILD: usize = 0x7000_0010;
+
+    /// A child of a blocking group, made nonblocking by its config: its handle, written by the
+    /// group's end, waits for its first all-reduce; a slot left NULL (NCCL_SPLIT_NOCOLOR) is
+    /// skipped.
+    #[test]
+    fn a_blocking_groups_children_are_read_at_its_end() {
+        let (mut child, mut no_color): (ncclComm_t, ncclComm_t) =
+            (std::ptr::null_mut(), std::ptr::null_mut());
+        let slot = &raw mut child;
+        group_start();
+        // SAFETY: both slots outlive the group.
+        unsafe {
+            child_created(slot, false);
+            child_created(&raw mut no_color, false);
+        }
+        assert!(
+            !deferred::take(CHILD as ncclComm_t),
+            "not before the group's end"
+        );
+        let result = group_end(|| {
+            // SAFETY: as the real NCCL does at a blocking group's end.
+            unsafe { *slot = CHILD as ncclComm_t };
+            ncclSuccess
+        });
+        assert_eq!(result, ncclSuccess);
+        assert!(
+            deferred::take(CHILD as ncclComm_t),
+            "read at the group's end"
+        );
+    }
+
+    /// A nonblocking group's children are made later, by NCCL's own thread: never read, even
+    /// where the handle happens to be written when the group's end returns.
+    #[test]
+    fn a_nonblocking_groups_children_stay_with_nccl() {
+        let mut child: ncclComm_t = std::ptr::null_mut();
+        let slot = &raw mut child;
+        group_start();
+        // SAFETY: the slot outlives the group.
+        unsafe { child_created(slot, false) };
+        let result = group_end(|| {
+            // SAFETY: as NCCL's thread might, before the group's end returns.
+            unsafe { *slot = (CHILD + 16) as ncclComm_t };
+            ncclInProgress
+        });
+        assert_eq!(result, ncclInProgress);
+        assert!(!deferred::take((CHILD + 16) as ncclComm_t));
+    }
+
+    /// Outside a group the handle is read at once.
+    #[test]
+    fn a_child_outside_a_group_is_read_at_once() {
+        let mut child = (CHILD + 32) as ncclComm_t;
+        // SAFETY: written, as NCCL does before a blocking parent's split returns.
+        unsafe { child_created(&raw mut child, false) };
+        assert!(deferred::take(child));
     }
 }
