@@ -41,9 +41,9 @@ unsafe fn created(result: ncclResult_t, comm: *mut ncclComm_t, blocking: bool) -
 /// Hands a child communicator (ncclCommSplit, ncclCommShrink) to the core. NCCL writes a
 /// child's handle once the child is made: before the call returns where the parent blocks,
 /// at the group's end inside a group (the core reads it there), and later, from a thread of its
-/// own, where the parent does not block (the call returns ncclInProgress). Those children stay
-/// with NCCL: reading their handle would race with that write, and ranks could see it written
-/// or not, and so disagree on the core.
+/// own, where the parent does not block (the call returns ncclInProgress). That handle is not
+/// read: it would race with the write, and ranks could see it written or not. The core meets
+/// those children at their first all-reduce instead, as communicators it never saw made.
 ///
 /// # Safety
 /// `newcomm` is NULL or the caller's handle slot, as the real NCCL took it.
@@ -95,11 +95,15 @@ impl Route for Router {
         let forward = || unsafe {
             real::ncclAllReduce(sendbuff, recvbuff, count, datatype, op, comm, stream)
         };
-        if let Some(result) = core::first_all_reduce(comm, forward) {
-            return result;
-        }
-        core::all_reduce(sendbuff, recvbuff, count, datatype, op, comm, stream)
-            .unwrap_or_else(forward)
+        let call = core::AllReduceCall {
+            send: sendbuff,
+            recv: recvbuff,
+            count,
+            dtype: datatype,
+            op,
+            stream,
+        };
+        core::all_reduce(call, comm, forward)
     }
 
     unsafe fn ncclGroupStart() -> ncclResult_t {

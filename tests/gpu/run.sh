@@ -128,12 +128,13 @@ collectives() {
     # Through the shim it must be in use; the control run must not touch it.
     [ "$lib" = shim ] && [ $used = no ] && status=1
     [ "$lib" = nccl ] && [ $used = yes ] && status=1
-    # Nonblocking communicators must get the core too (after their first all-reduce), and the
-    # children of blocking splits (made inside a group) as well as their parents.
+    # Nonblocking communicators must get the core too (after their first all-reduce), and split
+    # children (made inside a group; a nonblocking parent's at their first all-reduce) as well as
+    # their parents.
     local core
     core=$(core_counts "$log")
     [[ $name == nonblocking-* ]] && [ "${core%/*}" = 0 ] && status=1
-    [[ $name == *split* && $name != nonblocking-* ]] && [ "${core%/*}" != $((2 * n)) ] && status=1
+    [[ $name == *split* ]] && [ "${core%/*}" != $((2 * n)) ] && status=1
     verdict "collectives $n GPUs $name" $status "${wrong:-#wrong ?} ($(grep -h '^checks' "$log" | tail -1)); shim in use: $used; core on/off: $core; $((SECONDS - t)) s"
   done
 }
@@ -175,7 +176,12 @@ torch_suite() {
   shim_used "$dir/shim.log" && shim_used "$dir/shim-forward.log" && used=yes
   local status=$((s_nccl | s_fwd | s_shim | s_nb_nccl | s_nb | c_fwd | c_shim | c_nb))
   [ $used = yes ] || status=1
-  verdict "torch $n GPUs" $status "exit codes: without shim $s_nccl, forwarding $s_fwd, as built $s_shim, nonblocking without shim $s_nb_nccl and as built $s_nb; shim in use: $used; core on/off: $(core_counts "$dir/shim.log"), nonblocking $(core_counts "$dir/shim-nonblocking.log") of $(grep -c 'is nonblocking' "$dir/shim-nonblocking.log") nonblocking comms; $((SECONDS - t)) s"
+  # Every communicator PyTorch made (each all-reduces) gets the core, split children included.
+  local core made core_nb made_nb
+  core=$(core_counts "$dir/shim.log") made=$(grep -c 'Init COMPLETE' "$dir/shim.log")
+  core_nb=$(core_counts "$dir/shim-nonblocking.log") made_nb=$(grep -c 'Init COMPLETE' "$dir/shim-nonblocking.log")
+  [ "${core%/*}" = "$made" ] && [ "${core_nb%/*}" = "$made_nb" ] || status=1
+  verdict "torch $n GPUs" $status "exit codes: without shim $s_nccl, forwarding $s_fwd, as built $s_shim, nonblocking without shim $s_nb_nccl and as built $s_nb; shim in use: $used; core on/off: $core of $made comms, nonblocking $core_nb of $made_nb ($(grep -c 'is nonblocking' "$dir/shim-nonblocking.log") made nonblocking, $(grep -c 'could not see its handle' "$dir/shim-nonblocking.log") children seen at their first all-reduce); $((SECONDS - t)) s"
   echo "  forwarding (NCCLSHIM_CORE=0) vs NCCL: $(tail -1 "$dir/compare-forward.log" | cut -c1-200)" | tee -a "$summary"
   echo "  as built vs NCCL: $(tail -1 "$dir/compare.log" | cut -c1-200)" | tee -a "$summary"
   echo "  nonblocking (TORCH_NCCL_USE_COMM_NONBLOCKING=1, no all_to_all) vs NCCL alike: $(tail -1 "$dir/compare-nonblocking.log" | cut -c1-200)" | tee -a "$summary"

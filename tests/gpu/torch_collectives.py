@@ -151,6 +151,11 @@ class Run:
         t = self.data(r, f)
         dist.broadcast(t, src=0, group=reversed_world)
         self.record("new_group_reversed_broadcast", t, self.data(0, f))
+        # Twice: a nonblocking communicator's first all-reduce goes to NCCL, the next to the core.
+        for i in range(2):
+            t = self.data(r, f)
+            dist.all_reduce(t, group=reversed_world)
+            self.record(f"new_group_reversed_all_reduce_{i}", t, sum(self.data(k, f) for k in range(w)))
         dist.barrier()
 
     def ddp(self):

@@ -31,7 +31,13 @@ pub fn nvrtc_load() -> Result<(), String> {
 /// A blocking communicator (or several, from one call such as ncclCommInitAll) was created: set
 /// up its core now, or at the end of the group it was created in.
 pub fn created(comms: &[ncclComm_t]) {
+    if !policy::settings().enabled {
+        return;
+    }
     let comms: Vec<ncclComm_t> = comms.iter().copied().filter(|c| !c.is_null()).collect();
+    comms.iter().for_each(|&c| {
+        table::know(c);
+    });
     if group::inside() {
         comms.into_iter().for_each(|c| group::defer_setup(c, true));
     } else {
@@ -44,6 +50,7 @@ pub fn created(comms: &[ncclComm_t]) {
 pub fn created_nonblocking(comm: ncclComm_t) {
     if policy::settings().enabled && !comm.is_null() {
         log_info!("comm {comm:p} is nonblocking: its core is set up after its first all-reduce");
+        table::know(comm);
         deferred::insert(comm);
     }
 }
@@ -87,8 +94,8 @@ pub fn group_end(real_end: impl FnOnce() -> ncclResult_t) -> ncclResult_t {
     };
     let mut deferred = ended.new_comms;
     // A blocking group's end has made its children. A nonblocking group's (ncclInProgress) are
-    // made later by a thread of NCCL's and stay with NCCL: ranks could see their handles written
-    // or not yet.
+    // made later by a thread of NCCL's: ranks could see their handles written or not yet, so
+    // they are not read here (all_reduce meets them at their first all-reduce).
     if result == ncclSuccess {
         for child in ended.children {
             // SAFETY: kept by the caller until its group's end, where NCCL wrote it.
@@ -98,6 +105,7 @@ pub fn group_end(real_end: impl FnOnce() -> ncclResult_t) -> ncclResult_t {
                 continue;
             }
             if child.blocking {
+                table::know(comm);
                 deferred.push(group::Deferred {
                     comm,
                     blocking: true,
@@ -138,72 +146,95 @@ pub fn group_end(real_end: impl FnOnce() -> ncclResult_t) -> ncclResult_t {
     }
 }
 
-/// The core's all-reduce, if it takes this one; `None` leaves it to the real NCCL.
+/// An all-reduce's arguments besides the communicator, as the caller gave them.
+pub struct AllReduceCall {
+    pub send: *const c_void,
+    pub recv: *mut c_void,
+    pub count: usize,
+    pub dtype: u32,
+    pub op: u32,
+    pub stream: cudaStream_t,
+}
+
+/// An all-reduce on `comm`: the core's where it takes it, else `forward` (the real NCCL's).
+/// Where a communicator's core waits for its first all-reduce (nonblocking ones, and those the
+/// shim never saw made: a nonblocking parent's children, see route.rs), that one goes to NCCL
+/// and the set-up follows: the same point in every rank's sequence of calls.
 pub fn all_reduce(
-    send: *const c_void,
-    recv: *mut c_void,
-    count: usize,
-    dtype: u32,
-    op: u32,
+    call: AllReduceCall,
     comm: ncclComm_t,
-    stream: cudaStream_t,
-) -> Option<ncclResult_t> {
-    let core = table::get(comm)?;
-    // Bad pointers are for the real NCCL to report, as it reports them.
-    if send.is_null() || recv.is_null() {
-        return None;
+    forward: impl FnOnce() -> ncclResult_t,
+) -> ncclResult_t {
+    if !policy::settings().enabled {
+        return forward();
     }
-    let plan = policy::plan_all_reduce(policy::settings(), count, dtype, op, &core.facts)?;
-    let stream = stream as cuda::Stream;
+    if deferred::take(comm) {
+        return first_all_reduce(comm, forward);
+    }
+    let core = match table::lookup(comm) {
+        table::Lookup::Core(core) => core,
+        table::Lookup::NoCore => return forward(),
+        // NULL (or a stray handle whose call fails) is for the real NCCL to report.
+        table::Lookup::Unknown if comm.is_null() || !table::know(comm) => return forward(),
+        table::Lookup::Unknown => {
+            log_info!(
+                "comm {comm:p} was made where the shim could not see its handle (a nonblocking parent's split or shrink): its core is set up after this all-reduce"
+            );
+            return first_all_reduce(comm, forward);
+        }
+    };
+    // Bad pointers are for the real NCCL to report, as it reports them.
+    if call.send.is_null() || call.recv.is_null() {
+        return forward();
+    }
+    let settings = policy::settings();
+    let Some(plan) =
+        policy::plan_all_reduce(settings, call.count, call.dtype, call.op, &core.facts)
+    else {
+        return forward();
+    };
+    let stream = call.stream as cuda::Stream;
     if group::inside() {
         group::queue(group::Queued {
             core,
             plan,
-            send,
-            recv,
-            count,
+            send: call.send,
+            recv: call.recv,
+            count: call.count,
             stream,
         });
-        return Some(ncclSuccess);
+        return ncclSuccess;
     }
-    Some(
-        match core.launch_all_reduce(&plan, send, recv, count, stream) {
-            Ok(()) => ncclSuccess,
-            Err(e) => {
-                log_warn!(
-                    "all-reduce on GPU {} could not be launched: {e}",
-                    core.device.ordinal
-                );
-                ncclUnhandledCudaError
-            }
-        },
-    )
+    match core.launch_all_reduce(&plan, call.send, call.recv, call.count, stream) {
+        Ok(()) => ncclSuccess,
+        Err(e) => {
+            log_warn!(
+                "all-reduce on GPU {} could not be launched: {e}",
+                core.device.ordinal
+            );
+            ncclUnhandledCudaError
+        }
+    }
 }
 
-/// If `comm` is a nonblocking communicator waiting for its core, its first all-reduce: the real
-/// NCCL's (`forward`), then the set-up, now or at the end of the group; `None` for any other. A
-/// rank whose call fails sets nothing up (its peers' calls fail alike, or wait for it in NCCL).
-pub fn first_all_reduce(
-    comm: ncclComm_t,
-    forward: impl FnOnce() -> ncclResult_t,
-) -> Option<ncclResult_t> {
-    if !deferred::take(comm) {
-        return None;
-    }
+/// The first all-reduce of a communicator whose core waits for it: the real NCCL's
+/// (`forward`), then the set-up, now or at the end of the group. A rank whose call fails sets
+/// nothing up (its peers' calls fail alike, or wait for it in NCCL).
+fn first_all_reduce(comm: ncclComm_t, forward: impl FnOnce() -> ncclResult_t) -> ncclResult_t {
     let result = forward();
     if result != ncclSuccess && result != ncclInProgress {
-        return Some(result);
+        return result;
     }
     if group::inside() {
         group::defer_setup(comm, false);
-        return Some(result);
+        return result;
     }
     // Settled, as NCCL wants before the next operation on the communicator (the exchange's).
     let state = setup::settle(comm);
     if state == ncclSuccess {
         setup::set_up(&[comm], false);
     }
-    Some(state)
+    state
 }
 
 /// The communicator is going away (ncclCommDestroy, or ncclCommAbort with `abort`): release its
@@ -227,18 +258,22 @@ mod tests {
     // Made-up handles, apart from deferred.rs's tests' (the waiting list is shared).
     const CHILD: usize = 0x7000_0010;
 
-    /// A child of a blocking group, made nonblocking by its config: its handle, written by the
-    /// group's end, waits for its first all-reduce; a slot left NULL (NCCL_SPLIT_NOCOLOR) is
-    /// skipped.
+    /// Children of a blocking group, read at its end: one made nonblocking by its config waits
+    /// for its first all-reduce; a blocking one is known (and set up where CUDA is); a slot
+    /// left NULL (NCCL_SPLIT_NOCOLOR) is skipped.
     #[test]
     fn a_blocking_groups_children_are_read_at_its_end() {
-        let (mut child, mut no_color): (ncclComm_t, ncclComm_t) =
-            (std::ptr::null_mut(), std::ptr::null_mut());
-        let slot = &raw mut child;
+        let (mut child, mut blocking_child, mut no_color): (ncclComm_t, ncclComm_t, ncclComm_t) = (
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        );
+        let (slot, blocking_slot) = (&raw mut child, &raw mut blocking_child);
         group_start();
-        // SAFETY: both slots outlive the group.
+        // SAFETY: the slots outlive the group.
         unsafe {
             child_created(slot, false);
+            child_created(blocking_slot, true);
             child_created(&raw mut no_color, false);
         }
         assert!(
@@ -247,7 +282,10 @@ mod tests {
         );
         let result = group_end(|| {
             // SAFETY: as the real NCCL does at a blocking group's end.
-            unsafe { *slot = CHILD as ncclComm_t };
+            unsafe {
+                *slot = CHILD as ncclComm_t;
+                *blocking_slot = (CHILD + 48) as ncclComm_t;
+            }
             ncclSuccess
         });
         assert_eq!(result, ncclSuccess);
@@ -255,12 +293,18 @@ mod tests {
             deferred::take(CHILD as ncclComm_t),
             "read at the group's end"
         );
+        let blocking_child = (CHILD + 48) as ncclComm_t;
+        assert!(!matches!(
+            table::lookup(blocking_child),
+            table::Lookup::Unknown
+        ));
+        table::remove(blocking_child);
     }
 
     /// A nonblocking group's children are made later, by NCCL's own thread: never read, even
     /// where the handle happens to be written when the group's end returns.
     #[test]
-    fn a_nonblocking_groups_children_stay_with_nccl() {
+    fn a_nonblocking_groups_children_are_not_read() {
         let mut child: ncclComm_t = std::ptr::null_mut();
         let slot = &raw mut child;
         group_start();
@@ -273,6 +317,10 @@ mod tests {
         });
         assert_eq!(result, ncclInProgress);
         assert!(!deferred::take((CHILD + 16) as ncclComm_t));
+        assert!(matches!(
+            table::lookup((CHILD + 16) as ncclComm_t),
+            table::Lookup::Unknown
+        ));
     }
 
     /// Outside a group the handle is read at once.

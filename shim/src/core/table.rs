@@ -1,5 +1,7 @@
-//! The side table: the core of each communicator it serves, keyed by the real NCCL's handle.
-//! Calls on communicators without a core check one atomic and go on to NCCL.
+//! The side table, keyed by the real NCCL's handle: every communicator the core knows of, with
+//! its core where it has one. A communicator is known from the moment the shim sees it made
+//! (or, made where the shim could not see its handle, from its first all-reduce), so that each
+//! gets one set-up only. Calls on unknown handles while none is known check one atomic.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -8,34 +10,82 @@ use std::sync::{Arc, RwLock};
 use super::comm::CoreComm;
 use crate::api::ffi::ncclComm_t;
 
-static TABLE: RwLock<Option<HashMap<usize, Arc<CoreComm>>>> = RwLock::new(None);
+/// A communicator's entry: its core, or none (not set up yet, or left to NCCL).
+type Entry = Option<Arc<CoreComm>>;
+
+static TABLE: RwLock<Option<HashMap<usize, Entry>>> = RwLock::new(None);
 static ENTRIES: AtomicUsize = AtomicUsize::new(0);
 
-pub fn insert(comm: ncclComm_t, core: Arc<CoreComm>) {
+/// What the table says of a handle.
+pub enum Lookup {
+    Core(Arc<CoreComm>),
+    /// Known, without a core: its calls go to NCCL.
+    NoCore,
+    /// Never seen made.
+    Unknown,
+}
+
+fn with_table<T>(f: impl FnOnce(&mut HashMap<usize, Entry>) -> T) -> T {
     let mut table = TABLE.write().unwrap_or_else(|e| e.into_inner());
-    if table
-        .get_or_insert_with(HashMap::new)
-        .insert(comm as usize, core)
-        .is_none()
-    {
-        ENTRIES.fetch_add(1, Ordering::Release);
-    }
+    f(table.get_or_insert_with(HashMap::new))
+}
+
+/// Records `comm` as known, without a core unless it has one already; whether it was unknown.
+pub fn know(comm: ncclComm_t) -> bool {
+    with_table(|table| {
+        let unknown = !table.contains_key(&(comm as usize));
+        if unknown {
+            table.insert(comm as usize, None);
+            ENTRIES.fetch_add(1, Ordering::Release);
+        }
+        unknown
+    })
+}
+
+pub fn insert(comm: ncclComm_t, core: Arc<CoreComm>) {
+    with_table(|table| {
+        if table.insert(comm as usize, Some(core)).is_none() {
+            ENTRIES.fetch_add(1, Ordering::Release);
+        }
+    })
 }
 
 #[inline]
-pub fn get(comm: ncclComm_t) -> Option<Arc<CoreComm>> {
+pub fn lookup(comm: ncclComm_t) -> Lookup {
     if ENTRIES.load(Ordering::Acquire) == 0 {
-        return None;
+        return Lookup::Unknown;
     }
     let table = TABLE.read().unwrap_or_else(|e| e.into_inner());
-    table.as_ref()?.get(&(comm as usize)).cloned()
+    match table.as_ref().and_then(|t| t.get(&(comm as usize))) {
+        Some(Some(core)) => Lookup::Core(core.clone()),
+        Some(None) => Lookup::NoCore,
+        None => Lookup::Unknown,
+    }
 }
 
+/// Forgets `comm`; its core, if it had one.
 pub fn remove(comm: ncclComm_t) -> Option<Arc<CoreComm>> {
-    let mut table = TABLE.write().unwrap_or_else(|e| e.into_inner());
-    let removed = table.as_mut()?.remove(&(comm as usize));
-    if removed.is_some() {
+    with_table(|table| {
+        let removed = table.remove(&(comm as usize))?;
         ENTRIES.fetch_sub(1, Ordering::Release);
+        removed
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_communicator_is_known_once_until_removed() {
+        let comm = 0x6000_0040 as ncclComm_t;
+        assert!(matches!(lookup(comm), Lookup::Unknown));
+        assert!(know(comm), "first seen");
+        assert!(!know(comm), "seen already");
+        assert!(matches!(lookup(comm), Lookup::NoCore));
+        assert!(remove(comm).is_none(), "it had no core");
+        assert!(matches!(lookup(comm), Lookup::Unknown));
+        assert!(know(comm), "a new communicator at the same address");
+        remove(comm);
     }
-    removed
 }
