@@ -55,9 +55,10 @@ pub fn created_nonblocking(comm: ncclComm_t) {
     }
 }
 
-/// A child communicator (ncclCommSplit, ncclCommShrink) of a blocking parent was made, with
-/// the handle NCCL writes into `slot`: handed over now like any other communicator, or, inside
-/// a group, at the group's end, where NCCL runs its job and writes the handle.
+/// A child communicator (ncclCommSplit, ncclCommShrink) was asked for and the call returned
+/// ncclSuccess, NCCL writing its handle into `slot`: outside a group the parent blocks and the
+/// child is made, handed over now like any other communicator; inside one, it is handed over
+/// at the group's end, if that end makes it (group_end).
 ///
 /// # Safety
 /// `slot` is the caller's: written by NCCL already outside a group, else kept until the group's
@@ -178,7 +179,7 @@ pub fn all_reduce(
         table::Lookup::Unknown if comm.is_null() || !table::know(comm) => return forward(),
         table::Lookup::Unknown => {
             log_info!(
-                "comm {comm:p} was made where the shim could not see its handle (a nonblocking parent's split or shrink): its core is set up after this all-reduce"
+                "comm {comm:p} was made where the shim could not see its handle (such as a nonblocking parent's split or shrink): its core is set up after this all-reduce"
             );
             return first_all_reduce(comm, forward);
         }
