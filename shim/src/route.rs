@@ -38,23 +38,23 @@ unsafe fn created(result: ncclResult_t, comm: *mut ncclComm_t, blocking: bool) -
     result
 }
 
-/// Hands a child communicator (ncclCommSplit, ncclCommShrink) to the core. NCCL writes a
-/// child's handle once the child is made: before the call returns where the parent blocks,
-/// at the group's end inside a group (the core reads it there), and later, from a thread of its
-/// own, where the parent does not block (the call returns ncclInProgress). That handle is not
-/// read: it would race with the write, and ranks could see it written or not. The core meets
-/// those children at their first all-reduce instead, as communicators it never saw made.
+/// Hands a child communicator of `parent` (ncclCommSplit, ncclCommShrink) to the core. NCCL
+/// writes a child's handle once the child is made: before the call returns where the parent
+/// blocks, at the group's end inside a group, and, where the parent does not block, later, from
+/// a thread of its own (the call returns all the same). The core reads it only where NCCL has
+/// written it (core::child_created).
 ///
 /// # Safety
 /// `newcomm` is NULL or the caller's handle slot, as the real NCCL took it.
 unsafe fn child_created(
     result: ncclResult_t,
+    parent: ncclComm_t,
     newcomm: *mut ncclComm_t,
     config: *const ncclConfig_t,
 ) -> ncclResult_t {
     if result == ncclSuccess && !newcomm.is_null() {
         // SAFETY: the caller's slot and config, both accepted by the real NCCL.
-        unsafe { core::child_created(newcomm, blocking(config)) };
+        unsafe { core::child_created(parent, newcomm, blocking(config)) };
     }
     result
 }
@@ -177,6 +177,7 @@ impl Route for Router {
         unsafe {
             child_created(
                 real::ncclCommSplit(comm, color, key, newcomm, config),
+                comm,
                 newcomm,
                 config,
             )
@@ -213,7 +214,7 @@ impl Route for Router {
             unsafe {
                 let result =
                     real::ncclCommShrink(comm, exclude_ranks_list, exclude_ranks_count, newcomm, config, shrink_flags);
-                child_created(result, newcomm, config)
+                child_created(result, comm, newcomm, config)
             }
         }
     });

@@ -36,7 +36,7 @@ pub fn created(comms: &[ncclComm_t]) {
     }
     let comms: Vec<ncclComm_t> = comms.iter().copied().filter(|c| !c.is_null()).collect();
     comms.iter().for_each(|&c| {
-        table::know(c);
+        table::know(c, true);
     });
     if group::inside() {
         comms.into_iter().for_each(|c| group::defer_setup(c, true));
@@ -50,25 +50,30 @@ pub fn created(comms: &[ncclComm_t]) {
 pub fn created_nonblocking(comm: ncclComm_t) {
     if policy::settings().enabled && !comm.is_null() {
         log_info!("comm {comm:p} is nonblocking: its core is set up after its first all-reduce");
-        table::know(comm);
+        table::know(comm, false);
         deferred::insert(comm);
     }
 }
 
-/// A child communicator (ncclCommSplit, ncclCommShrink) was asked for and the call returned
-/// ncclSuccess, NCCL writing its handle into `slot`: outside a group the parent blocks and the
-/// child is made, handed over now like any other communicator; inside one, it is handed over
-/// at the group's end, if that end makes it (group_end).
+/// A child communicator of `parent` (ncclCommSplit, ncclCommShrink) was asked for and the call
+/// returned ncclSuccess, NCCL writing the child's handle into `slot` once the child is made.
+/// Inside a group that is at the group's end, where it is handed over if that end makes it
+/// (group_end). Outside one, a blocking parent's child is made before the call returns and is
+/// handed over now; a nonblocking parent's is made by a thread of NCCL's, which may or may not
+/// have written it yet (the call returns ncclSuccess either way), so it is not read: ranks could
+/// disagree. `all_reduce` meets such a child at its first all-reduce.
 ///
 /// # Safety
-/// `slot` is the caller's: written by NCCL already outside a group, else kept until the group's
-/// end (NCCL writes it there).
-pub unsafe fn child_created(slot: *mut ncclComm_t, blocking: bool) {
+/// `slot` is the caller's: kept until the group's end inside a group (NCCL writes it there).
+pub unsafe fn child_created(parent: ncclComm_t, slot: *mut ncclComm_t, blocking: bool) {
     if group::inside() {
         group::defer_child(slot, blocking);
         return;
     }
-    // SAFETY: the caller's; written before the call returned.
+    if !table::blocking(parent) {
+        return;
+    }
+    // SAFETY: the caller's; a blocking parent's call wrote it before returning.
     let comm = unsafe { *slot };
     if blocking {
         created(&[comm]);
@@ -106,7 +111,7 @@ pub fn group_end(real_end: impl FnOnce() -> ncclResult_t) -> ncclResult_t {
                 continue;
             }
             if child.blocking {
-                table::know(comm);
+                table::know(comm, true);
                 deferred.push(group::Deferred {
                     comm,
                     blocking: true,
@@ -176,7 +181,7 @@ pub fn all_reduce(
         table::Lookup::Core(core) => core,
         table::Lookup::NoCore => return forward(),
         // NULL (or a stray handle whose call fails) is for the real NCCL to report.
-        table::Lookup::Unknown if comm.is_null() || !table::know(comm) => return forward(),
+        table::Lookup::Unknown if comm.is_null() || !table::know(comm, false) => return forward(),
         table::Lookup::Unknown => {
             log_info!(
                 "comm {comm:p} was made where the shim could not see its handle (such as a nonblocking parent's split or shrink): its core is set up after this all-reduce"
@@ -256,8 +261,9 @@ pub fn destroyed(comm: ncclComm_t, abort: bool) {
 mod tests {
     use super::*;
 
-    // Made-up handles, apart from deferred.rs's tests' (the waiting list is shared).
+    // Made-up handles, apart from the other tests' (the waiting list and the table are shared).
     const CHILD: usize = 0x7000_0010;
+    const PARENT: ncclComm_t = 0x7100_0000 as ncclComm_t;
 
     /// Children of a blocking group, read at its end: one made nonblocking by its config waits
     /// for its first all-reduce; a blocking one is known (and set up where CUDA is); a slot
@@ -273,9 +279,9 @@ mod tests {
         group_start();
         // SAFETY: the slots outlive the group.
         unsafe {
-            child_created(slot, false);
-            child_created(blocking_slot, true);
-            child_created(&raw mut no_color, false);
+            child_created(PARENT, slot, false);
+            child_created(PARENT, blocking_slot, true);
+            child_created(PARENT, &raw mut no_color, false);
         }
         assert!(
             !deferred::take(CHILD as ncclComm_t),
@@ -310,7 +316,7 @@ mod tests {
         let slot = &raw mut child;
         group_start();
         // SAFETY: the slot outlives the group.
-        unsafe { child_created(slot, false) };
+        unsafe { child_created(PARENT, slot, false) };
         let result = group_end(|| {
             // SAFETY: as NCCL's thread might, before the group's end returns.
             unsafe { *slot = (CHILD + 16) as ncclComm_t };
@@ -324,12 +330,26 @@ mod tests {
         ));
     }
 
-    /// Outside a group the handle is read at once.
+    /// Outside a group a blocking parent's child is read at once; a nonblocking parent's (or
+    /// an unknown one's) never, even where its handle happens to be written already.
     #[test]
-    fn a_child_outside_a_group_is_read_at_once() {
+    fn outside_a_group_only_a_blocking_parents_child_is_read() {
+        let (blocking_parent, nonblocking_parent) =
+            (0x7200_0000 as ncclComm_t, 0x7300_0000 as ncclComm_t);
+        table::know(blocking_parent, true);
+        table::know(nonblocking_parent, false);
         let mut child = (CHILD + 32) as ncclComm_t;
         // SAFETY: written, as NCCL does before a blocking parent's split returns.
-        unsafe { child_created(&raw mut child, false) };
+        unsafe { child_created(blocking_parent, &raw mut child, false) };
         assert!(deferred::take(child));
+        for parent in [nonblocking_parent, 0x7400_0000 as ncclComm_t] {
+            let mut child = (CHILD + 64) as ncclComm_t;
+            // SAFETY: written, as NCCL's thread may have done by the time the split returns.
+            unsafe { child_created(parent, &raw mut child, false) };
+            assert!(!deferred::take(child));
+            assert!(matches!(table::lookup(child), table::Lookup::Unknown));
+        }
+        table::remove(blocking_parent);
+        table::remove(nonblocking_parent);
     }
 }

@@ -10,8 +10,12 @@ use std::sync::{Arc, RwLock};
 use super::comm::CoreComm;
 use crate::api::ffi::ncclComm_t;
 
-/// A communicator's entry: its core, or none (not set up yet, or left to NCCL).
-type Entry = Option<Arc<CoreComm>>;
+/// A communicator's entry: its core, if it has one (none: not set up yet, or left to NCCL).
+struct Entry {
+    core: Option<Arc<CoreComm>>,
+    /// Made blocking, as far as the shim knows (a communicator it never saw made: no).
+    blocking: bool,
+}
 
 static TABLE: RwLock<Option<HashMap<usize, Entry>>> = RwLock::new(None);
 static ENTRIES: AtomicUsize = AtomicUsize::new(0);
@@ -31,11 +35,17 @@ fn with_table<T>(f: impl FnOnce(&mut HashMap<usize, Entry>) -> T) -> T {
 }
 
 /// Records `comm` as known, without a core unless it has one already; whether it was unknown.
-pub fn know(comm: ncclComm_t) -> bool {
+pub fn know(comm: ncclComm_t, blocking: bool) -> bool {
     with_table(|table| {
         let unknown = !table.contains_key(&(comm as usize));
         if unknown {
-            table.insert(comm as usize, None);
+            table.insert(
+                comm as usize,
+                Entry {
+                    core: None,
+                    blocking,
+                },
+            );
             ENTRIES.fetch_add(1, Ordering::Release);
         }
         unknown
@@ -44,9 +54,15 @@ pub fn know(comm: ncclComm_t) -> bool {
 
 pub fn insert(comm: ncclComm_t, core: Arc<CoreComm>) {
     with_table(|table| {
-        if table.insert(comm as usize, Some(core)).is_none() {
+        let blocking = core.blocking;
+        let entry = table.entry(comm as usize).or_insert_with(|| {
             ENTRIES.fetch_add(1, Ordering::Release);
-        }
+            Entry {
+                core: None,
+                blocking,
+            }
+        });
+        entry.core = Some(core);
     })
 }
 
@@ -57,10 +73,21 @@ pub fn lookup(comm: ncclComm_t) -> Lookup {
     }
     let table = TABLE.read().unwrap_or_else(|e| e.into_inner());
     match table.as_ref().and_then(|t| t.get(&(comm as usize))) {
-        Some(Some(core)) => Lookup::Core(core.clone()),
-        Some(None) => Lookup::NoCore,
+        Some(Entry {
+            core: Some(core), ..
+        }) => Lookup::Core(core.clone()),
+        Some(Entry { core: None, .. }) => Lookup::NoCore,
         None => Lookup::Unknown,
     }
+}
+
+/// Whether `comm` is known to have been made blocking.
+pub fn blocking(comm: ncclComm_t) -> bool {
+    let table = TABLE.read().unwrap_or_else(|e| e.into_inner());
+    table
+        .as_ref()
+        .and_then(|t| t.get(&(comm as usize)))
+        .is_some_and(|entry| entry.blocking)
 }
 
 /// Forgets `comm`; its core, if it had one.
@@ -68,7 +95,7 @@ pub fn remove(comm: ncclComm_t) -> Option<Arc<CoreComm>> {
     with_table(|table| {
         let removed = table.remove(&(comm as usize))?;
         ENTRIES.fetch_sub(1, Ordering::Release);
-        removed
+        removed.core
     })
 }
 
@@ -80,12 +107,15 @@ mod tests {
     fn a_communicator_is_known_once_until_removed() {
         let comm = 0x6000_0040 as ncclComm_t;
         assert!(matches!(lookup(comm), Lookup::Unknown));
-        assert!(know(comm), "first seen");
-        assert!(!know(comm), "seen already");
+        assert!(know(comm, true), "first seen");
+        assert!(!know(comm, false), "seen already");
         assert!(matches!(lookup(comm), Lookup::NoCore));
+        assert!(blocking(comm), "as first seen");
         assert!(remove(comm).is_none(), "it had no core");
         assert!(matches!(lookup(comm), Lookup::Unknown));
-        assert!(know(comm), "a new communicator at the same address");
+        assert!(!blocking(comm), "not known");
+        assert!(know(comm, false), "a new communicator at the same address");
+        assert!(!blocking(comm));
         remove(comm);
     }
 }
