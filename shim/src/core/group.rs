@@ -1,6 +1,6 @@
 //! NCCL's groups as the core sees them, per thread: communicators created inside a group (split
 //! and shrunk children included, whose handles NCCL writes only there), and nonblocking ones
-//! whose first all-reduce is in it (deferred.rs), are set up at the outermost ncclGroupEnd
+//! whose first all-reduce is in it (table.rs), are set up at the outermost ncclGroupEnd
 //! (once the real NCCL has initialised them), and core all-reduces issued inside a
 //! group are launched there, on every rank on the same side of the real NCCL's own operations
 //! (NCCL promises no order inside a group; see `core::group_end`).

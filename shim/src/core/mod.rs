@@ -6,7 +6,6 @@
 
 mod comm;
 mod cuda;
-mod deferred;
 mod group;
 pub mod kernels;
 mod launcher;
@@ -46,12 +45,11 @@ pub fn created(comms: &[ncclComm_t]) {
 }
 
 /// A nonblocking communicator was created (the real NCCL may still be initialising it): its
-/// core is set up after its first all-reduce (deferred.rs).
+/// core is set up after its first all-reduce (table.rs).
 pub fn created_nonblocking(comm: ncclComm_t) {
     if policy::settings().enabled && !comm.is_null() {
         log_info!("comm {comm:p} is nonblocking: its core is set up after its first all-reduce");
-        table::know(comm, false);
-        deferred::insert(comm);
+        table::wait(comm);
     }
 }
 
@@ -174,12 +172,14 @@ pub fn all_reduce(
     if !policy::settings().enabled {
         return forward();
     }
-    if deferred::take(comm) {
-        return first_all_reduce(comm, forward);
-    }
     let core = match table::lookup(comm) {
         table::Lookup::Core(core) => core,
         table::Lookup::NoCore => return forward(),
+        table::Lookup::Waiting if table::stop_waiting(comm) => {
+            return first_all_reduce(comm, forward);
+        }
+        // Taken by another thread's call meanwhile.
+        table::Lookup::Waiting => return forward(),
         // NULL (or a stray handle whose call fails) is for the real NCCL to report.
         table::Lookup::Unknown if comm.is_null() || !table::know(comm, false) => return forward(),
         table::Lookup::Unknown => {
@@ -246,8 +246,6 @@ fn first_all_reduce(comm: ncclComm_t, forward: impl FnOnce() -> ncclResult_t) ->
 /// The communicator is going away (ncclCommDestroy, or ncclCommAbort with `abort`): release its
 /// core, never hanging.
 pub fn destroyed(comm: ncclComm_t, abort: bool) {
-    // Never set up: forgotten, as its handle may come back for another communicator.
-    deferred::take(comm);
     if let Some(core) = table::remove(comm) {
         match std::sync::Arc::into_inner(core) {
             Some(core) => core.release(abort),
@@ -261,7 +259,7 @@ pub fn destroyed(comm: ncclComm_t, abort: bool) {
 mod tests {
     use super::*;
 
-    // Made-up handles, apart from the other tests' (the waiting list and the table are shared).
+    // Made-up handles, apart from the other tests' (the table is shared).
     const CHILD: usize = 0x7000_0010;
     const PARENT: ncclComm_t = 0x7100_0000 as ncclComm_t;
 
@@ -284,7 +282,7 @@ mod tests {
             child_created(PARENT, &raw mut no_color, false);
         }
         assert!(
-            !deferred::take(CHILD as ncclComm_t),
+            !table::stop_waiting(CHILD as ncclComm_t),
             "not before the group's end"
         );
         let result = group_end(|| {
@@ -297,7 +295,7 @@ mod tests {
         });
         assert_eq!(result, ncclSuccess);
         assert!(
-            deferred::take(CHILD as ncclComm_t),
+            table::stop_waiting(CHILD as ncclComm_t),
             "read at the group's end"
         );
         let blocking_child = (CHILD + 48) as ncclComm_t;
@@ -323,7 +321,7 @@ mod tests {
             ncclInProgress
         });
         assert_eq!(result, ncclInProgress);
-        assert!(!deferred::take((CHILD + 16) as ncclComm_t));
+        assert!(!table::stop_waiting((CHILD + 16) as ncclComm_t));
         assert!(matches!(
             table::lookup((CHILD + 16) as ncclComm_t),
             table::Lookup::Unknown
@@ -341,12 +339,12 @@ mod tests {
         let mut child = (CHILD + 32) as ncclComm_t;
         // SAFETY: written, as NCCL does before a blocking parent's split returns.
         unsafe { child_created(blocking_parent, &raw mut child, false) };
-        assert!(deferred::take(child));
+        assert!(table::stop_waiting(child));
         for parent in [nonblocking_parent, 0x7400_0000 as ncclComm_t] {
             let mut child = (CHILD + 64) as ncclComm_t;
             // SAFETY: written, as NCCL's thread may have done by the time the split returns.
             unsafe { child_created(parent, &raw mut child, false) };
-            assert!(!deferred::take(child));
+            assert!(!table::stop_waiting(child));
             assert!(matches!(table::lookup(child), table::Lookup::Unknown));
         }
         table::remove(blocking_parent);
