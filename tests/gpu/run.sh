@@ -2,7 +2,7 @@
 # The GPU suite, on a machine with NVIDIA GPUs, nvcc and PyTorch (no Rust needed): compiles the
 # C/CUDA programs, runs the correctness matrix, the PyTorch checks and the side-by-side
 # benchmark through ncclshim, and writes logs and OUTDIR/summary.txt.
-#   run.sh OUTDIR [collectives] [torch] [bench] [launch]  (default: the first three)
+#   run.sh OUTDIR [collectives] [torch] [bench] [launch] [floor]  (default: the first three)
 # It runs from the folder `make gpu-bundle` makes (the shim in shim/lib beside this script).
 # Environment (all optional):
 #   GPU_COUNTS  GPU counts to run on (default "2 4", less those the machine lacks)
@@ -19,7 +19,7 @@
 #   COLLECTIVE_RUNS  only the correctness runs whose names contain one of these words
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
-[ $# -ge 1 ] || { echo "usage: $0 OUTDIR [collectives] [torch] [bench] [launch]" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "usage: $0 OUTDIR [collectives] [torch] [bench] [launch] [floor]" >&2; exit 2; }
 mkdir -p "$1" && out=$(cd "$1" && pwd) && shift
 suites=${*:-collectives torch bench}
 
@@ -76,10 +76,14 @@ pid2=$!
 $nvcc "${flags[@]}" "$here/launch_cost.cu" -o "$out/bin/launch_cost" -lcuda -ldl \
   >"$out/build-launch_cost.log" 2>&1 &
 pid3=$!
+$nvcc "${flags[@]}" "$here/traffic_floor.cu" -o "$out/bin/traffic_floor" -ldl \
+  >"$out/build-traffic_floor.log" 2>&1 &
+pid4=$!
 wait $pid1; s1=$?
 wait $pid2; s2=$?
 wait $pid3; s3=$?
-verdict "build (nvcc)" $((s1 | s2 | s3)) "$((SECONDS - t0)) s; logs build-*.log"
+wait $pid4; s4=$?
+verdict "build (nvcc)" $((s1 | s2 | s3 | s4)) "$((SECONDS - t0)) s; logs build-*.log"
 cat "$out"/build-*.log
 
 # --- The correctness matrix ---
@@ -228,6 +232,15 @@ launch_suite() {
   sed 's/^/  /' "$log" | tee -a "$summary"
 }
 
+# --- The floor: an all-reduce's NVLink traffic alone, against NCCL and the shim (a table) ---
+floor_suite() {
+  local n=$1 log=$out/traffic-floor-$n.txt
+  timeout "$step_timeout" "$out/bin/traffic_floor" --real "$real" --shim "$(readlink -f "$shim")" --ngpus "$n" \
+    ${FLOOR_ARGS:-} >"$log" 2>&1
+  verdict "traffic floor $n GPUs" $? "table in traffic-floor-$n.txt"
+  grep -v '^NCCL\|\[ncclshim\]' "$log" | sed 's/^/  /' | tee -a "$summary"
+}
+
 for n in $counts; do
   for suite in $suites; do
     case $suite in
@@ -235,6 +248,7 @@ for n in $counts; do
       torch) torch_suite "$n" ;;
       bench) bench_suite "$n" ;;
       launch) launch_suite "$n" ;;
+      floor) floor_suite "$n" ;;
       *) echo "unknown suite $suite" >&2; exit 2 ;;
     esac
   done
