@@ -17,6 +17,7 @@
 #                  the shim as built under the variables in BENCH_ENV_NAME ("VAR=value ...")
 #   BENCH_ARGS     more arguments for every benchmark run, e.g. "--colls AllReduce"
 #   COLLECTIVE_RUNS  only the correctness runs whose names contain one of these words
+#   FLOOR_ARGS     more arguments for the floor, e.g. "--sizes 8M,16M"
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
 [ $# -ge 1 ] || { echo "usage: $0 OUTDIR [collectives] [torch] [bench] [launch] [floor]" >&2; exit 2; }
@@ -235,6 +236,7 @@ launch_suite() {
 # --- The floor: an all-reduce's NVLink traffic alone, against NCCL and the shim (a table) ---
 floor_suite() {
   local n=$1 log=$out/traffic-floor-$n.txt
+  # shellcheck disable=SC2086
   timeout "$step_timeout" "$out/bin/traffic_floor" --real "$real" --shim "$(readlink -f "$shim")" --ngpus "$n" \
     ${FLOOR_ARGS:-} >"$log" 2>&1
   verdict "traffic floor $n GPUs" $? "table in traffic-floor-$n.txt"

@@ -2,9 +2,9 @@
 // traffic alone takes. Without reduction in the switch, an all-reduce of S bytes over n GPUs
 // moves at least 2(n-1)/n * S bytes out of and into every GPU (nccl-tests' bus bandwidth counts
 // exactly that). This program moves exactly those bytes on every GPU at once, with nothing else
-// (no signal between GPUs, no staging), in several ways and block shapes, and times the
-// all-reduce of S bytes (float, sum) of the real NCCL and of the shim on the same GPUs in the
-// same run:
+// (no staging; no signal between GPUs but in the synced ways), in several ways and block
+// shapes, and times the all-reduce of S bytes (float, sum) of the real NCCL and of the shim on
+// the same GPUs in the same run:
 //   traffic_floor --real DIR/libnccl.so.2 [--shim PATH] [--ngpus N] [--sizes 8M,16M,32M]
 // Ways (the best block shape of each is printed):
 //   pull       every GPU loads its share from every peer (loads over NVLink), stores it locally
