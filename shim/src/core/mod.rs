@@ -169,7 +169,8 @@ pub fn all_reduce(
     comm: ncclComm_t,
     forward: impl FnOnce() -> ncclResult_t,
 ) -> ncclResult_t {
-    if !policy::settings().enabled {
+    let settings = policy::settings();
+    if !settings.enabled {
         return forward();
     }
     let core = match table::lookup(comm) {
@@ -193,7 +194,6 @@ pub fn all_reduce(
     if call.send.is_null() || call.recv.is_null() {
         return forward();
     }
-    let settings = policy::settings();
     let Some(plan) =
         policy::plan_all_reduce(settings, call.count, call.dtype, call.op, &core.facts)
     else {
