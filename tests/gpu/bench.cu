@@ -21,72 +21,9 @@
 #include <vector>
 
 #include "cuda_check.h"
+#include "nccl_lib.h"
 
-#define MAX_GPUS 16
-
-// One libnccl.so.2, reached through dlsym: nccl.h gives the types, never a link.
-struct Lib {
-  const char* name;
-  const char* path;
-  int version;
-  ncclComm_t comms[MAX_GPUS];
-  decltype(&ncclGetVersion) GetVersion;
-  decltype(&ncclGetErrorString) GetErrorString;
-  decltype(&ncclCommInitAll) CommInitAll;
-  decltype(&ncclCommDestroy) CommDestroy;
-  decltype(&ncclGroupStart) GroupStart;
-  decltype(&ncclGroupEnd) GroupEnd;
-  decltype(&ncclAllReduce) AllReduce;
-  decltype(&ncclAllGather) AllGather;
-  decltype(&ncclReduceScatter) ReduceScatter;
-  decltype(&ncclBroadcast) Broadcast;
-  decltype(&ncclReduce) Reduce;
-  decltype(&ncclAlltoAll) AlltoAll;
-  decltype(&ncclGather) Gather;
-  decltype(&ncclScatter) Scatter;
-  decltype(&ncclSend) Send;
-  decltype(&ncclRecv) Recv;
-};
-
-// A call through `lib` that must succeed.
-#define NCCL_CALL(lib, call) nccl_ok((lib), (lib)->call, #call, __LINE__)
-
-static void nccl_ok(const Lib* lib, ncclResult_t r, const char* what, int line) {
-  if (r == ncclSuccess) return;
-  fprintf(stderr, "bench.cu:%d: %s through %s: %s\n", line, what, lib->name,
-          lib->GetErrorString(r));
-  exit(2);
-}
-
-template <typename F>
-static void bind(void* handle, const char* lib, const char* symbol, F* slot) {
-  *slot = (F)dlsym(handle, symbol);
-  if (!*slot) {
-    fprintf(stderr, "%s has no %s\n", lib, symbol);
-    exit(2);
-  }
-}
-
-static void load(Lib* L, const char* name, const char* path) {
-  L->name = name;
-  L->path = path;
-  void* h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-  if (!h) {
-    fprintf(stderr, "dlopen %s: %s\n", path, dlerror());
-    exit(2);
-  }
-#define BIND(f) bind(h, path, "nccl" #f, &L->f)
-  BIND(GetVersion); BIND(GetErrorString); BIND(CommInitAll); BIND(CommDestroy);
-  BIND(GroupStart); BIND(GroupEnd); BIND(AllReduce); BIND(AllGather); BIND(ReduceScatter);
-  BIND(Broadcast); BIND(Reduce); BIND(AlltoAll); BIND(Gather); BIND(Scatter); BIND(Send);
-  BIND(Recv);
-#undef BIND
-  NCCL_CALL(L, GetVersion(&L->version));
-  Dl_info info;  // which file the AllReduce we call lives in: the proof of which library runs
-  dladdr((void*)L->AllReduce, &info);
-  printf("# %-4s %s: ncclGetVersion %d, ncclAllReduce at %p in %s\n", name, path, L->version,
-         (void*)L->AllReduce, info.dli_fname);
-}
+#define MAX_GPUS LIB_MAX_GPUS
 
 enum { B_ALLREDUCE, B_ALLGATHER, B_REDUCESCATTER, B_BROADCAST, B_REDUCE, B_ALLTOALL, B_GATHER,
        B_SCATTER, B_SENDRECV, B_COUNT };
@@ -193,7 +130,7 @@ static ncclResult_t issue(const Lib* L, int coll, int g, size_t count) {
 static void issue_iters(const Lib* L, int coll, size_t count, int iters) {
   for (int it = 0; it < iters; it++) {
     NCCL_CALL(L, GroupStart());
-    for (int g = 0; g < n; g++) nccl_ok(L, issue(L, coll, g, count), NAMES[coll], __LINE__);
+    for (int g = 0; g < n; g++) nccl_ok(L, issue(L, coll, g, count), NAMES[coll], __FILE__, __LINE__);
     NCCL_CALL(L, GroupEnd());
   }
 }
@@ -382,15 +319,6 @@ static void write_json(const char* path, const std::vector<Result>& results, con
   }
   fprintf(f, "  ]\n}\n");
   fclose(f);
-}
-
-static size_t parse_bytes(const char* s) {
-  char* end;
-  double v = strtod(s, &end);
-  if (*end == 'K' || *end == 'k') v *= 1 << 10;
-  if (*end == 'M' || *end == 'm') v *= 1 << 20;
-  if (*end == 'G' || *end == 'g') v *= 1 << 30;
-  return (size_t)v;
 }
 
 static void parse_args(int argc, char** argv) {

@@ -24,8 +24,6 @@
 // every GPU's work, so that all GPUs start together; a batch is R back-to-back runs between two
 // events; the time of a run is the slowest GPU's batch / R, the median of BATCHES batches.
 #include <cuda_runtime.h>
-#include <dlfcn.h>
-#include <nccl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +32,7 @@
 #include <vector>
 
 #include "cuda_check.h"
+#include "nccl_lib.h"
 
 #define MAX_GPUS 8
 #define BATCHES 7
@@ -230,56 +229,20 @@ struct Shape {
   int blocks, threads, unroll;
 };
 
-// A library's all-reduce: its calls, and its communicators (one per GPU, from ncclCommInitAll).
-struct Allreduce {
-  ncclResult_t (*group_start)();
-  ncclResult_t (*group_end)();
-  ncclResult_t (*all_reduce)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t);
-  ncclComm_t comms[MAX_GPUS];
-};
-
 // One all-reduce on every GPU, from the one thread in a group (as nccl-tests -g N).
-static void all_reduce_on_all(Allreduce& lib, u64 bytes) {
-  if (lib.group_start() != ncclSuccess) exit(3);
+static void all_reduce_on_all(const Lib& lib, u64 bytes) {
+  NCCL_CALL(&lib, GroupStart());
   for (int g = 0; g < n; g++)
-    if (lib.all_reduce(buffers.src[g], buffers.dst[g], bytes / 4, ncclFloat, ncclSum, lib.comms[g], streams[g]) !=
-        ncclSuccess)
-      exit(3);
-  if (lib.group_end() != ncclSuccess) exit(3);
+    NCCL_CALL(&lib,
+              AllReduce(buffers.src[g], buffers.dst[g], bytes / 4, ncclFloat, ncclSum, lib.comms[g], streams[g]));
+  NCCL_CALL(&lib, GroupEnd());
 }
 
-static double time_all_reduce(Allreduce& lib, u64 bytes, int runs) {
+static double time_all_reduce(const Lib& lib, u64 bytes, int runs) {
   // Once outside the gate: a first call may wait on set-up work (NCCL's connections).
   all_reduce_on_all(lib, bytes);
   for (int g = 0; g < n; g++) CUDA_CHECK(cudaStreamSynchronize(streams[g]));
   return time_us(runs, [&](int) { all_reduce_on_all(lib, bytes); });
-}
-
-static bool load(const char* path, Allreduce& lib) {
-  void* h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-  if (!h) {
-    fprintf(stderr, "dlopen %s: %s\n", path, dlerror());
-    return false;
-  }
-  lib.group_start = (decltype(lib.group_start))dlsym(h, "ncclGroupStart");
-  lib.group_end = (decltype(lib.group_end))dlsym(h, "ncclGroupEnd");
-  lib.all_reduce = (decltype(lib.all_reduce))dlsym(h, "ncclAllReduce");
-  auto init_all = (decltype(&ncclCommInitAll))dlsym(h, "ncclCommInitAll");
-  if (!lib.group_start || !lib.group_end || !lib.all_reduce || !init_all) {
-    fprintf(stderr, "%s lacks the calls used here\n", path);
-    return false;
-  }
-  int devices[MAX_GPUS];
-  for (int g = 0; g < n; g++) devices[g] = g;
-  return init_all(lib.comms, n, devices) == ncclSuccess;
-}
-
-static u64 parse_bytes(const char* s, char** end) {
-  double v = strtod(s, end);
-  if (**end == 'K' || **end == 'k') v *= 1 << 10, (*end)++;
-  if (**end == 'M' || **end == 'm') v *= 1 << 20, (*end)++;
-  if (**end == 'G' || **end == 'g') v *= 1 << 30, (*end)++;
-  return (u64)v;
 }
 
 int main(int argc, char** argv) {
@@ -296,8 +259,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::vector<u64> sizes;
-  for (char* s = (char*)sizes_arg; *s;) {
-    char* start = s;
+  for (const char* s = sizes_arg; *s;) {
+    const char* start = s;
     sizes.push_back(parse_bytes(start, &s));
     if (s == start || sizes.back() == 0) {
       fprintf(stderr, "traffic_floor: bad --sizes %s\n", sizes_arg);
@@ -343,10 +306,13 @@ int main(int argc, char** argv) {
   }
 
   setenv("NCCLSHIM_REAL_NCCL", real, 0);
-  Allreduce nccl, ours;
-  if (!load(real, nccl)) return 2;
-  bool with_shim = shim && load(shim, ours);
-  if (shim && !with_shim) return 2;
+  Lib nccl = {}, ours = {};
+  load(&nccl, "nccl", real);
+  NCCL_CALL(&nccl, CommInitAll(nccl.comms, n, NULL));
+  if (shim) {
+    load(&ours, "ours", shim);
+    NCCL_CALL(&ours, CommInitAll(ours.comms, n, NULL));
+  }
 
   std::vector<Shape> shapes;
   for (int threads : {256, 512})
@@ -426,7 +392,7 @@ int main(int argc, char** argv) {
       printf(" %20s", cell);
     }
     printf(" %9.1f %9.1f %9.1f %9.3f", floor, t_nccl, 0.8 * t_nccl, floor / t_nccl);
-    if (with_shim) {
+    if (shim) {
       double t_ours = time_all_reduce(ours, size, runs);
       printf(" %9.1f %9.3f", t_ours, t_ours / t_nccl);
     }
