@@ -3,7 +3,8 @@
 #   gen/fetch-wheel.sh PACKAGE VERSION PREFIX DEST PLATFORM...
 # Downloads PACKAGE==VERSION, built for one of the PLATFORMs, into $NCCLSHIM_CACHE/wheels
 # (~/.cache/ncclshim/wheels) unless it is there, then unpacks the wheel's files under PREFIX into
-# DEST, whole or not at all. Used by gen/fetch-nccl.sh and tests/fetch-nvrtc.sh.
+# DEST, whole or not at all, unless DEST is there already. Used by gen/fetch-nccl.sh and
+# gen/fetch-nvrtc.sh.
 set -euo pipefail
 [ $# -ge 5 ] || { echo "usage: fetch-wheel.sh PACKAGE VERSION PREFIX DEST PLATFORM..." >&2; exit 2; }
 package=$1 version=$2 prefix=$3 dest=$4
@@ -15,6 +16,11 @@ if ! python3 -m pip --version >/dev/null 2>&1; then
   apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-pip >/dev/null
 fi
 stem=${package//-/_}-$version
+# One fetch of a wheel at a time (tests fetch in parallel): a second one waits, then finds DEST
+# there (it appears whole, by a rename) and leaves it alone, as a reader may be using it.
+exec 9>"$cache/wheels/.$stem.lock"
+flock 9
+[ -d "$dest" ] && exit 0
 wheel=$(ls "$cache"/wheels/"$stem"-*.whl 2>/dev/null | head -1 || true)
 if [ -z "$wheel" ]; then
   echo "fetch-wheel: downloading $package==$version" >&2

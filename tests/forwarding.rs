@@ -154,3 +154,146 @@ fn functions_missing_from_an_older_real_nccl_get_the_stub() {
     let through = stdout_of(&run(&clients.through_shim, &[], &env));
     assert_eq!(lines(&through), lines(&reference));
 }
+
+/// The one file in `dir` named as `NCCL_DEBUG_FILE=<dir>/nccl.%h.%p.log` expands, for this host.
+fn debug_file_in(dir: &Path) -> (std::path::PathBuf, String) {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let host = host
+        .trim()
+        .split('.')
+        .next()
+        .unwrap()
+        .replace(['%', '/'], "-");
+    let files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(files.len(), 1, "one log file expected: {files:?}");
+    let name = files[0].file_name().unwrap().to_str().unwrap().to_string();
+    let pid = name
+        .strip_prefix(&format!("nccl.{host}."))
+        .and_then(|rest| rest.strip_suffix(".log"))
+        .unwrap_or_else(|| panic!("{name} is not nccl.{host}.<pid>.log"));
+    assert!(pid.parse::<u32>().is_ok(), "{name}");
+    let text = std::fs::read_to_string(&files[0]).unwrap();
+    (files[0].clone(), text)
+}
+
+/// NCCL's own lines of a log, without what differs from run to run (time stamps, host, pid and
+/// thread), in order.
+fn nccl_lines(log: &str) -> Vec<String> {
+    log.lines()
+        .filter(|l| !l.contains("[ncclshim]"))
+        .map(|l| l.find(" [0] ").map_or(l, |at| &l[at..]).to_string())
+        .collect()
+}
+
+#[test]
+fn nccl_debug_file_keeps_every_line_of_ncclshim_and_of_the_real_nccl() {
+    let dir = scratch("forwarding-debug-file");
+    let clients = build_clients("api_client.c", "2.27.7", "2.27.7", &dir);
+    let real = real_library("2.27.7");
+    let real = real.to_str().unwrap();
+    let log_in = |name: &str| {
+        let logs = dir.join(name);
+        std::fs::create_dir_all(&logs).unwrap();
+        let pattern = logs.join("nccl.%h.%p.log").to_str().unwrap().to_string();
+        (logs, pattern)
+    };
+
+    let (reference_dir, pattern) = log_in("logs-direct");
+    let env = [
+        ("NCCL_DEBUG", "INFO"),
+        ("NCCL_DEBUG_FILE", pattern.as_str()),
+    ];
+    stdout_of(&run(&clients.direct, &[], &env));
+    let (_, reference) = debug_file_in(&reference_dir);
+    // Without a GPU, NCCL 2.27.7 still logs: its bootstrap network at ncclGetUniqueId, then a
+    // WARN per bad argument.
+    assert!(
+        reference.contains("NCCL INFO Bootstrap: Using") && reference.contains("NCCL WARN"),
+        "{reference}"
+    );
+
+    // Through the shim, linked or preloaded: NCCL's lines are all there, and ours, written before
+    // NCCL opened (and emptied) the file, are there too.
+    for (client, preload, logs) in [
+        (&clients.through_shim, None, "logs-linked"),
+        (
+            &clients.direct,
+            Some(shim_library("2.27.7")),
+            "logs-preloaded",
+        ),
+    ] {
+        let (logs, pattern) = log_in(logs);
+        let mut env = vec![
+            ("NCCLSHIM_REAL_NCCL", real),
+            ("NCCL_DEBUG", "INFO"),
+            ("NCCL_DEBUG_FILE", pattern.as_str()),
+        ];
+        let preload = preload.map(|p| p.to_str().unwrap().to_string());
+        env.extend(preload.as_deref().map(|p| ("LD_PRELOAD", p)));
+        let out = stdout_of(&run(client, &[], &env));
+        assert!(
+            !out.contains("[ncclshim]"),
+            "our lines belong in the file:\n{out}"
+        );
+        let (path, log) = debug_file_in(&logs);
+        let ours: Vec<&str> = log.lines().filter(|l| l.contains("[ncclshim]")).collect();
+        assert_eq!(ours.len(), 1, "{}:\n{log}", path.display());
+        assert!(
+            ours[0].contains("NCCL INFO ncclshim")
+                && ours[0].contains(&format!("forwarding to real NCCL 2.27.7 at {real}")),
+            "{log}"
+        );
+        assert_eq!(
+            nccl_lines(&log),
+            nccl_lines(&reference),
+            "{}",
+            path.display()
+        );
+    }
+}
+
+#[test]
+fn nccl_debug_file_keeps_the_warnings_of_ncclshim() {
+    let dir = scratch("forwarding-debug-file-warnings");
+    let missing = build_clients("missing_functions.c", "2.27.7", "2.27.7", &dir);
+    let logs = dir.join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    let pattern = logs.join("nccl.%h.%p.log");
+    let real = real_library("2.26.5");
+    let out = stdout_of(&run(
+        &missing.through_shim,
+        &[],
+        &[
+            ("NCCLSHIM_REAL_NCCL", real.to_str().unwrap()),
+            ("NCCL_DEBUG", "WARN"),
+            ("NCCL_DEBUG_FILE", pattern.to_str().unwrap()),
+        ],
+    ));
+    assert!(out.contains("ncclCommShrink: rc=5 "), "{out}");
+    let (_, log) = debug_file_in(&logs);
+    let warns: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("[ncclshim] NCCL WARN"))
+        .collect();
+    assert_eq!(
+        warns.len(),
+        3,
+        "the older-version warning and one per function:\n{log}"
+    );
+    for name in ["ncclCommShrink", "ncclCommWindowRegister"] {
+        assert!(
+            warns
+                .iter()
+                .any(|w| w.contains(&format!("{name} is not available"))),
+            "{log}"
+        );
+    }
+    // The real NCCL's own WARN (ncclCommCount(NULL)), which opened and emptied the file after ours.
+    assert!(
+        log.contains("NCCL WARN CommCount : comm argument is NULL"),
+        "{log}"
+    );
+}

@@ -1,14 +1,15 @@
-//! Finding the real NCCL, in real processes: the variable, the build's default, the search
-//! (NCCL_HOME, Python environments), refusing ncclshim itself (and copies of it), and nothing
-//! found (every call fails with ncclSystemError, error strings still answer).
+//! Finding the real NCCL, in real processes: the variable (a library or its folder), the build's
+//! default, the search (NCCL_HOME, LD_LIBRARY_PATH, Python environments), refusing ncclshim itself
+//! (and copies of it), and nothing found (every call fails with ncclSystemError, error strings
+//! still answer; the warning names every place looked at and how to get NVIDIA's NCCL).
 
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use ncclshim_tests::{
-    compile_c, link_nccl, link_shim, real_library, real_nccl, run, scratch, shim_library,
-    stdout_of, workspace,
+    build_dir, compile_c, link_nccl, link_shim, real_library, real_nccl, run, scratch,
+    shim_library, stdout_of, target_dir, workspace,
 };
 
 /// The C client linked against `build/lib` (the shim).
@@ -92,6 +93,78 @@ fn the_variable_names_the_real_nccl() {
 }
 
 #[test]
+fn the_variable_may_name_the_folder_holding_the_real_nccl() {
+    let dir = scratch("locating-variable-folder");
+    let client = client(&dir);
+    let folder = real_nccl("2.27.7").join("lib");
+    let (_, ours) = shim_lines(&client, &[("NCCLSHIM_REAL_NCCL", folder.to_str().unwrap())]);
+    assert!(
+        found_line(&ours).contains(&format!(
+            "at {}/libnccl.so.2 (found by NCCLSHIM_REAL_NCCL)",
+            folder.display()
+        )),
+        "{ours:?}"
+    );
+
+    // A folder without the library, or holding ncclshim: said precisely, and final.
+    let empty = dir.join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    let shim_folder = build_dir().join("lib");
+    for (chosen, says) in [
+        (
+            empty.clone(),
+            format!("{} (a folder without libnccl.so.2)", empty.display()),
+        ),
+        (
+            shim_folder.clone(),
+            format!(
+                "{}/libnccl.so.2 (that is ncclshim itself)",
+                shim_folder.display()
+            ),
+        ),
+    ] {
+        let (out, ours) = shim_lines(&client, &[("NCCLSHIM_REAL_NCCL", chosen.to_str().unwrap())]);
+        assert!(
+            ours[0].contains("NCCL WARN no real NCCL library could be used")
+                && ours[0].contains(&says)
+                && !ours[0].contains("no such file"),
+            "{out}"
+        );
+        assert!(out.contains("ncclGetVersion: rc=2 version=0"), "{out}");
+    }
+}
+
+#[test]
+fn the_search_looks_in_ld_library_path_past_the_shim_and_its_copies() {
+    let dir = scratch("locating-library-path");
+    let client = client(&dir);
+    let real_dir = dir.join("real");
+    std::fs::create_dir_all(&real_dir).unwrap();
+    symlink(real_library("2.27.7"), real_dir.join("libnccl.so.2")).unwrap();
+    let copy_dir = dir.join("copy");
+    std::fs::create_dir_all(&copy_dir).unwrap();
+    std::fs::copy(shim_library("2.27.7"), copy_dir.join("libnccl.so.2")).unwrap();
+    // As deployed: the shim's folder first (the loader takes it from there), then the others.
+    let library_path = [
+        build_dir().join("lib"),
+        copy_dir,
+        dir.join("missing"),
+        real_dir.clone(),
+    ]
+    .map(|d| d.display().to_string())
+    .join(":");
+    let (out, ours) = shim_lines(&client, &[("LD_LIBRARY_PATH", &library_path)]);
+    assert!(
+        found_line(&ours).contains(&format!(
+            "at {}/libnccl.so.2 (found by searching)",
+            real_dir.display()
+        )),
+        "{out}"
+    );
+    assert!(out.contains("ncclGetVersion: rc=0 version=22707"), "{out}");
+}
+
+#[test]
 fn the_search_finds_nccl_home_and_python_environments() {
     let dir = scratch("locating-search");
     let client = client(&dir);
@@ -168,19 +241,57 @@ fn nothing_found_fails_every_call_but_still_answers_error_strings() {
     }
     let home = dir.join("empty-home");
     std::fs::create_dir_all(home.join("lib")).unwrap();
-    let out = stdout_of(&run(&client, &[], &[("NCCL_HOME", home.to_str().unwrap())]));
+    let missing = dir.join("missing-lib");
+    let out = stdout_of(&run(
+        &client,
+        &[],
+        &[
+            ("NCCL_HOME", home.to_str().unwrap()),
+            ("LD_LIBRARY_PATH", missing.to_str().unwrap()),
+        ],
+    ));
     // Said once, even without NCCL_DEBUG, with where it looked and what to set.
     let warns: Vec<&str> = out
         .lines()
         .filter(|l| l.contains("[ncclshim] NCCL WARN"))
         .collect();
     assert_eq!(warns.len(), 1, "{out}");
-    assert!(
-        warns[0].contains(&format!("{}/lib (no libnccl.so.2)", home.display())),
-        "{}",
-        warns[0]
+    // Every place, in order, those that do not exist too.
+    let mut places = vec![
+        format!("{}/lib (a folder without libnccl.so.2)", home.display()),
+        format!("{} (no such folder)", missing.display()),
+    ];
+    places.extend(
+        [
+            "/usr/lib/x86_64-linux-gnu",
+            "/usr/local/nccl/lib",
+            "/usr/local/cuda/lib64",
+        ]
+        .map(|d| {
+            let why = if Path::new(d).is_dir() {
+                "a folder without libnccl.so.2"
+            } else {
+                "no such folder"
+            };
+            format!("{d} ({why})")
+        }),
     );
-    assert!(warns[0].contains("Set NCCLSHIM_REAL_NCCL"), "{}", warns[0]);
+    let mut at = 0;
+    for place in &places {
+        let found = warns[0][at..]
+            .find(place.as_str())
+            .unwrap_or_else(|| panic!("{place} missing or out of order: {}", warns[0]));
+        at += found + place.len();
+    }
+    // What to do about it, and which ncclshim says so.
+    for advice in [
+        "Set NCCLSHIM_REAL_NCCL",
+        "pip install nvidia-nccl-cu12",
+        "pip install nvidia-nccl-cu13",
+        &format!("ncclshim {}", env!("CARGO_PKG_VERSION")),
+    ] {
+        assert!(warns[0].contains(advice), "{advice}: {}", warns[0]);
+    }
     assert!(out.contains("ncclGetVersion: rc=2 version=0"), "{out}");
     assert!(
         out.contains(
@@ -203,7 +314,7 @@ fn nothing_found_fails_every_call_but_still_answers_error_strings() {
 #[test]
 fn the_build_default_is_used_when_no_variable_is_set() {
     let real = real_library("2.27.7");
-    let target = workspace().join("target/build-default");
+    let target = target_dir().join("build-default");
     let status = Command::new(env!("CARGO"))
         .args(["build", "--release", "--locked", "-p", "ncclshim"])
         .env("CARGO_TARGET_DIR", &target)

@@ -2,7 +2,7 @@
 //! 2.28.9's exports are NVIDIA's; the build for every version serves a 2.28 client over a real
 //! 2.27.7; configs pass through untouched; spec-diff tells what changed between two releases.
 //!
-//! These tests build the shim themselves, in `target/versions/` (a cargo target folder and build
+//! These tests build the shim themselves, in `<target>/versions/` (a cargo target folder and build
 //! folders of their own), so that `build/` (2.27.7, which the other tests use) stays as it is.
 
 use std::collections::{BTreeSet, HashMap};
@@ -12,7 +12,7 @@ use std::sync::Mutex;
 
 use ncclshim_tests::{
     compile_c, defined_symbols, link_nccl, real_library, real_nccl, run, scratch, soname,
-    stdout_of, workspace,
+    stdout_of, target_dir, workspace,
 };
 
 #[test]
@@ -130,6 +130,78 @@ fn a_2_28_client_over_a_real_2_27_7_gets_its_answers_and_invalid_usage_for_what_
     assert!(
         alltoall.contains("ncclAlltoAll") && alltoall.contains("2.27.7"),
         "the message should name the function and the real version: {alltoall}"
+    );
+}
+
+/// The build for every version exports no single release's ABI: at load it says which releases it
+/// covers and warns of nothing; it warns once for each function that the program calls and the
+/// real NCCL lacks.
+#[test]
+fn the_build_for_all_warns_only_of_missing_functions_that_are_called() {
+    let dir = scratch("versions-all-warnings");
+    let client = compile_c(
+        "versions_missing_twice.c",
+        &real_nccl("2.27.7").join("include"),
+        &dir.join("client"),
+        &link_nccl(&make_build("all").join("lib")),
+    );
+    let versions = committed_versions();
+    let range = format!(
+        "ABI of every NCCL from {} to {}, build all",
+        versions.first().unwrap(),
+        versions.last().unwrap()
+    );
+    let real = real_library("2.26.5");
+    let ours = |args: &[&str]| {
+        let out = stdout_of(&run(
+            &client,
+            args,
+            &[
+                ("NCCLSHIM_REAL_NCCL", real.to_str().unwrap()),
+                ("NCCL_DEBUG", "INFO"),
+            ],
+        ));
+        let lines: Vec<String> = out
+            .lines()
+            .filter(|l| l.contains("[ncclshim]"))
+            .map(str::to_string)
+            .collect();
+        (out, lines)
+    };
+
+    // A real NCCL older than the newest release: at load, the start-up line and nothing else.
+    let (out, lines) = ours(&[]);
+    assert!(
+        out.contains("ncclGetVersion: rc=0 version=22605\n"),
+        "{out}"
+    );
+    assert_eq!(lines.len(), 1, "{out}");
+    assert!(
+        lines[0].contains("NCCL INFO ncclshim") && lines[0].contains(&range),
+        "{}",
+        lines[0]
+    );
+
+    // Calling what it lacks: one WARN per function, when it is first called.
+    let (out, lines) = ours(&["missing"]);
+    assert_eq!(
+        out.matches("ncclCommShrink: rc=5\n").count(),
+        2,
+        "ncclInvalidUsage expected: {out}"
+    );
+    assert!(out.contains("ncclCommWindowRegister: rc=5\n"), "{out}");
+    assert!(lines[0].contains(&range), "{}", lines[0]);
+    let warns: Vec<&String> = lines.iter().filter(|l| l.contains("NCCL WARN")).collect();
+    assert_eq!(warns.len(), 2, "{out}");
+    assert!(
+        warns[0].contains("ncclCommShrink is not available") && warns[0].contains("2.26.5"),
+        "{}",
+        warns[0]
+    );
+    assert!(
+        warns[1].contains("ncclCommWindowRegister is not available"),
+        "{}",
+        warns[1]
     );
 }
 
@@ -264,7 +336,7 @@ fn regenerating_2_28_9_gives_the_committed_spec() {
 
 /// The folder these tests build in.
 fn versions_dir() -> PathBuf {
-    workspace().join("target/versions")
+    target_dir().join("versions")
 }
 
 /// One build at a time (they share a cargo target folder), each once per run.
@@ -279,7 +351,7 @@ fn built_once(key: String, build: impl FnOnce() -> PathBuf) -> PathBuf {
         .clone()
 }
 
-/// `make build NCCL_VERSION=<flavor>` into `target/versions/build-<flavor>`; gives that folder.
+/// `make build NCCL_VERSION=<flavor>` into `<target>/versions/build-<flavor>`; gives that folder.
 fn make_build(flavor: &str) -> PathBuf {
     built_once(format!("make {flavor}"), || {
         let build = versions_dir().join(format!("build-{flavor}"));

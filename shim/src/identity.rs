@@ -71,7 +71,8 @@ mod tests {
             "{} should carry the marker section",
             exe.display()
         );
-        let not_elf = std::env::temp_dir().join("ncclshim-identity-not-elf");
+        let scratch = crate::locate::Scratch::new("identity");
+        let not_elf = scratch.0.join("not-elf");
         std::fs::write(&not_elf, b"#!/bin/sh\n").unwrap();
         assert!(!is_ncclshim(&not_elf));
         assert!(!is_ncclshim(Path::new("/bin/sh")));

@@ -1,18 +1,22 @@
-//! Where the real NCCL is: `NCCLSHIM_REAL_NCCL` (an absolute path), else the path given at build
-//! time (`make build REAL_NCCL_LIB=...`), else a search of the usual places. Any file that is
-//! ncclshim itself is passed over. Pure logic over a `SearchEnv`, so that tests can drive it.
+//! Where the real NCCL is: `NCCLSHIM_REAL_NCCL` (an absolute path, of the library or of a
+//! folder holding it), else the path given at build time (`make build REAL_NCCL_LIB=...`), else a
+//! search of the usual places. Any file that is ncclshim itself is passed over. Pure logic over a
+//! `SearchEnv`, so that tests can drive it.
 
 use std::ffi::OsString;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-/// Folders searched after NCCL_HOME and the Python environments.
+/// Folders searched after NCCL_HOME, LD_LIBRARY_PATH and the Python environments.
 pub const SYSTEM_DIRS: &[&str] = &[
     "/usr/lib/x86_64-linux-gnu",
     "/usr/local/nccl/lib",
     "/usr/local/cuda/lib64",
 ];
 const FILE_NAMES: &[&str] = &["libnccl.so.2", "libnccl.so"];
+/// Where NVIDIA's wheels (`nvidia-nccl-cu12`, `nvidia-nccl-cu13`) put the library, inside a
+/// Python environment's `site-packages`.
+const WHEEL_DIR: &str = "nvidia/nccl/lib";
 
 /// What the search looks at, read from the process's environment or made up by a test.
 #[derive(Clone, Debug, Default)]
@@ -20,6 +24,8 @@ pub struct SearchEnv {
     pub explicit: Option<OsString>,
     pub build_default: Option<PathBuf>,
     pub nccl_home: Option<PathBuf>,
+    /// The folders of `LD_LIBRARY_PATH`, in order.
+    pub library_path: Vec<PathBuf>,
     /// Prefixes of Python environments (`$VIRTUAL_ENV`, `$CONDA_PREFIX`, the parents of `bin`
     /// folders on `PATH`, the usual system ones).
     pub python_prefixes: Vec<PathBuf>,
@@ -59,10 +65,27 @@ impl SearchEnv {
             explicit: var("NCCLSHIM_REAL_NCCL"),
             build_default: (!built.is_empty()).then(|| PathBuf::from(built)),
             nccl_home: var("NCCL_HOME").map(PathBuf::from),
+            library_path: var("LD_LIBRARY_PATH")
+                .map(|v| library_path_dirs(&v.to_string_lossy()))
+                .unwrap_or_default(),
             python_prefixes,
             system_dirs: SYSTEM_DIRS.iter().map(PathBuf::from).collect(),
         }
     }
+}
+
+/// The folders of an `LD_LIBRARY_PATH` value, as the loader reads it: separated by `:` or `;`;
+/// relative ones are taken from the current folder; empty ones are left out.
+fn library_path_dirs(value: &str) -> Vec<PathBuf> {
+    let here = std::env::current_dir().ok();
+    value
+        .split([':', ';'])
+        .filter(|d| !d.is_empty())
+        .map(|d| match &here {
+            Some(here) if Path::new(d).is_relative() => here.join(d),
+            _ => PathBuf::from(d),
+        })
+        .collect()
 }
 
 /// How the real NCCL was found.
@@ -89,10 +112,18 @@ pub struct Found {
     pub origin: Origin,
 }
 
-/// Why nothing was found: what was wrong with each place looked at.
+/// Why nothing was found: every place looked at, in order, with what was wrong with it.
 #[derive(Debug, Default)]
 pub struct NotFound {
     pub looked_at: Vec<(PathBuf, &'static str)>,
+}
+
+impl NotFound {
+    fn note(&mut self, place: &Path, why: &'static str) {
+        if !self.looked_at.iter().any(|(p, _)| p == place) {
+            self.looked_at.push((place.to_path_buf(), why));
+        }
+    }
 }
 
 impl fmt::Display for NotFound {
@@ -114,67 +145,108 @@ impl fmt::Display for NotFound {
     }
 }
 
+/// How to get NVIDIA's NCCL and point ncclshim at it: the end of the warning when none is found.
+pub const HOW_TO_GET_NCCL: &str = "Set NCCLSHIM_REAL_NCCL to the absolute path of NVIDIA's libnccl.so.2 (or of the folder holding it). To get it: `pip install nvidia-nccl-cu12` (CUDA 12) or `pip install nvidia-nccl-cu13` (CUDA 13), which puts it in <python environment>/lib/python3.*/site-packages/nvidia/nccl/lib, where the search finds it";
+
 /// Finds the real NCCL. `is_shim` tells whether a file is ncclshim (this library or a copy).
 pub fn find_real_nccl(env: &SearchEnv, is_shim: impl Fn(&Path) -> bool) -> Result<Found, NotFound> {
     let mut not_found = NotFound::default();
-    let check = |path: &Path, not_found: &mut NotFound| -> bool {
-        let why = if !path.is_absolute() {
-            "not an absolute path"
-        } else if !path.is_file() {
-            "no such file"
-        } else if is_shim(path) {
-            "that is ncclshim itself"
-        } else {
-            return true;
-        };
-        not_found.looked_at.push((path.to_path_buf(), why));
-        false
-    };
     // An explicit choice is final: if it is unusable, say so rather than load something else.
     if let Some(explicit) = &env.explicit {
-        let path = PathBuf::from(explicit);
-        return if check(&path, &mut not_found) {
-            Ok(Found {
+        return match chosen(Path::new(explicit), &is_shim, &mut not_found) {
+            Some(path) => Ok(Found {
                 path,
                 origin: Origin::Variable,
-            })
-        } else {
-            Err(not_found)
+            }),
+            None => Err(not_found),
         };
     }
-    if let Some(path) = &env.build_default
-        && check(path, &mut not_found)
+    if let Some(built) = &env.build_default
+        && let Some(path) = chosen(built, &is_shim, &mut not_found)
     {
         return Ok(Found {
-            path: path.clone(),
+            path,
             origin: Origin::BuildDefault,
         });
     }
     for dir in search_dirs(env) {
-        for name in FILE_NAMES {
-            let path = dir.join(name);
-            if path.exists() && check(&path, &mut not_found) {
-                return Ok(Found {
-                    path,
-                    origin: Origin::Search,
-                });
-            }
-        }
-        if !not_found.looked_at.iter().any(|(p, _)| p.starts_with(&dir)) {
-            not_found.looked_at.push((dir, "no libnccl.so.2"));
+        if let Some(path) = in_folder(&dir, &is_shim, &mut not_found) {
+            return Ok(Found {
+                path,
+                origin: Origin::Search,
+            });
         }
     }
     Err(not_found)
 }
 
-/// The folders searched, in order: `$NCCL_HOME/lib`, the `nvidia/nccl/lib` folder of every
-/// Python environment, then the system folders. Folders that don't exist are left out.
+/// The library a chosen path names: the file itself, or the library in the folder it names.
+fn chosen(
+    path: &Path,
+    is_shim: &impl Fn(&Path) -> bool,
+    not_found: &mut NotFound,
+) -> Option<PathBuf> {
+    if !path.is_absolute() {
+        not_found.note(path, "not an absolute path");
+        None
+    } else if path.is_dir() {
+        in_folder(path, is_shim, not_found)
+    } else if !path.is_file() {
+        not_found.note(path, "no such file");
+        None
+    } else if is_shim(path) {
+        not_found.note(path, "that is ncclshim itself");
+        None
+    } else {
+        Some(path.to_path_buf())
+    }
+}
+
+/// The first `libnccl.so.2` or `libnccl.so` in `dir` that is not ncclshim.
+fn in_folder(
+    dir: &Path,
+    is_shim: &impl Fn(&Path) -> bool,
+    not_found: &mut NotFound,
+) -> Option<PathBuf> {
+    if !dir.is_dir() {
+        not_found.note(dir, "no such folder");
+        return None;
+    }
+    let mut passed_over = false;
+    for name in FILE_NAMES {
+        let path = dir.join(name);
+        if !path.is_file() {
+            continue;
+        }
+        if !is_shim(&path) {
+            return Some(path);
+        }
+        not_found.note(&path, "that is ncclshim itself");
+        passed_over = true;
+    }
+    if !passed_over {
+        not_found.note(dir, "a folder without libnccl.so.2");
+    }
+    None
+}
+
+/// The folders searched, in order: `$NCCL_HOME/lib`, the folders of `LD_LIBRARY_PATH`, the
+/// `nvidia/nccl/lib` folder of every Python environment, then the system folders. Each once.
 fn search_dirs(env: &SearchEnv) -> Vec<PathBuf> {
     let mut dirs = Vec::new();
     dirs.extend(env.nccl_home.iter().map(|home| home.join("lib")));
-    dirs.extend(env.python_package_dirs(&["nvidia/nccl/lib"]));
+    dirs.extend(env.library_path.iter().cloned());
+    for prefix in &env.python_prefixes {
+        let found = env.python_package_dirs_of(prefix, &[WHEEL_DIR]);
+        if found.is_empty() {
+            // No Python there: named as a pattern, so that the warning says where it looked.
+            dirs.push(prefix.join("lib/python3.*/site-packages").join(WHEEL_DIR));
+        }
+        dirs.extend(found);
+    }
     dirs.extend(env.system_dirs.iter().cloned());
-    dirs.retain(|d| d.is_dir());
+    let mut seen = std::collections::HashSet::new();
+    dirs.retain(|d| seen.insert(d.clone()));
     dirs
 }
 
@@ -182,24 +254,63 @@ impl SearchEnv {
     /// `<prefix>/lib/python3.*/{site,dist}-packages/<sub>` for every Python environment and
     /// every `sub` (NVIDIA's wheels put their libraries there), in search order.
     pub fn python_package_dirs(&self, subs: &[&str]) -> Vec<PathBuf> {
+        self.python_prefixes
+            .iter()
+            .flat_map(|prefix| self.python_package_dirs_of(prefix, subs))
+            .collect()
+    }
+
+    /// As `python_package_dirs`, for one prefix; empty where it has no `lib/python3.*`.
+    fn python_package_dirs_of(&self, prefix: &Path, subs: &[&str]) -> Vec<PathBuf> {
+        let Ok(entries) = std::fs::read_dir(prefix.join("lib")) else {
+            return Vec::new();
+        };
+        let mut pythons: Vec<PathBuf> = entries
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("python3"))
+            .map(|e| e.path())
+            .collect();
+        pythons.sort();
         let mut dirs = Vec::new();
-        for prefix in &self.python_prefixes {
-            let Ok(entries) = std::fs::read_dir(prefix.join("lib")) else {
-                continue;
-            };
-            let mut pythons: Vec<PathBuf> = entries
-                .flatten()
-                .filter(|e| e.file_name().to_string_lossy().starts_with("python3"))
-                .map(|e| e.path())
-                .collect();
-            pythons.sort();
-            for python in pythons {
-                for packages in ["site-packages", "dist-packages"] {
-                    dirs.extend(subs.iter().map(|sub| python.join(packages).join(sub)));
-                }
+        for python in pythons {
+            for packages in ["site-packages", "dist-packages"] {
+                dirs.extend(subs.iter().map(|sub| python.join(packages).join(sub)));
             }
         }
         dirs
+    }
+}
+
+/// A fresh folder for a unit test's files, under the cargo target folder the test binary was
+/// built in (never the system's temporary folder); removed when dropped.
+#[cfg(test)]
+pub(crate) struct Scratch(pub PathBuf);
+
+#[cfg(test)]
+impl Scratch {
+    pub(crate) fn new(name: &str) -> Scratch {
+        static COUNT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // The test binary is <target>/<profile>/deps/<name>-<hash>.
+        let exe = std::env::current_exe().unwrap();
+        let target = exe.ancestors().nth(3).unwrap();
+        let dir = target
+            .join("unit-scratch")
+            .join(format!("{name}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+}
+
+#[cfg(test)]
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+        // The shared parent too, once the last test's folder is gone.
+        if let Some(parent) = self.0.parent() {
+            let _ = std::fs::remove_dir(parent);
+        }
     }
 }
 
@@ -207,20 +318,19 @@ impl SearchEnv {
 mod tests {
     use super::*;
 
-    fn tree() -> PathBuf {
-        static COUNT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let root = std::env::temp_dir().join(format!("ncclshim-locate-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
+    fn tree() -> Scratch {
+        let scratch = Scratch::new("locate");
         for dir in [
             "home/lib",
             "venv/lib/python3.12/site-packages/nvidia/nccl/lib",
             "sys",
             "empty",
+            "ld1",
+            "ld2",
         ] {
-            std::fs::create_dir_all(root.join(dir)).unwrap();
+            std::fs::create_dir_all(scratch.0.join(dir)).unwrap();
         }
-        root
+        scratch
     }
 
     fn lib(path: &Path, content: &str) {
@@ -233,7 +343,8 @@ mod tests {
 
     #[test]
     fn the_variable_wins_and_is_final() {
-        let root = tree();
+        let scratch = tree();
+        let root = &scratch.0;
         lib(&root.join("sys/libnccl.so.2"), "real");
         lib(&root.join("chosen.so"), "real");
         let env = SearchEnv {
@@ -269,8 +380,43 @@ mod tests {
     }
 
     #[test]
+    fn the_variable_may_name_the_folder_holding_the_library() {
+        let scratch = tree();
+        let root = &scratch.0;
+        let folder = root.join("venv/lib/python3.12/site-packages/nvidia/nccl/lib");
+        let env = SearchEnv {
+            explicit: Some(folder.clone().into()),
+            system_dirs: vec![root.join("sys")],
+            ..Default::default()
+        };
+        lib(&root.join("sys/libnccl.so.2"), "real");
+        // A folder without the library: said precisely, and final.
+        let err = find_real_nccl(&env, is_shim).unwrap_err();
+        assert_eq!(
+            err.looked_at,
+            vec![(folder.clone(), "a folder without libnccl.so.2")]
+        );
+        lib(&folder.join("libnccl.so.2"), "real");
+        assert_eq!(
+            find_real_nccl(&env, is_shim).unwrap(),
+            Found {
+                path: folder.join("libnccl.so.2"),
+                origin: Origin::Variable
+            }
+        );
+        // A folder of ncclshim's (build/lib): refused, naming the file.
+        lib(&folder.join("libnccl.so.2"), "shim");
+        let err = find_real_nccl(&env, is_shim).unwrap_err();
+        assert_eq!(
+            err.looked_at,
+            vec![(folder.join("libnccl.so.2"), "that is ncclshim itself")]
+        );
+    }
+
+    #[test]
     fn the_build_default_comes_next_and_falls_back_to_the_search() {
-        let root = tree();
+        let scratch = tree();
+        let root = &scratch.0;
         lib(&root.join("sys/libnccl.so.2"), "real");
         lib(&root.join("built.so"), "real");
         let env = SearchEnv {
@@ -296,18 +442,29 @@ mod tests {
     }
 
     #[test]
-    fn the_search_goes_home_python_system_and_skips_the_shim() {
-        let root = tree();
+    fn the_search_goes_home_library_path_python_system_and_skips_the_shim() {
+        let scratch = tree();
+        let root = &scratch.0;
         let python = root.join("venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2");
         lib(&root.join("sys/libnccl.so.2"), "real");
         lib(&python, "real");
         lib(&root.join("home/lib/libnccl.so.2"), "shim");
+        // LD_LIBRARY_PATH as deployed: the shim's folder first, then the real NCCL's.
+        lib(&root.join("ld1/libnccl.so.2"), "shim");
+        lib(&root.join("ld1/libnccl.so"), "shim");
+        lib(&root.join("ld2/libnccl.so.2"), "real");
         let env = SearchEnv {
             nccl_home: Some(root.join("home")),
+            library_path: vec![root.join("missing"), root.join("ld1"), root.join("ld2")],
             python_prefixes: vec![root.join("empty"), root.join("venv")],
             system_dirs: vec![root.join("sys")],
             ..Default::default()
         };
+        assert_eq!(
+            find_real_nccl(&env, is_shim).unwrap().path,
+            root.join("ld2/libnccl.so.2")
+        );
+        std::fs::remove_file(root.join("ld2/libnccl.so.2")).unwrap();
         assert_eq!(find_real_nccl(&env, is_shim).unwrap().path, python);
         std::fs::remove_file(&python).unwrap();
         assert_eq!(
@@ -323,23 +480,51 @@ mod tests {
     }
 
     #[test]
-    fn nothing_found_says_where_it_looked() {
-        let root = tree();
+    fn library_path_reads_like_the_loaders() {
+        let here = std::env::current_dir().unwrap();
+        assert_eq!(
+            library_path_dirs("/a::/b;rel/lib:"),
+            vec![
+                PathBuf::from("/a"),
+                PathBuf::from("/b"),
+                here.join("rel/lib")
+            ]
+        );
+    }
+
+    #[test]
+    fn nothing_found_names_every_place_it_looked() {
+        let scratch = tree();
+        let root = &scratch.0;
         lib(&root.join("home/lib/libnccl.so.2"), "shim");
+        lib(&root.join("ld1/libnccl.so.2"), "shim");
         let env = SearchEnv {
             nccl_home: Some(root.join("home")),
-            python_prefixes: vec![root.join("venv")],
+            library_path: vec![root.join("ld1"), root.join("ld-missing"), root.join("sys")],
+            python_prefixes: vec![root.join("venv"), root.join("empty")],
             system_dirs: vec![root.join("sys"), root.join("missing")],
             ..Default::default()
         };
         let err = find_real_nccl(&env, is_shim).unwrap_err();
         let text = err.to_string();
-        assert!(
-            text.contains("home/lib/libnccl.so.2 (that is ncclshim itself)"),
-            "{text}"
-        );
-        assert!(text.contains("nvidia/nccl/lib (no libnccl.so.2)"), "{text}");
-        assert!(text.contains("sys (no libnccl.so.2)"), "{text}");
-        assert!(!text.contains("missing"), "{text}");
+        let expected = [
+            "home/lib/libnccl.so.2 (that is ncclshim itself)",
+            "ld1/libnccl.so.2 (that is ncclshim itself)",
+            "ld-missing (no such folder)",
+            "sys (a folder without libnccl.so.2)",
+            "venv/lib/python3.12/site-packages/nvidia/nccl/lib (a folder without libnccl.so.2)",
+            "venv/lib/python3.12/dist-packages/nvidia/nccl/lib (no such folder)",
+            "empty/lib/python3.*/site-packages/nvidia/nccl/lib (no such folder)",
+            "missing (no such folder)",
+        ];
+        let mut at = 0;
+        for place in expected {
+            let found = text[at..]
+                .find(place)
+                .unwrap_or_else(|| panic!("{place} missing or out of order in {text}"));
+            at += found + place.len();
+        }
+        // Each place once, though LD_LIBRARY_PATH repeats a system folder.
+        assert_eq!(text.matches("sys (").count(), 1, "{text}");
     }
 }

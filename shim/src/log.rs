@@ -2,9 +2,21 @@
 //! and `NCCL_DEBUG_FILE` (`%h` host, `%p` pid). Lines are shaped like NCCL's
 //! (`[date time] host:pid:tid [dev] NCCL WARN ...`) with `[ncclshim]` where NCCL puts the device.
 //! Only set-up and error paths log; nothing here is on a forwarded call's path.
+//!
+//! `NCCL_DEBUG_FILE` is shared with the real NCCL, which opens it at its first log line of any
+//! level (`fopen(name, "w")`: it empties the file, then writes at its own offset), before or after
+//! ours. We append (`O_APPEND`), and before each line of ours we look for the real NCCL's
+//! descriptor of the file: once it is there, it is made to append too, so that neither writes
+//! over the other, and the lines of ours that its opening emptied away are written again (at our
+//! next line, or when the process exits).
 
+use std::ffi::c_int;
 use std::fmt;
+use std::fs::File;
 use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
 use std::sync::{Mutex, OnceLock};
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
@@ -36,7 +48,12 @@ impl Level {
 struct Logger {
     level: Level,
     host: String,
-    sink: Mutex<Box<dyn Write + Send>>,
+    sink: Mutex<Sink>,
+}
+
+enum Sink {
+    Stdout,
+    File(DebugFile),
 }
 
 static LOGGER: OnceLock<Logger> = OnceLock::new();
@@ -48,17 +65,20 @@ fn logger() -> &'static Logger {
         let file = std::env::var("NCCL_DEBUG_FILE")
             .ok()
             .filter(|f| !f.is_empty());
-        // Appended to: the real NCCL writes the same file.
-        let opened = file.map(|f| debug_file_name(&f, &host)).and_then(|name| {
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(name)
-                .ok()
-        });
-        let sink: Box<dyn Write + Send> = match opened {
-            Some(f) => Box::new(f),
-            None => Box::new(std::io::stdout()),
+        // The real NCCL opens the file only where it logs more than its version.
+        let shared = level > Level::Version;
+        let opened = file
+            .map(|f| debug_file_name(&f, &host, std::process::id()))
+            .and_then(|name| DebugFile::open(Path::new(&name), shared).ok());
+        let sink = match opened {
+            Some(file) => {
+                if shared {
+                    // SAFETY: `at_exit` is an `extern "C" fn()` that never unwinds.
+                    unsafe { atexit(at_exit) };
+                }
+                Sink::File(file)
+            }
+            None => Sink::Stdout,
         };
         Logger {
             level,
@@ -68,21 +88,154 @@ fn logger() -> &'static Logger {
     })
 }
 
-/// NCCL's expansion of `NCCL_DEBUG_FILE`: `%h` is the host name, `%p` the process id.
-fn debug_file_name(pattern: &str, host: &str) -> String {
-    pattern
-        .replace("%h", host)
-        .replace("%p", &std::process::id().to_string())
+/// At exit, writes again the lines of ours that the real NCCL's opening of the file emptied away
+/// after our last line.
+extern "C" fn at_exit() {
+    let _ = std::panic::catch_unwind(|| {
+        if let Some(logger) = LOGGER.get()
+            && let Ok(mut sink) = logger.sink.lock()
+            && let Sink::File(file) = &mut *sink
+        {
+            file.share_with_nccl();
+        }
+    });
 }
 
+unsafe extern "C" {
+    fn atexit(callback: extern "C" fn()) -> c_int;
+    fn fcntl(fd: c_int, command: c_int, ...) -> c_int;
+}
+const F_GETFL: c_int = 3;
+const F_SETFL: c_int = 4;
+const O_ACCMODE: c_int = 0o3;
+const O_RDONLY: c_int = 0;
+const O_APPEND: c_int = 0o2000;
+
+/// Most bytes of ours kept to be written again (about a hundred lines; we write a few).
+const KEPT_BYTES: usize = 64 << 10;
+
+/// `NCCL_DEBUG_FILE`, opened by us to append, and shared with the real NCCL.
+struct DebugFile {
+    file: File,
+    /// Whether the real NCCL opens the file too (it does where `NCCL_DEBUG` is above VERSION).
+    shared: bool,
+    /// Whether the real NCCL's descriptor of the file has been found (and made to append).
+    nccl_has_it: bool,
+    /// Our lines written before the real NCCL opened the file: its opening empties it.
+    before_nccl: Vec<u8>,
+}
+
+impl DebugFile {
+    fn open(path: &Path, shared: bool) -> std::io::Result<DebugFile> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)?;
+        Ok(DebugFile {
+            file,
+            shared,
+            nccl_has_it: false,
+            before_nccl: Vec::new(),
+        })
+    }
+
+    fn write_line(&mut self, line: &[u8]) {
+        self.share_with_nccl();
+        // One write per line: with O_APPEND, the kernel puts each at the end as a whole.
+        let _ = self.file.write_all(line);
+        if self.shared && !self.nccl_has_it && self.before_nccl.len() + line.len() <= KEPT_BYTES {
+            self.before_nccl.extend_from_slice(line);
+        }
+    }
+
+    /// Once the real NCCL has opened the file: makes its descriptor append, and writes again
+    /// our lines from before, which its opening emptied away.
+    fn share_with_nccl(&mut self) {
+        if !self.shared || self.nccl_has_it {
+            return;
+        }
+        let others = other_writers(&self.file);
+        if others.is_empty() {
+            return;
+        }
+        for fd in others {
+            // SAFETY: F_GETFL and F_SETFL on a descriptor of this process; only O_APPEND changes.
+            unsafe {
+                let flags = fcntl(fd, F_GETFL);
+                if flags >= 0 && flags & O_APPEND == 0 {
+                    fcntl(fd, F_SETFL, flags | O_APPEND);
+                }
+            }
+        }
+        self.nccl_has_it = true;
+        let before = std::mem::take(&mut self.before_nccl);
+        if !before.is_empty() {
+            let _ = self.file.write_all(&before);
+        }
+    }
+}
+
+/// The other descriptors of this process open for writing on the same file as `file` (the real
+/// NCCL's, once it has opened it).
+fn other_writers(file: &File) -> Vec<c_int> {
+    let (Ok(ours), Ok(entries)) = (file.metadata(), std::fs::read_dir("/proc/self/fd")) else {
+        return Vec::new();
+    };
+    let own = file.as_raw_fd();
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let fd: c_int = entry.file_name().to_str()?.parse().ok()?;
+            let target = std::fs::metadata(entry.path()).ok()?;
+            let same = fd != own && target.dev() == ours.dev() && target.ino() == ours.ino();
+            // SAFETY: F_GETFL reads a descriptor's flags; an fd closed meanwhile gives -1.
+            let flags = if same {
+                unsafe { fcntl(fd, F_GETFL) }
+            } else {
+                -1
+            };
+            (flags >= 0 && flags & O_ACCMODE != O_RDONLY).then_some(fd)
+        })
+        .collect()
+}
+
+/// NCCL's expansion of `NCCL_DEBUG_FILE`: `%h` is the host name, `%p` the process id, `%%` a
+/// `%`; any other `%x` stays as it is.
+fn debug_file_name(pattern: &str, host: &str, pid: u32) -> String {
+    let mut name = String::with_capacity(pattern.len() + host.len());
+    let mut chars = pattern.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            name.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('%') => name.push('%'),
+            Some('h') => name.push_str(host),
+            Some('p') => name.push_str(&pid.to_string()),
+            Some(other) => {
+                name.push('%');
+                name.push(other);
+            }
+            None => name.push('%'),
+        }
+    }
+    name
+}
+
+/// The host name as NCCL's log lines and file names have it: up to the first `.`, with `%` and
+/// `/` made `-`.
 fn host_name() -> String {
     let full =
         std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_else(|_| "localhost".into());
-    full.trim()
-        .split('.')
+    log_host_name(full.trim())
+}
+
+fn log_host_name(full: &str) -> String {
+    full.split('.')
         .next()
         .unwrap_or("localhost")
-        .to_string()
+        .replace(['%', '/'], "-")
 }
 
 fn thread_id() -> String {
@@ -136,8 +289,14 @@ pub fn write(level: Level, always: bool, message: fmt::Arguments) {
         message
     );
     if let Ok(mut sink) = l.sink.lock() {
-        let _ = sink.write_all(line.as_bytes());
-        let _ = sink.flush();
+        match &mut *sink {
+            Sink::File(file) => file.write_line(line.as_bytes()),
+            Sink::Stdout => {
+                let mut out = std::io::stdout().lock();
+                let _ = out.write_all(line.as_bytes());
+                let _ = out.flush();
+            }
+        }
     }
 }
 
@@ -177,7 +336,71 @@ mod tests {
 
     #[test]
     fn debug_file_names_expand_like_nccls() {
-        let name = debug_file_name("/tmp/nccl.%h.%p.log", "node7");
-        assert_eq!(name, format!("/tmp/nccl.node7.{}.log", std::process::id()));
+        assert_eq!(
+            debug_file_name("/logs/nccl.%h.%p.log", "node7", 4711),
+            "/logs/nccl.node7.4711.log"
+        );
+        assert_eq!(
+            debug_file_name("/logs/%%h-%x-%p%", "node7", 12),
+            "/logs/%h-%x-12%"
+        );
+        assert_eq!(log_host_name("gpu-3.cluster.example"), "gpu-3");
+        assert_eq!(log_host_name("odd%name/x"), "odd-name-x");
+    }
+
+    /// The real NCCL's way with the file: `fopen(name, "w")`, then a line per write.
+    fn nccl_opens(path: &Path) -> File {
+        File::create(path).unwrap()
+    }
+
+    fn lines_of(path: &Path) -> Vec<String> {
+        let text = std::fs::read_to_string(path).unwrap();
+        text.lines().map(str::to_string).collect()
+    }
+
+    #[test]
+    fn lines_of_ours_survive_the_real_nccl_opening_the_file_after_them() {
+        let scratch = crate::locate::Scratch::new("log-after");
+        let path = scratch.0.join("nccl.log");
+        let mut ours = DebugFile::open(&path, true).unwrap();
+        ours.write_line(b"shim 1\n");
+        let mut nccl = nccl_opens(&path);
+        nccl.write_all(b"nccl 1\n").unwrap();
+        // Our next line finds NCCL's descriptor: ours from before come back, and from now on
+        // both append.
+        ours.write_line(b"shim 2\n");
+        nccl.write_all(b"nccl 2\n").unwrap();
+        ours.write_line(b"shim 3\n");
+        assert_eq!(
+            lines_of(&path),
+            ["nccl 1", "shim 1", "shim 2", "nccl 2", "shim 3"]
+        );
+    }
+
+    #[test]
+    fn lines_of_ours_come_back_at_exit_when_none_follows() {
+        let scratch = crate::locate::Scratch::new("log-exit");
+        let path = scratch.0.join("nccl.log");
+        let mut ours = DebugFile::open(&path, true).unwrap();
+        ours.write_line(b"shim 1\n");
+        let mut nccl = nccl_opens(&path);
+        nccl.write_all(b"nccl 1\n").unwrap();
+        // What the handler run at exit does.
+        ours.share_with_nccl();
+        ours.share_with_nccl();
+        assert_eq!(lines_of(&path), ["nccl 1", "shim 1"]);
+    }
+
+    #[test]
+    fn a_file_the_real_nccl_opened_first_is_appended_to_by_both() {
+        let scratch = crate::locate::Scratch::new("log-before");
+        let path = scratch.0.join("nccl.log");
+        let mut nccl = nccl_opens(&path);
+        nccl.write_all(b"nccl 1\n").unwrap();
+        let mut ours = DebugFile::open(&path, true).unwrap();
+        ours.write_line(b"shim 1\n");
+        nccl.write_all(b"nccl 2\n").unwrap();
+        ours.write_line(b"shim 2\n");
+        assert_eq!(lines_of(&path), ["nccl 1", "shim 1", "nccl 2", "shim 2"]);
     }
 }

@@ -71,7 +71,9 @@ fn load() -> Option<RealNccl> {
         Ok(found) => found,
         Err(not_found) => {
             log_warn_always!(
-                "no real NCCL library could be used: {not_found}. Set NCCLSHIM_REAL_NCCL to the absolute path of NVIDIA's libnccl.so.2; every call will fail with ncclSystemError"
+                "no real NCCL library could be used by ncclshim {}: {not_found}. {}. Until then every call fails with ncclSystemError",
+                env!("CARGO_PKG_VERSION"),
+                locate::HOW_TO_GET_NCCL
             );
             return None;
         }
@@ -112,14 +114,20 @@ fn load() -> Option<RealNccl> {
         log_warn!("ncclGetVersion of {path_text} failed");
     }
     real.version_code = code;
+    let every_version = built_for_every_version();
     log_info!(
-        "ncclshim {} (ABI of NCCL {ABI_VERSION}, build {}) forwarding to real NCCL {} at {path_text} (found by {})",
+        "ncclshim {} ({}, build {}) forwarding to real NCCL {} at {path_text} (found by {})",
         env!("CARGO_PKG_VERSION"),
+        abi_description(every_version, env!("NCCLSHIM_SPECS")),
         env!("NCCLSHIM_BUILD_FLAVOR"),
         real.version(),
         path.origin
     );
-    if code < ABI_VERSION_CODE {
+    // The build for every version exports functions that most releases lack, by design: each
+    // such function warns when it is called (runtime::missing_function), not here. Patch
+    // releases share their minor release's API (NCCL's codes: major * 10000 + minor * 100 +
+    // patch).
+    if !every_version && code / 100 < ABI_VERSION_CODE / 100 {
         log_warn!(
             "the real NCCL at {path_text} is version {}, older than the ABI this library exports ({ABI_VERSION}): functions it lacks return ncclInvalidUsage. Set NCCLSHIM_REAL_NCCL to a newer libnccl.so.2",
             real.version()
@@ -128,8 +136,51 @@ fn load() -> Option<RealNccl> {
     Some(real)
 }
 
+/// Whether this is the build for every version (`make build NCCL_VERSION=all`), which exports
+/// the union of every spec's functions rather than one release's ABI.
+fn built_for_every_version() -> bool {
+    env!("NCCLSHIM_BUILD_FLAVOR") == "all"
+}
+
+/// What the library exports, for the start-up line: one release's ABI, or, for the build for
+/// every version, the range of the releases whose specs it was built from (`specs`: their paths,
+/// `:`-separated, `.../nccl-2.18.3.rs`).
+fn abi_description(every_version: bool, specs: &str) -> String {
+    let releases = specs.split(':').filter_map(|path| {
+        let name = path.rsplit('/').next()?;
+        let version = name.strip_prefix("nccl-")?.strip_suffix(".rs")?;
+        let parts: Option<Vec<u32>> = version.split('.').map(|n| n.parse().ok()).collect();
+        Some((parts?, version))
+    });
+    let oldest = releases.clone().min_by(|a, b| a.0.cmp(&b.0));
+    let newest = releases.max_by(|a, b| a.0.cmp(&b.0));
+    match (every_version, oldest, newest) {
+        (true, Some((_, oldest)), Some((_, newest))) => {
+            format!("ABI of every NCCL from {oldest} to {newest}")
+        }
+        _ => format!("ABI of NCCL {ABI_VERSION}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_build_for_every_version_names_its_range_of_releases() {
+        let specs = "/w/spec/nccl-2.18.3.rs:/w/spec/nccl-2.9.9.rs:/w/spec/nccl-2.32.3.rs:/w/spec/nccl-2.28.9.rs";
+        assert_eq!(
+            super::abi_description(true, specs),
+            "ABI of every NCCL from 2.9.9 to 2.32.3"
+        );
+        assert_eq!(
+            super::abi_description(false, specs),
+            format!("ABI of NCCL {}", crate::api::ABI_VERSION)
+        );
+        assert_eq!(
+            super::abi_description(true, ""),
+            format!("ABI of NCCL {}", crate::api::ABI_VERSION)
+        );
+    }
+
     #[test]
     fn version_codes_read_like_nccl() {
         assert_eq!(super::version_text(22707), "2.27.7");

@@ -57,9 +57,23 @@ pub fn real_library(version: &str) -> PathBuf {
     real_nccl(version).join("lib/libnccl.so.2")
 }
 
-/// A fresh folder for one test's files.
+/// The cargo target folder: `$CARGO_TARGET_DIR` where it is set, else the one this test binary
+/// was built in (`<target>/[<triple>/]<profile>/deps/<test>-<hash>`, cargo marks it with
+/// `CACHEDIR.TAG`), else the workspace's `target/`. Tests write their files under it.
+pub fn target_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("CARGO_TARGET_DIR").filter(|d| !d.is_empty()) {
+        // Relative to where cargo was run: the workspace, for `make test`.
+        return workspace().join(dir);
+    }
+    let exe = std::env::current_exe().ok();
+    exe.as_deref()
+        .and_then(|exe| exe.ancestors().find(|d| d.join("CACHEDIR.TAG").is_file()))
+        .map_or_else(|| workspace().join("target"), Path::to_path_buf)
+}
+
+/// A fresh folder for one test's files, `<target>/tests-scratch/<name>`.
 pub fn scratch(name: &str) -> PathBuf {
-    let dir = workspace().join("target/tests-scratch").join(name);
+    let dir = target_dir().join("tests-scratch").join(name);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
