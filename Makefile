@@ -12,6 +12,13 @@ CARGO ?= cargo
 BUILD ?= $(CURDIR)/build
 TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 FETCH := $(CURDIR)/gen/fetch-nccl.sh
+# The NVRTC the build compiles the core's kernels with, ahead of time (fetched once from PyPI).
+FETCH_NVRTC := $(CURDIR)/gen/fetch-nvrtc.sh
+# The GPU architectures the library carries kernels for (empty: shim/src/core/program.rs's).
+KERNEL_ARCHS ?=
+# Runs a cargo command with NVRTC for the build script: `$(WITH_NVRTC) cargo ...`.
+WITH_NVRTC = nvrtc=$$($(FETCH_NVRTC)) && NCCLSHIM_BUILD_NVRTC=$$nvrtc \
+  $(if $(KERNEL_ARCHS),NCCLSHIM_KERNEL_ARCHS="$(KERNEL_ARCHS)")
 # Every release with a spec, oldest first. NCCL_VERSION=all exports the union of their APIs and
 # installs the newest one's headers.
 SPEC_VERSIONS := $(shell ls spec | sed -n 's/^nccl-\(.*\)\.rs$$/\1/p' | sort -V)
@@ -26,7 +33,9 @@ BUILT_ABI := $(if $(filter all,$(NCCL_VERSION)),the ABI of every NCCL from $(fir
 
 build:
 	@command -v $(CARGO) >/dev/null || { echo "make build needs Rust (cargo): https://rustup.rs"; exit 1; }
-	NCCL_VERSION=$(NCCL_VERSION) REAL_NCCL_LIB=$(REAL_NCCL_LIB) $(CARGO) build --release --locked -p ncclshim
+	@echo "building the shim; its CUDA kernels are compiled ahead of time, which takes minutes the first time (cached under $${NCCLSHIM_CACHE:-~/.cache/ncclshim})"
+	$(WITH_NVRTC) NCCL_VERSION=$(NCCL_VERSION) REAL_NCCL_LIB=$(REAL_NCCL_LIB) \
+	  $(CARGO) build --release --locked -p ncclshim
 	@header_dir=$$($(FETCH) $(HEADERS_VERSION))/include && \
 	  rm -rf $(BUILD)/lib $(BUILD)/include && mkdir -p $(BUILD)/lib $(BUILD)/include && \
 	  cp $(TARGET_DIR)/release/libnccl.so $(BUILD)/lib/libnccl.so.$(NCCL_VERSION) && \
@@ -35,19 +44,20 @@ build:
 	  cp -r $$header_dir/. $(BUILD)/include/ && rm -f $(BUILD)/include/__init__.py
 	@echo "built $(BUILD)/lib/libnccl.so.$(NCCL_VERSION) ($(BUILT_ABI), headers of $(HEADERS_VERSION))"
 
-# What the tests need beyond Rust: gcc, libclang (bindgen), NVIDIA's libraries from PyPI.
+# What the tests need beyond Rust: gcc, libclang (bindgen; libclang-cpp, which comes with llvm,
+# is not it: gen/has-libclang.sh), NVIDIA's libraries from PyPI.
 deps-test:
-	@command -v gcc >/dev/null && [ -n "$$(ls /usr/lib/llvm-*/lib/libclang*.so* 2>/dev/null)" ] || { \
+	@command -v gcc >/dev/null && gen/has-libclang.sh || { \
 	  echo "installing gcc and libclang-dev"; apt-get update -qq >/dev/null && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc libclang-dev >/dev/null; }
 	@for v in $(TEST_NCCL_VERSIONS); do $(FETCH) $$v >/dev/null; done
 
 lint:
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --locked --workspace --all-targets -- -D warnings
+	$(WITH_NVRTC) $(CARGO) clippy --locked --workspace --all-targets -- -D warnings
 
 test: build deps-test lint gpu-check
-	NCCLSHIM_BUILD=$(BUILD) NCCLSHIM_CACHE=$${NCCLSHIM_CACHE:-$$HOME/.cache/ncclshim} \
+	$(WITH_NVRTC) NCCLSHIM_BUILD=$(BUILD) NCCLSHIM_CACHE=$${NCCLSHIM_CACHE:-$$HOME/.cache/ncclshim} \
 	  $(CARGO) test --locked --workspace --all-targets
 
 # A spec from a release's headers (nccl.h, and nccl_device.h beside it from 2.28 on): given, or
@@ -68,7 +78,7 @@ spec-diff:
 	@$(CARGO) run --locked --release -q -p ncclshim-gen -- diff spec/nccl-$(FROM).rs spec/nccl-$(TO).rs
 
 microbench: build deps-test
-	NCCLSHIM_BUILD=$(BUILD) NCCLSHIM_CACHE=$${NCCLSHIM_CACHE:-$$HOME/.cache/ncclshim} \
+	$(WITH_NVRTC) NCCLSHIM_BUILD=$(BUILD) NCCLSHIM_CACHE=$${NCCLSHIM_CACHE:-$$HOME/.cache/ncclshim} \
 	  $(CARGO) bench --locked -p ncclshim-tests --bench forwarding
 
 clean:

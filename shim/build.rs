@@ -1,7 +1,25 @@
 //! Picks the spec(s) to export (`NCCL_VERSION`, default 2.27.7; `all` for the union of every
-//! spec) and the default real NCCL (`REAL_NCCL_LIB`), and gives the library its SONAME.
+//! spec) and the default real NCCL (`REAL_NCCL_LIB`), gives the library its SONAME, and compiles
+//! the core's kernels ahead of time (build/kernels.rs).
 
 use std::path::{Path, PathBuf};
+
+// The kernels' program, its limits and types: the library's own modules, read here too so that
+// the kernels built in are compiled exactly as the run time would compile them.
+#[allow(dead_code)]
+#[path = "src/core/limits.rs"]
+mod limits;
+#[allow(dead_code)]
+#[path = "src/core/program.rs"]
+mod program;
+#[allow(dead_code)]
+#[path = "src/core/types.rs"]
+mod types;
+
+#[path = "build/kernels.rs"]
+mod kernels;
+#[path = "build/specs.rs"]
+mod specs;
 
 const DEFAULT_VERSION: &str = "2.27.7";
 
@@ -16,30 +34,28 @@ fn main() {
 
     let version = std::env::var("NCCL_VERSION").ok().filter(|v| !v.is_empty());
     let version = version.as_deref().unwrap_or(DEFAULT_VERSION);
-    let specs: Vec<PathBuf> = if version == "all" {
-        let mut all: Vec<PathBuf> = std::fs::read_dir(&spec_dir)
-            .expect("spec/ is readable")
-            .map(|e| e.expect("spec/ entry").path())
-            .filter(|p| p.extension().is_some_and(|e| e == "rs"))
-            .collect();
-        all.sort();
-        all
-    } else {
-        let path = spec_dir.join(format!("nccl-{version}.rs"));
-        assert!(
-            path.is_file(),
-            "no spec for NCCL {version}: {} is missing (make spec NCCL_H=...)",
-            path.display()
-        );
-        vec![path]
+    let (flavor, specs) = match specs::specs_of(&spec_dir, version) {
+        Ok(found) => found,
+        Err(why) => fail(&why),
     };
     let joined: Vec<String> = specs.iter().map(|p| p.display().to_string()).collect();
     println!("cargo:rustc-env=NCCLSHIM_SPECS={}", joined.join(":"));
-    println!("cargo:rustc-env=NCCLSHIM_BUILD_FLAVOR={version}");
+    println!("cargo:rustc-env=NCCLSHIM_BUILD_FLAVOR={flavor}");
     println!(
         "cargo:rustc-env=NCCLSHIM_BUILD_REAL_NCCL={}",
         std::env::var("REAL_NCCL_LIB").unwrap_or_default()
     );
     // Programs link against libnccl.so.2, as they do against NVIDIA's library.
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libnccl.so.2");
+
+    let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+    if let Err(why) = kernels::build(&out_dir) {
+        fail(&format!("building the core's kernels: {why}"));
+    }
+}
+
+/// Stops the build with one message, not a panic's backtrace.
+fn fail(why: &str) -> ! {
+    eprintln!("error: {why}");
+    std::process::exit(1);
 }

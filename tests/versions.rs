@@ -15,6 +15,38 @@ use ncclshim_tests::{
     stdout_of, target_dir, workspace,
 };
 
+// The build script's choice of specs, compiled here as it is there.
+#[path = "../shim/build/specs.rs"]
+mod specs;
+
+/// `NCCL_VERSION` picks the specs: a release's own; for a patch release without one (PyTorch
+/// ships 2.27.5) its minor release's newest, whose ABI it shares; for an unknown minor release
+/// an error listing the specs and how to make one; `all`, every spec.
+#[test]
+fn nccl_version_picks_a_spec_or_says_which_there_are() {
+    let dir = workspace().join("spec");
+    let (flavor, specs) = specs::specs_of(&dir, "2.27.5").unwrap();
+    assert_eq!(
+        (flavor.as_str(), specs),
+        ("2.27.7", vec![dir.join("nccl-2.27.7.rs")])
+    );
+    let (flavor, specs) = specs::specs_of(&dir, "2.28.9").unwrap();
+    assert_eq!(
+        (flavor.as_str(), specs),
+        ("2.28.9", vec![dir.join("nccl-2.28.9.rs")])
+    );
+    let error = specs::specs_of(&dir, "2.17.1").unwrap_err();
+    assert!(
+        error.contains("2.18.3, ") && error.contains("make spec NCCL_VERSION=2.17.1"),
+        "{error}"
+    );
+    let (flavor, specs) = specs::specs_of(&dir, "all").unwrap();
+    assert_eq!(
+        (flavor.as_str(), specs.len()),
+        ("all", committed_versions().len())
+    );
+}
+
 #[test]
 fn every_spec_builds_into_a_library_exporting_exactly_its_functions() {
     let versions = committed_versions();

@@ -219,6 +219,21 @@ impl Route for Router {
         }
     });
 
+    /// A core kernel that gave up waiting for a peer is an asynchronous error of the
+    /// communicator (ncclRemoteError), as NCCL reports a peer that failed.
+    unsafe fn ncclCommGetAsyncError(
+        comm: ncclComm_t,
+        async_error: *mut ncclResult_t,
+    ) -> ncclResult_t {
+        // SAFETY: the caller's arguments, unchanged.
+        let result = unsafe { real::ncclCommGetAsyncError(comm, async_error) };
+        if result == ncclSuccess && !async_error.is_null() {
+            // SAFETY: written by the real NCCL just now.
+            unsafe { *async_error = core::async_error(comm, *async_error) };
+        }
+        result
+    }
+
     unsafe fn ncclCommDestroy(comm: ncclComm_t) -> ncclResult_t {
         core::destroyed(comm, false);
         // SAFETY: the caller's handle.

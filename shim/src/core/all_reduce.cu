@@ -1,7 +1,8 @@
 // ncclshim's all-reduce over NVLink: kernels that write straight into the peers' staging
 // buffers (peer pointers in one process, CUDA IPC mappings across processes). Writes, not reads:
 // a store to a peer is posted and goes on, a load waits a round trip over NVLink.
-// Compiled at run time by NVRTC (no CUDA headers needed), one kernel per (algorithm, type, op):
+// Compiled by NVRTC (no CUDA headers needed), ahead of time for the architectures the library
+// carries and at run time for others (program.rs), one kernel per (algorithm, type, op):
 //   ncclshim_<ll|one_shot|two_shot|direct>_<type>_<op>, and ncclshim_sentinel_<type>_<op> for the
 //   floating-point types only
 //
@@ -29,7 +30,7 @@
 // the others copy it.
 
 // MAX_THREADS, MAX_RANKS, MAX_BLOCKS, LL_MAX_BYTES and SENTINEL_MAX_BYTES come from the host
-// (kernels::options), from policy.rs.
+// (program::options), from limits.rs.
 #if !defined(MAX_THREADS) || !defined(MAX_RANKS) || !defined(MAX_BLOCKS) || !defined(LL_MAX_BYTES) || \
     !defined(SENTINEL_MAX_BYTES)
 #error "compile with -DMAX_THREADS, -DMAX_RANKS, -DMAX_BLOCKS, -DLL_MAX_BYTES and -DSENTINEL_MAX_BYTES"
@@ -209,12 +210,39 @@ __device__ __forceinline__ u32 load_acquire(const u32* address) {
 }
 __device__ __forceinline__ int load_volatile(const volatile int* address) { return *address; }
 
+// The host's control block, in pinned host memory (cuda.rs, HostControl), passed as `abort`:
+//   [0] abort: raised by the host (ncclCommAbort, or a destroy that waited too long)
+//   [1] how many seconds a kernel may wait for a peer (NCCLSHIM_TIMEOUT; 0: for ever)
+//   [2] written by a kernel that gave up waiting: 1 + the rank it waited for (GAVE_UP_OWN: for
+//       blocks of its own grid), read by the host's watcher, which says so
+#define GAVE_UP_OWN (MAX_RANKS + 1)
+__device__ __forceinline__ u64 global_ns() {
+  u64 t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+// Whether a wait for `peer` (-1: blocks of this grid) should stop: asked every 1024 spins by
+// every waiting loop, `since` starting at 0 (the first ask starts the clock).
+__device__ __noinline__ bool give_up(const volatile int* abort, u64& since, int peer) {
+  if (load_volatile(abort)) return true;
+  u64 now = global_ns();
+  if (since == 0) {
+    since = now;
+    return false;
+  }
+  u64 limit = (u64)(unsigned)load_volatile(abort + 1) * 1000000000ull;
+  if (limit == 0 || now - since < limit) return false;
+  *(volatile int*)(abort + 2) = peer < 0 ? GAVE_UP_OWN : peer + 1;
+  return true;
+}
+
 __device__ __forceinline__ u32* flag_slot(u32* flags, int barrier, int block, int rank) {
   return flags + ((barrier * MAX_BLOCKS + block) * MAX_RANKS + rank);
 }
 
 // Waits for block `blockIdx.x` of every rank to reach `barrier` of `epoch`. Gives up when the
-// host raises `abort` (a communicator aborted or destroyed while a peer never came).
+// host raises `abort` (a communicator aborted or destroyed while a peer never came), or after
+// the host's time limit (give_up).
 __device__ __forceinline__ void barrier(const Peers& peers, int rank, int nranks, int which, u32 epoch,
                                         const volatile int* abort) {
   __syncthreads();
@@ -223,8 +251,9 @@ __device__ __forceinline__ void barrier(const Peers& peers, int rank, int nranks
     store_release(flag_slot(peers.flags[p], which, blockIdx.x, rank), epoch);
     const u32* mine = flag_slot(peers.flags[rank], which, blockIdx.x, p);
     unsigned spins = 0;
+    u64 since = 0;
     while ((int)(load_acquire(mine) - epoch) < 0) {
-      if ((++spins & 1023u) == 0 && load_volatile(abort)) break;
+      if ((++spins & 1023u) == 0 && give_up(abort, since, p)) break;
     }
   }
   __syncthreads();
@@ -271,8 +300,9 @@ __device__ __forceinline__ void grid_barrier(const Peers& peers, int rank, u32 w
     atomicAdd(windows, 1u);
     u32 target = gridDim.x * (window + 1);
     unsigned spins = 0;
+    u64 since = 0;
     while (*(volatile u32*)windows < target) {
-      if ((++spins & 1023u) == 0 && load_volatile(abort)) break;
+      if ((++spins & 1023u) == 0 && give_up(abort, since, -1)) break;
     }
     __threadfence();
   }
@@ -580,8 +610,9 @@ __device__ __forceinline__ bool gather_published(const Peers& peers, int rank, i
   if (p < nranks) {
     volatile Published* theirs = published(peers.flags[rank], p);
     unsigned spins = 0;
+    u64 since = 0;
     while ((int)(load_acquire((const u32*)&theirs->epoch) - epoch) < 0) {
-      if ((++spins & 1023u) == 0 && load_volatile(abort)) break;
+      if ((++spins & 1023u) == 0 && give_up(abort, since, p)) break;
     }
     // Aborted before the peer came: its slot may be stale, so take the staged path.
     ready = (int)(theirs->epoch - epoch) >= 0 && theirs->usable;
@@ -707,15 +738,17 @@ __device__ __forceinline__ void ll_store(u64* address, u32 data0, u32 data1, u32
                "r"(data1), "r"(flag)
                : "memory");
 }
-__device__ __forceinline__ void ll_wait(const u64* address, u32 flag, const volatile int* abort, u32* data) {
+__device__ __forceinline__ void ll_wait(const u64* address, u32 flag, const volatile int* abort, int peer,
+                                        u32* data) {
   u32 seen0, seen1;
   unsigned spins = 0;
+  u64 since = 0;
   do {
     asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(data[0]), "=r"(seen0), "=r"(data[1]), "=r"(seen1)
                  : "l"(address)
                  : "memory");
-    if ((seen0 != flag || seen1 != flag) && (++spins & 1023u) == 0 && load_volatile(abort)) break;
+    if ((seen0 != flag || seen1 != flag) && (++spins & 1023u) == 0 && give_up(abort, since, peer)) break;
   } while (seen0 != flag || seen1 != flag);
 }
 
@@ -762,7 +795,7 @@ __device__ void ll_one_shot(Peers peers, int rank, int nranks, const T* in, T* o
         // Not yet overwritten in place: only this thread writes these elements, below.
         from[p] = load_unit<T, E>(in, count, u, whole);
       } else if (p < nranks) {
-        ll_wait(ll_slot(peers.staging[rank], inbox, parity, p) + 2 * u, epoch, abort, from[p].w);
+        ll_wait(ll_slot(peers.staging[rank], inbox, parity, p) + 2 * u, epoch, abort, p, from[p].w);
       }
     }
 #pragma unroll
@@ -828,10 +861,11 @@ template <typename W> __device__ __forceinline__ void sentinel_store(Pack* addre
 
 // Waits until no word at `address` is the sentinel, puts the sentinel back, returns the words.
 template <typename W>
-__device__ __forceinline__ Pack sentinel_take(Pack* address, const volatile int* abort) {
+__device__ __forceinline__ Pack sentinel_take(Pack* address, const volatile int* abort, int peer) {
   Pack p;
   bool arrived;
   unsigned spins = 0;
+  u64 since = 0;
   do {
     if constexpr (sizeof(W) == 8) {
       u64 lo, hi;
@@ -845,7 +879,7 @@ __device__ __forceinline__ Pack sentinel_take(Pack* address, const volatile int*
                    : "memory");
       arrived = p.w[0] != SENTINEL && p.w[1] != SENTINEL && p.w[2] != SENTINEL && p.w[3] != SENTINEL;
     }
-    if (!arrived && (++spins & 1023u) == 0 && load_volatile(abort)) break;
+    if (!arrived && (++spins & 1023u) == 0 && give_up(abort, since, peer)) break;
   } while (!arrived);
   sentinel_store<W>(address, Pack{{SENTINEL, SENTINEL, SENTINEL, SENTINEL}});
   return p;
@@ -900,7 +934,7 @@ __device__ void sentinel(Peers peers, int rank, int nranks, const T* in, T* out,
       if (p == rank) {
         from[p].pack = own;
       } else if (p < nranks) {
-        from[p].pack = sentinel_take<W>(sentinel_slot(peers.staging[rank], inbox, parity, p) + j, abort);
+        from[p].pack = sentinel_take<W>(sentinel_slot(peers.staging[rank], inbox, parity, p) + j, abort, p);
       }
     }
     typename PackOf<T>::U result;

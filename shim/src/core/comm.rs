@@ -3,13 +3,18 @@
 //! caller's stream; releasing everything without hanging.
 
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
-use super::cuda::{self, Cuda, CudaError, Device, DevicePtr, HostFlag};
+use super::cuda::{
+    self, Cuda, CudaError, Device, DevicePtr, GaveUp, HostControl, IpcMapping, StreamOrder,
+};
 use super::kernels::Kernels;
-use super::policy::{CommFacts, MAX_RANKS, Plan};
+use super::policy::{self, CommFacts, MAX_RANKS, Plan};
 use super::types::Algorithm;
+use crate::api::ffi::ncclComm_t;
+use crate::log::log_warn;
 
 /// Bytes at the start of each rank's buffer for the flags (see all_reduce.cu), rounded up.
 pub const FLAGS_BYTES: usize = 64 << 10;
@@ -46,10 +51,16 @@ pub struct CoreComm {
     half_bytes: u64,
     /// This rank's own allocation.
     buffer: DevicePtr,
-    /// Peers' allocations mapped through CUDA IPC, to close.
-    opened: Vec<DevicePtr>,
-    abort: HostFlag,
+    /// Peers' allocations mapped through CUDA IPC: held only to be unmapped when dropped.
+    _opened: Vec<IpcMapping>,
+    /// The other ranks' GPUs where every rank is in this process (the direct kernel reads and
+    /// writes their user buffers); empty otherwise.
+    peer_devices: Vec<i32>,
+    control: HostControl,
+    /// A kernel's giving up (see `failed`) has been said.
+    failure_said: AtomicBool,
     early_launch: bool,
+    order: StreamOrder,
 }
 
 // SAFETY: the CUDA handles inside may be used from any thread; launches only read the struct.
@@ -63,9 +74,10 @@ pub struct Parts {
     pub kernels: Arc<Kernels>,
     pub buffer: DevicePtr,
     pub half_bytes: u64,
-    pub abort: HostFlag,
+    pub control: HostControl,
     /// Launch with programmatic stream serialization (see all_reduce.cu).
     pub early_launch: bool,
+    pub order: StreamOrder,
 }
 
 impl CoreComm {
@@ -75,7 +87,8 @@ impl CoreComm {
         facts: CommFacts,
         parts: Parts,
         bases: &[DevicePtr],
-        opened: Vec<DevicePtr>,
+        opened: Vec<IpcMapping>,
+        peer_devices: Vec<i32>,
     ) -> CoreComm {
         CoreComm {
             rank,
@@ -86,9 +99,12 @@ impl CoreComm {
             peers: Peers::from_bases(bases),
             half_bytes: parts.half_bytes,
             buffer: parts.buffer,
-            opened,
-            abort: parts.abort,
+            _opened: opened,
+            peer_devices,
+            control: parts.control,
+            failure_said: AtomicBool::new(false),
             early_launch: parts.early_launch,
+            order: parts.order,
         }
     }
 
@@ -117,11 +133,13 @@ impl CoreComm {
         let mut output = recv as u64;
         let mut count = count as u64;
         let mut half_bytes = self.half_bytes;
-        let mut abort = self.abort.device;
+        let mut abort = self.control.device;
+        let bytes = count * plan.dtype.size() as u64;
         let mut usable = (plan.algorithm == Algorithm::Direct
-            && self.reachable_by_peers(input)
-            && (output == input || self.reachable_by_peers(output)))
+            && self.reachable_by_peers(input, bytes)
+            && (output == input || self.reachable_by_peers(output, bytes)))
             as i32;
+        self.order.before_launch(stream)?;
         let mut params: [*mut c_void; 9] = [
             (&raw mut peers).cast(),
             (&raw mut rank).cast(),
@@ -146,10 +164,36 @@ impl CoreComm {
         }
     }
 
-    /// Whether the direct kernel may read or write `pointer` from every GPU: 16-aligned, and
-    /// memory the peers can reach.
-    fn reachable_by_peers(&self, pointer: u64) -> bool {
-        pointer.is_multiple_of(16) && self.device.reachable_from_peers(pointer)
+    /// Whether a kernel of this communicator gave up waiting for a peer (NCCLSHIM_TIMEOUT): the
+    /// ranks are out of step and its results are wrong. Said once, in a WARN naming the
+    /// communicator, this rank and the one it waited for.
+    pub fn failed(&self, comm: ncclComm_t) -> bool {
+        let Some(whom) = self.control.gave_up() else {
+            return false;
+        };
+        if !self.failure_said.swap(true, Ordering::Relaxed) {
+            let whom = match whom {
+                GaveUp::Rank(peer) => format!("rank {peer}"),
+                GaveUp::OwnBlocks => "its other blocks".to_string(),
+            };
+            log_warn!(
+                "comm {comm:p} rank {}/{} on GPU {}: an all-reduce of the core waited {} s for {whom} and gave up (NCCLSHIM_TIMEOUT): the ranks' calls on this communicator do not match (a rank skipped a call, passed other arguments, or died). Its results are wrong; ncclCommGetAsyncError reports ncclRemoteError and its all-reduces fail: abort it",
+                self.rank,
+                self.facts.nranks,
+                self.device.ordinal,
+                policy::settings().wait_limit_s
+            );
+        }
+        true
+    }
+
+    /// Whether the direct kernel may read or write `bytes` at `pointer` from every GPU:
+    /// 16-aligned, and memory the peers can reach.
+    fn reachable_by_peers(&self, pointer: u64, bytes: u64) -> bool {
+        pointer.is_multiple_of(16)
+            && self
+                .device
+                .reachable_from_peers(pointer, bytes, &self.peer_devices)
     }
 
     /// Frees everything once our kernels are done (the device is synchronised, on a thread of
@@ -158,7 +202,7 @@ impl CoreComm {
     /// still does not finish, the buffers are left allocated rather than pulled from under it.
     pub fn release(self, abort: bool) {
         if abort {
-            self.abort.raise();
+            self.control.raise_abort();
         }
         let device = self.device;
         let (done, finished) = mpsc::channel();
@@ -167,7 +211,7 @@ impl CoreComm {
             let _ = done.send(synced.is_ok());
         });
         let finished = finished.recv_timeout(Duration::from_secs(10)).or_else(|_| {
-            self.abort.raise();
+            self.control.raise_abort();
             finished.recv_timeout(Duration::from_secs(10))
         });
         if finished.is_err() {
@@ -177,9 +221,7 @@ impl CoreComm {
         let Ok(_context) = self.device.enter() else {
             return;
         };
-        for &pointer in &self.opened {
-            cuda::ipc_close(pointer);
-        }
         cuda::free(self.buffer);
+        // The peers' mappings are unmapped as `self` drops.
     }
 }

@@ -4,6 +4,9 @@
 
 use std::ffi::{c_int, c_uint, c_void};
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::limits::MAX_RANKS;
 
 use cudarc::driver::{result, sys};
 
@@ -179,27 +182,32 @@ impl Device {
         check("cuCtxEnablePeerAccess", result)
     }
 
-    /// Whether the GPUs this context enabled peer access for can read and write `pointer`:
-    /// memory of this device's primary context made by cuMemAlloc (cudaMalloc), which peer
-    /// access covers. cuMem (VMM) allocations and pools grant access only to the GPUs they
-    /// name, so they, host memory and anything else answer no.
-    pub fn reachable_from_peers(&self, pointer: DevicePtr) -> bool {
+    /// Whether this GPU and `peers` (device ordinals) can all read and write `bytes` at
+    /// `pointer`: memory of this device's primary context made by cuMemAlloc (cudaMalloc), which
+    /// peer access covers (this context enabled it for every peer), or cuMem (VMM) memory, such
+    /// as ncclMemAlloc's, mapped for this GPU and every peer (cuMemSetAccess) at both ends, or a
+    /// pool's (cudaMallocAsync) that grants them all access. Host memory and anything else
+    /// answer no.
+    pub fn reachable_from_peers(&self, pointer: DevicePtr, bytes: u64, peers: &[i32]) -> bool {
         use sys::CUpointer_attribute::*;
         let mut context: sys::CUcontext = std::ptr::null_mut();
         let mut memory_type: c_uint = 0;
         let mut ordinal: c_int = -1;
         let mut legacy_ipc: c_int = 0;
+        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
         let mut attributes = [
             CU_POINTER_ATTRIBUTE_CONTEXT,
             CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
             CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
             CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+            CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE,
         ];
-        let mut data: [*mut c_void; 4] = [
+        let mut data: [*mut c_void; 5] = [
             (&raw mut context).cast(),
             (&raw mut memory_type).cast(),
             (&raw mut ordinal).cast(),
             (&raw mut legacy_ipc).cast(),
+            (&raw mut pool).cast(),
         ];
         // SAFETY: one output of the attribute's type per attribute; unknown pointers are not an
         // error (the outputs keep their defaults).
@@ -211,12 +219,51 @@ impl Device {
                 pointer,
             )
         };
-        result == sys::CUresult::CUDA_SUCCESS
-            && context == self.context
-            && memory_type == sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as c_uint
-            && ordinal == self.ordinal
-            && legacy_ipc != 0
+        if result != sys::CUresult::CUDA_SUCCESS
+            || memory_type != sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as c_uint
+        {
+            return false;
+        }
+        if legacy_ipc != 0 {
+            return context == self.context && ordinal == self.ordinal;
+        }
+        let mut devices = std::iter::once(self.ordinal).chain(peers.iter().copied());
+        if !pool.is_null() {
+            return devices.all(|device| pool_grants(pool, device));
+        }
+        let last = pointer + bytes.max(1) - 1;
+        devices.all(|device| mapped_for(device, pointer) && mapped_for(device, last))
     }
+}
+
+/// The location of `device`'s memory, for the cuMem calls.
+fn device_location(device: c_int) -> sys::CUmemLocation {
+    // SAFETY: plain data; every field the driver reads is set below.
+    let mut location: sys::CUmemLocation = unsafe { std::mem::zeroed() };
+    location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+    location.id = device;
+    location
+}
+
+/// Whether `device` may read and write what `pool` (cudaMallocAsync's) allocates.
+fn pool_grants(pool: sys::CUmemoryPool, device: c_int) -> bool {
+    let mut location = device_location(device);
+    let mut flags = sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_NONE;
+    // SAFETY: a pool the driver named for a live pointer; `flags` is written.
+    let result = unsafe { sys::cuMemPoolGetAccess(&mut flags, pool, &mut location) };
+    result == sys::CUresult::CUDA_SUCCESS
+        && flags == sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+}
+
+/// Whether `device` may read and write the cuMem (VMM) mapping holding `pointer`; no for any
+/// other memory.
+fn mapped_for(device: c_int, pointer: DevicePtr) -> bool {
+    let location = device_location(device);
+    let mut flags: std::ffi::c_ulonglong = 0;
+    // SAFETY: valid location; `flags` is written; memory that is not a VMM mapping is an error.
+    let result = unsafe { sys::cuMemGetAccess(&mut flags, &location, pointer) };
+    result == sys::CUresult::CUDA_SUCCESS
+        && flags == sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE as u64
 }
 
 /// The calling thread's current context, restored when dropped: the core's set-up makes NCCL
@@ -317,63 +364,110 @@ pub fn ipc_handle(pointer: DevicePtr) -> Cuda<IpcHandle> {
     Ok(handle.reserved.map(|b| b as u8))
 }
 
-/// Maps another process's allocation into the current context.
-pub fn ipc_open(handle: &IpcHandle) -> Cuda<DevicePtr> {
-    let handle = sys::CUipcMemHandle {
-        reserved: handle.map(|b| b as _),
-    };
-    let mut pointer: DevicePtr = 0;
-    // SAFETY: a handle another process made with cuIpcGetMemHandle.
-    check("cuIpcOpenMemHandle", unsafe {
-        sys::cuIpcOpenMemHandle_v2(
-            &mut pointer,
-            handle,
-            sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as c_uint,
-        )
-    })?;
-    Ok(pointer)
+/// Another process's allocation mapped into a device's context through CUDA IPC; unmapped
+/// when dropped (leak it with `mem::forget` where a kernel may still use it).
+pub struct IpcMapping {
+    pub pointer: DevicePtr,
+    device: Device,
 }
 
-pub fn ipc_close(pointer: DevicePtr) {
-    // SAFETY: a pointer from `ipc_open`.
-    let _ = unsafe { sys::cuIpcCloseMemHandle(pointer) };
+impl IpcMapping {
+    pub fn open(device: Device, handle: &IpcHandle) -> Cuda<IpcMapping> {
+        let handle = sys::CUipcMemHandle {
+            reserved: handle.map(|b| b as _),
+        };
+        let _context = device.enter()?;
+        let mut pointer: DevicePtr = 0;
+        // SAFETY: a handle another process made with cuIpcGetMemHandle.
+        check("cuIpcOpenMemHandle", unsafe {
+            sys::cuIpcOpenMemHandle_v2(
+                &mut pointer,
+                handle,
+                sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as c_uint,
+            )
+        })?;
+        Ok(IpcMapping { pointer, device })
+    }
 }
 
-/// One int of pinned host memory that kernels can read: the abort flag.
-pub struct HostFlag {
+impl Drop for IpcMapping {
+    fn drop(&mut self) {
+        if let Ok(_context) = self.device.enter() {
+            // SAFETY: mapped by `open` in this context, and no longer used.
+            let _ = unsafe { sys::cuIpcCloseMemHandle(self.pointer) };
+        }
+    }
+}
+
+/// Pinned host memory shared with the kernels: their control block (all_reduce.cu, "the host's
+/// control block"): [0] abort, raised by the host; [1] how long a kernel may wait for a peer, in
+/// seconds (0: for ever); [2] written by a kernel that gave up waiting: 1 + the rank it waited
+/// for, or `MAX_RANKS + 1` for blocks of its own grid.
+pub struct HostControl {
     host: *mut i32,
     pub device: DevicePtr,
 }
 
-// SAFETY: pinned host memory, written with volatile stores only.
-unsafe impl Send for HostFlag {}
-// SAFETY: as above.
-unsafe impl Sync for HostFlag {}
+const CONTROL_WORDS: usize = 4;
 
-impl HostFlag {
-    pub fn new() -> Cuda<HostFlag> {
+// SAFETY: pinned host memory, written and read with volatile accesses only.
+unsafe impl Send for HostControl {}
+// SAFETY: as above.
+unsafe impl Sync for HostControl {}
+
+/// Whom a kernel gave up waiting for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GaveUp {
+    Rank(usize),
+    /// Other blocks of its own grid (which themselves waited for peers).
+    OwnBlocks,
+}
+
+impl HostControl {
+    /// Kernels wait for a peer at most `wait_limit_s` seconds (0: for ever).
+    pub fn new(wait_limit_s: u32) -> Cuda<HostControl> {
         let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
-        // SAFETY: a fresh pinned allocation of one int.
-        let host = unsafe { result::malloc_host(std::mem::size_of::<i32>(), flags) }
+        // SAFETY: a fresh pinned allocation of CONTROL_WORDS ints.
+        let host = unsafe { result::malloc_host(CONTROL_WORDS * size_of::<i32>(), flags) }
             .named("cuMemHostAlloc")?;
-        let host = host.cast::<i32>();
-        // SAFETY: the allocation above.
-        unsafe { host.write_volatile(0) };
-        let mut device: DevicePtr = 0;
-        // SAFETY: mapped pinned memory.
+        let mut control = HostControl {
+            host: host.cast::<i32>(),
+            device: 0,
+        };
+        for word in 0..CONTROL_WORDS {
+            control.write(word, 0);
+        }
+        control.write(1, wait_limit_s as i32);
+        // SAFETY: mapped pinned memory (freed by `control`'s drop if this fails).
         check("cuMemHostGetDevicePointer", unsafe {
-            sys::cuMemHostGetDevicePointer_v2(&mut device, host.cast(), 0)
+            sys::cuMemHostGetDevicePointer_v2(&mut control.device, control.host.cast(), 0)
         })?;
-        Ok(HostFlag { host, device })
+        Ok(control)
     }
 
-    pub fn raise(&self) {
+    fn write(&self, word: usize, value: i32) {
+        assert!(word < CONTROL_WORDS);
         // SAFETY: our pinned allocation, alive until drop.
-        unsafe { self.host.write_volatile(1) };
+        unsafe { self.host.add(word).write_volatile(value) };
+    }
+
+    pub fn raise_abort(&self) {
+        self.write(0, 1);
+    }
+
+    /// Whom a kernel gave up waiting for, if one did (the word stays set).
+    pub fn gave_up(&self) -> Option<GaveUp> {
+        // SAFETY: our pinned allocation, alive until drop; written by kernels.
+        let word = unsafe { self.host.add(2).read_volatile() };
+        match word {
+            0 => None,
+            w if (1..=MAX_RANKS as i32).contains(&w) => Some(GaveUp::Rank(w as usize - 1)),
+            _ => Some(GaveUp::OwnBlocks),
+        }
     }
 }
 
-impl Drop for HostFlag {
+impl Drop for HostControl {
     fn drop(&mut self) {
         // SAFETY: our pinned allocation; no kernel uses it any more.
         let _ = unsafe { result::free_host(self.host.cast()) };
@@ -392,6 +486,76 @@ pub fn stream_synchronize(stream: sys::CUstream) -> Cuda<()> {
 pub fn stream_destroy(stream: sys::CUstream) {
     // SAFETY: a stream of ours with no work left.
     let _ = unsafe { result::stream::destroy(stream) };
+}
+
+/// Keeps one communicator's kernels in the order they were called, whatever the streams: NCCL
+/// orders a communicator's operations itself, and programs may rely on it (two all-reduces on
+/// two streams with no dependency between them), while two of our kernels of one communicator
+/// must never run at once (they share its flags and staging). When a call comes on another
+/// stream than the last one, its stream waits for what the last one holds so far. Not across a
+/// stream capture (an event recorded outside one cannot be waited on inside it, and the other
+/// way round): captured calls are ordered by the graph the program builds.
+pub struct StreamOrder {
+    /// The stream of the last launch, `NO_STREAM` before the first.
+    last: AtomicU64,
+    event: sys::CUevent,
+}
+
+const NO_STREAM: u64 = u64::MAX;
+
+// SAFETY: a CUDA event may be used from any thread.
+unsafe impl Send for StreamOrder {}
+// SAFETY: as above; `last` is atomic.
+unsafe impl Sync for StreamOrder {}
+
+impl StreamOrder {
+    /// Needs the communicator's context current.
+    pub fn new() -> Cuda<StreamOrder> {
+        let event = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+            .named("cuEventCreate")?;
+        Ok(StreamOrder {
+            last: AtomicU64::new(NO_STREAM),
+            event,
+        })
+    }
+
+    /// Called before a launch on `stream`, in the communicator's context.
+    pub fn before_launch(&self, stream: Stream) -> Cuda<()> {
+        let last = self.last.swap(stream as u64, Ordering::Relaxed);
+        if last == NO_STREAM || last == stream as u64 {
+            return Ok(());
+        }
+        let last = last as Stream;
+        let capturing = |s: Stream| {
+            // SAFETY: streams the program launched on (a destroyed one answers an error).
+            unsafe { result::stream::is_capturing(s) }
+                .is_ok_and(|c| c != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+        };
+        if capturing(last) || capturing(stream) {
+            return Ok(());
+        }
+        // SAFETY: our event, and a stream the program launched on; if the program has destroyed
+        // that stream since, the driver refuses it, and there is nothing left to wait for.
+        if unsafe { result::event::record(self.event, last) }.is_err() {
+            return Ok(());
+        }
+        // SAFETY: our event; the caller's stream.
+        unsafe {
+            result::stream::wait_event(
+                stream,
+                self.event,
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+        }
+        .named("cuStreamWaitEvent")
+    }
+}
+
+impl Drop for StreamOrder {
+    fn drop(&mut self) {
+        // SAFETY: our event; a pending wait on it keeps what it needs.
+        let _ = unsafe { result::event::destroy(self.event) };
+    }
 }
 
 /// Waits for all work on the current context's device.

@@ -1,20 +1,22 @@
-//! The core's kernels: `all_reduce.cu`, compiled at run time by NVRTC (through cudarc) into a
-//! cubin for the device's architecture, one program per element type, in parallel; cubins are
-//! cached on disk (keyed by source, options, architecture and NVRTC version) and the loaded
-//! functions in memory, per device.
+//! The core's kernels on each device: `all_reduce.cu` (program.rs), one program per element
+//! type. The library carries them compiled for the architectures of `BUILT_IN_ARCHS` (the
+//! build script compiles them); for any other GPU they are compiled at run time by NVRTC, in
+//! parallel, and cached on disk (keyed by source, options and NVRTC version). Loaded functions
+//! are kept in memory, per device.
 
 use std::collections::HashMap;
-use std::ffi::CString;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-
-use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
+use std::time::Instant;
 
 use super::cuda::{self, Device, Function};
 use super::policy;
+use super::program::{self, Arch, kernel_name};
 use super::types::{Algorithm, DataType, Op};
+use crate::log::log_info;
 
-pub const SOURCE: &str = include_str!("all_reduce.cu");
+// BUILT_IN: [(architecture, its packed cubins)], and BUILT_WITH_NVRTC, from the build script.
+include!(concat!(env!("OUT_DIR"), "/built_in_kernels.rs"));
 
 /// Every kernel of one device: `[algorithm][type][op]`, `None` where the algorithm does not
 /// support the type.
@@ -60,35 +62,6 @@ fn two_shot_resident_blocks(functions: &[Option<Function>], device: &Device) -> 
     Ok(fewest)
 }
 
-/// The kernel's name for one variant, as `all_reduce.cu` defines it.
-pub fn kernel_name(algorithm: Algorithm, dtype: DataType, op: Op) -> String {
-    format!(
-        "ncclshim_{}_{}_{}",
-        algorithm.name(),
-        dtype.kernel_suffix(),
-        op.name()
-    )
-}
-
-/// NVRTC's options for one element type's program.
-pub fn options(dtype: DataType, arch: (i32, i32)) -> Vec<String> {
-    let (name, cuda_type) = (dtype.kernel_suffix(), dtype.cuda_type());
-    let mut types = format!("KERNELS({name},{cuda_type})");
-    if Algorithm::Sentinel.supports(dtype) {
-        types += &format!(" SENTINEL_KERNELS({name},{cuda_type})");
-    }
-    vec![
-        format!("--gpu-architecture=sm_{}{}", arch.0, arch.1),
-        "-std=c++17".into(),
-        format!("-DMAX_THREADS={}", policy::MAX_THREADS),
-        format!("-DMAX_RANKS={}", policy::MAX_RANKS),
-        format!("-DMAX_BLOCKS={}", policy::MAX_BLOCKS),
-        format!("-DLL_MAX_BYTES={}", policy::LL_MAX_BYTES),
-        format!("-DSENTINEL_MAX_BYTES={}", policy::SENTINEL_MAX_BYTES),
-        format!("-DNCCL_TYPES={types}"),
-    ]
-}
-
 static LOADED: Mutex<Option<HashMap<i32, Arc<Kernels>>>> = Mutex::new(None);
 
 /// The kernels of `device`, compiled (or read from the disk cache) and loaded on first use.
@@ -99,7 +72,7 @@ pub fn for_device(device: &Device) -> Result<Arc<Kernels>, String> {
         return Ok(kernels.clone());
     }
     let arch = device.compute_capability().map_err(|e| e.to_string())?;
-    let cubins = compile_all(arch)?;
+    let cubins = cubins_for(arch)?;
     let modules = cubins
         .iter()
         .map(|cubin| cuda::load_module(cubin))
@@ -132,19 +105,67 @@ pub fn for_device(device: &Device) -> Result<Arc<Kernels>, String> {
     Ok(kernels)
 }
 
-/// One cubin per element type, in `DataType::ALL` order, compiled in parallel (or read from the
-/// disk cache) once per architecture in this process.
-pub fn compile_all(arch: (i32, i32)) -> Result<Arc<Vec<Vec<u8>>>, String> {
+/// The architectures whose kernels the library carries.
+pub fn built_in_archs() -> Vec<Arch> {
+    BUILT_IN.iter().map(|(arch, _)| *arch).collect()
+}
+
+/// The built-in kernels that run on `arch`: those of the same major version and the newest
+/// minor one not past it (a cubin runs on later minor versions of its major one).
+fn built_in_for(arch: Arch) -> Option<&'static (Arch, &'static [u8])> {
+    BUILT_IN
+        .iter()
+        .filter(|((major, minor), _)| *major == arch.0 && *minor <= arch.1)
+        .max_by_key(|((_, minor), _)| *minor)
+}
+
+/// One cubin per element type, in `DataType::ALL` order, for `arch`: the built-in ones, else
+/// compiled by NVRTC; once per architecture in this process.
+pub fn cubins_for(arch: Arch) -> Result<Arc<Vec<Vec<u8>>>, String> {
     type Cubins = Arc<Vec<Vec<u8>>>;
-    static COMPILED: Mutex<Option<HashMap<(i32, i32), Cubins>>> = Mutex::new(None);
-    let mut compiled = COMPILED.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(cubins) = compiled.get_or_insert_with(HashMap::new).get(&arch) {
+    static READY: Mutex<Option<HashMap<Arch, Cubins>>> = Mutex::new(None);
+    let mut ready = READY.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(cubins) = ready.get_or_insert_with(HashMap::new).get(&arch) {
         return Ok(cubins.clone());
     }
-    let cubins = Arc::new(compile_each_type(arch)?);
-    compiled
+    let cubins = Arc::new(match built_in_for(arch) {
+        Some((_, packed)) => program::unpack(packed)?,
+        None => compile_with_nvrtc(arch)?,
+    });
+    ready
         .get_or_insert_with(HashMap::new)
         .insert(arch, cubins.clone());
+    Ok(cubins)
+}
+
+/// The kernels for a GPU the library carries none for, compiled by NVRTC (or read from the disk
+/// cache), saying so: the first time on a machine this takes about a minute.
+pub fn compile_with_nvrtc(arch: Arch) -> Result<Vec<Vec<u8>>, String> {
+    super::nvrtc::load()?;
+    let (major, minor) = program::nvrtc_version();
+    let built_in: Vec<String> = built_in_archs()
+        .iter()
+        .map(|(a, b)| format!("sm_{a}{b}"))
+        .collect();
+    log_info!(
+        "compiling the core's kernels for sm_{}{} with NVRTC {major}.{minor} (built in: {}): about a minute the first time on a machine, then cached{}",
+        arch.0,
+        arch.1,
+        if built_in.is_empty() {
+            "none".to_string()
+        } else {
+            built_in.join(", ")
+        },
+        cache_dir().map_or(String::new(), |d| format!(" in {}", d.display()))
+    );
+    let started = Instant::now();
+    let cubins = compile_each_type(arch)?;
+    log_info!(
+        "compiled the core's kernels for sm_{}{} in {:.1} s",
+        arch.0,
+        arch.1,
+        started.elapsed().as_secs_f64()
+    );
     Ok(cubins)
 }
 
@@ -164,13 +185,13 @@ fn compile_each_type(arch: (i32, i32)) -> Result<Vec<Vec<u8>>, String> {
 }
 
 fn cached_cubin(dtype: DataType, arch: (i32, i32)) -> Result<Vec<u8>, String> {
-    let options = options(dtype, arch);
-    let key = cache_key(&options);
+    let options = program::options(dtype, arch);
+    let key = program::fingerprint([options.as_slice()], program::nvrtc_version());
     let path = cache_dir().map(|dir| dir.join(format!("all_reduce-{key:016x}.cubin")));
     if let Some(cubin) = path.as_ref().and_then(|p| std::fs::read(p).ok()) {
         return Ok(cubin);
     }
-    let cubin = compile(&options)?;
+    let cubin = program::compile(&options)?;
     if let Some(path) = path {
         // Written whole, then renamed: processes compiling at once never read half a file.
         let partial = path.with_extension(format!("{}.partial", std::process::id()));
@@ -191,67 +212,4 @@ fn cache_dir() -> Option<PathBuf> {
             std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache/ncclshim"))
         })?;
     Some(base.join("kernels"))
-}
-
-/// FNV-1a over the source, the options and NVRTC's version: stable across builds and runs.
-fn cache_key(options: &[String]) -> u64 {
-    let (mut major, mut minor) = (0, 0);
-    // SAFETY: writes two ints.
-    unsafe { nvrtc_sys::nvrtcVersion(&mut major, &mut minor) };
-    let mut hash: u64 = 0xcbf29ce484222325;
-    let mut feed = |bytes: &[u8]| {
-        for &b in bytes {
-            hash = (hash ^ b as u64).wrapping_mul(0x100000001b3);
-        }
-    };
-    feed(SOURCE.as_bytes());
-    for option in options {
-        feed(option.as_bytes());
-        feed(&[0]);
-    }
-    feed(&major.to_le_bytes());
-    feed(&minor.to_le_bytes());
-    hash
-}
-
-/// Compiles `all_reduce.cu` with `options` and returns the cubin.
-pub fn compile(options: &[String]) -> Result<Vec<u8>, String> {
-    let source = CString::new(SOURCE).expect("the kernel source has no NUL");
-    let program = nvrtc::create_program(&source, Some(c"all_reduce.cu"))
-        .map_err(|e| format!("nvrtcCreateProgram: {e:?}"))?;
-    // SAFETY: a program just created, destroyed below.
-    let compiled = unsafe { nvrtc::compile_program(program, options) };
-    let outcome = match compiled {
-        Ok(()) => cubin_of(program),
-        Err(e) => {
-            // SAFETY: the program is alive.
-            let log = unsafe { nvrtc::get_program_log(program) }.unwrap_or_default();
-            let log: Vec<u8> = log
-                .iter()
-                .take_while(|&&c| c != 0)
-                .map(|&c| c as u8)
-                .collect();
-            Err(format!(
-                "NVRTC failed ({e:?}) with {options:?}:\n{}",
-                String::from_utf8_lossy(&log)
-            ))
-        }
-    };
-    // SAFETY: created above, not used after.
-    let _ = unsafe { nvrtc::destroy_program(program) };
-    outcome
-}
-
-fn cubin_of(program: nvrtc_sys::nvrtcProgram) -> Result<Vec<u8>, String> {
-    let mut size = 0usize;
-    // SAFETY: a compiled program; the buffer has the size NVRTC gave.
-    unsafe {
-        nvrtc_sys::nvrtcGetCUBINSize(program, &mut size);
-        let mut cubin = vec![0u8; size];
-        let result = nvrtc_sys::nvrtcGetCUBIN(program, cubin.as_mut_ptr().cast());
-        if result != nvrtc_sys::nvrtcResult::NVRTC_SUCCESS || size == 0 {
-            return Err(format!("nvrtcGetCUBIN: {result:?}"));
-        }
-        Ok(cubin)
-    }
 }

@@ -2,23 +2,28 @@
 //! this host with peer access between every pair of GPUs. Set up when a communicator is created
 //! (`setup`), kept in a side table keyed by the handle (`table`), chosen per call by a policy
 //! that every rank computes alike (`policy`), launched on the caller's stream (`comm`), with
-//! kernels compiled at run time by NVRTC (`kernels`, `all_reduce.cu`).
+//! kernels built into the library for common GPUs and compiled by NVRTC for others (`kernels`,
+//! `program`, `all_reduce.cu`).
 
 mod comm;
 mod cuda;
 mod group;
 pub mod kernels;
 mod launcher;
+mod limits;
 mod nvrtc;
 pub mod policy;
+pub mod program;
 mod setup;
 mod table;
 pub mod types;
+mod watch;
 
 use std::ffi::c_void;
 
 use crate::api::ffi::{
-    cudaStream_t, ncclComm_t, ncclInProgress, ncclResult_t, ncclSuccess, ncclUnhandledCudaError,
+    cudaStream_t, ncclComm_t, ncclInProgress, ncclRemoteError, ncclResult_t, ncclSuccess,
+    ncclUnhandledCudaError,
 };
 use crate::log::{log_info, log_warn};
 
@@ -190,6 +195,10 @@ pub fn all_reduce(
             return first_all_reduce(comm, forward);
         }
     };
+    // A kernel of this communicator gave up waiting for a peer: the ranks are out of step.
+    if core.failed(comm) {
+        return ncclRemoteError;
+    }
     // Bad pointers are for the real NCCL to report, as it reports them.
     if call.send.is_null() || call.recv.is_null() {
         return forward();
@@ -241,6 +250,18 @@ fn first_all_reduce(comm: ncclComm_t, forward: impl FnOnce() -> ncclResult_t) ->
         setup::set_up(&[comm], false);
     }
     state
+}
+
+/// The communicator's asynchronous error as the real NCCL gives it (`real`), or ncclRemoteError
+/// where a kernel of its core gave up waiting for a peer and NCCL saw nothing wrong.
+pub fn async_error(comm: ncclComm_t, real: ncclResult_t) -> ncclResult_t {
+    if real != ncclSuccess {
+        return real;
+    }
+    match table::lookup(comm) {
+        table::Lookup::Core(core) if core.failed(comm) => ncclRemoteError,
+        _ => real,
+    }
 }
 
 /// The communicator is going away (ncclCommDestroy, or ncclCommAbort with `abort`): release its

@@ -13,9 +13,11 @@
 //!   NCCLSHIM_ALL_REDUCE_MAX_BYTES=N      the core up to N bytes (two-shot above one-shot's limit)
 //!   NCCLSHIM_DIRECT=0                    no direct two-shot (ranks of one process), staged only
 //!   NCCLSHIM_TWO_SHOT_BLOCKS=N           two-shot grids of at most N blocks (1 to 256)
-//! and two that change only how kernels are launched, not which run (they may differ by rank):
+//! and three that change only how kernels are launched, not which run (they may differ by rank):
 //!   NCCLSHIM_LAUNCH_HELPERS=0            a group's all-reduces on several GPUs launched in turn
 //!   NCCLSHIM_EARLY_LAUNCH=0              no programmatic stream serialization
+//!   NCCLSHIM_TIMEOUT=S                   a kernel gives up waiting for a peer after S seconds
+//!                                        (default 1800; 0: never), and the shim says so
 
 use std::sync::OnceLock;
 
@@ -27,20 +29,11 @@ pub const STAGING_HALF_BYTES: usize = 16 << 20;
 /// Largest one-shot: its slot per sender, a staging area (more than `2 * STAGING_HALF_BYTES`)
 /// shared by MAX_RANKS senders (see all_reduce.cu).
 pub const ONE_SHOT_LIMIT_BYTES: usize = 2 * STAGING_HALF_BYTES / MAX_RANKS;
-// MAX_THREADS, MAX_BLOCKS, MAX_RANKS, LL_MAX_BYTES and SENTINEL_MAX_BYTES are passed to
-// all_reduce.cu (kernels::options).
-/// The kernels' `__launch_bounds__`.
-pub const MAX_THREADS: u32 = 512;
-/// Blocks per launch of the kernels with per-block flags: sizes their flag arrays (the sentinel
-/// kernel has none, see SENTINEL_BLOCKS).
-pub const MAX_BLOCKS: u32 = 256;
-pub const MAX_RANKS: usize = 8;
-/// Largest low-latency all-reduce: sizes the inboxes.
-pub const LL_MAX_BYTES: usize = 128 << 10;
+// The limits compiled into the kernels (MAX_THREADS, MAX_BLOCKS, MAX_RANKS, LL_MAX_BYTES,
+// SENTINEL_MAX_BYTES) live in limits.rs, which the build script reads too.
+pub use super::limits::*;
 /// The low-latency inboxes: 2 parities x MAX_RANKS senders x packets of twice the payload.
 pub const INBOX_BYTES: usize = 2 * MAX_RANKS * 2 * LL_MAX_BYTES;
-/// Largest sentinel all-reduce: sizes the sentinel inboxes.
-pub const SENTINEL_MAX_BYTES: usize = 512 << 10;
 /// The sentinel inboxes: 2 parities x MAX_RANKS senders x the payload.
 pub const SENTINEL_INBOX_BYTES: usize = 2 * MAX_RANKS * SENTINEL_MAX_BYTES;
 /// The sentinel kernel's largest grid: a 16-byte pack per thread, 64 threads per block.
@@ -51,6 +44,11 @@ const SENTINEL_BLOCKS: u32 = (SENTINEL_MAX_BYTES / 16 / 64) as u32;
 pub const fn staging_bytes(half_bytes: usize) -> usize {
     2 * (2 * half_bytes + 256)
 }
+
+/// How long a core kernel waits for a peer by default before it gives up: a rank that never
+/// comes (it skipped a call, or died) is found, yet far longer than any peer is slow for good
+/// reason (PyTorch's own collective timeout is 10 minutes).
+pub const DEFAULT_WAIT_LIMIT_S: u32 = 1800;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Settings {
@@ -72,6 +70,8 @@ pub struct Settings {
     pub launch_helpers: bool,
     /// Kernels launched with programmatic stream serialization (all_reduce.cu).
     pub early_launch: bool,
+    /// How long a kernel waits for a peer before it gives up, in seconds (0: for ever).
+    pub wait_limit_s: u32,
 }
 
 impl Settings {
@@ -88,6 +88,7 @@ impl Settings {
             two_shot_blocks: None,
             launch_helpers: true,
             early_launch: true,
+            wait_limit_s: DEFAULT_WAIT_LIMIT_S,
         }
     }
 
@@ -167,6 +168,9 @@ impl Settings {
             bytes("NCCLSHIM_TWO_SHOT_BLOCKS").map(|n| n.clamp(1, MAX_BLOCKS as usize) as u32);
         s.launch_helpers = !off("NCCLSHIM_LAUNCH_HELPERS");
         s.early_launch = !off("NCCLSHIM_EARLY_LAUNCH");
+        if let Some(seconds) = get("NCCLSHIM_TIMEOUT").and_then(|v| v.trim().parse::<u64>().ok()) {
+            s.wait_limit_s = seconds.min(u32::MAX as u64) as u32;
+        }
         match get("NCCLSHIM_FORCE")
             .map(|v| v.trim().to_ascii_lowercase())
             .as_deref()
@@ -478,6 +482,13 @@ mod tests {
             "the core's limit bounds every kernel's"
         );
         assert!(with(&[]).direct && !with(&[("NCCLSHIM_DIRECT", "0")]).direct);
+        let waits = |v: &'static str| with(&[("NCCLSHIM_TIMEOUT", v)]).wait_limit_s;
+        assert_eq!(with(&[]).wait_limit_s, DEFAULT_WAIT_LIMIT_S);
+        assert_eq!(
+            (waits("5"), waits("0"), waits("x")),
+            (5, 0, DEFAULT_WAIT_LIMIT_S)
+        );
+        assert_eq!(waits("99999999999"), u32::MAX);
     }
 
     #[test]

@@ -6,9 +6,10 @@
 
 use std::ffi::c_void;
 use std::sync::{Arc, OnceLock};
+use std::time::Instant;
 
 use super::comm::{CoreComm, FLAGS_BYTES, Parts};
-use super::cuda::{self, Cuda, Device, DevicePtr, HostFlag};
+use super::cuda::{self, Cuda, Device, DevicePtr, HostControl, IpcMapping, StreamOrder};
 use super::policy::{
     self, CommFacts, INBOX_BYTES, MAX_RANKS, SENTINEL_INBOX_BYTES, STAGING_HALF_BYTES,
 };
@@ -95,7 +96,10 @@ struct Exchange {
 /// What a rank opened of its peers' buffers, for a yes verdict.
 struct Mapped {
     bases: Vec<DevicePtr>,
-    opened: Vec<DevicePtr>,
+    /// Unmapped when dropped: on every path where the core does not come on.
+    opened: Vec<IpcMapping>,
+    /// The GPUs of the other ranks in this process.
+    peer_devices: Vec<i32>,
     /// What every rank computes alike from the gathered records.
     facts: CommFacts,
 }
@@ -107,6 +111,7 @@ pub fn set_up(comms: &[ncclComm_t], blocking: bool) {
     if !policy::settings().enabled || comms.is_empty() || !cuda_ready() {
         return;
     }
+    let started = Instant::now();
     let _keep = cuda::KeepCurrent::new();
     // Stream captures on this thread (a nonblocking communicator's first all-reduce may be
     // captured) must not forbid our allocations and copies: none of it goes on their streams.
@@ -138,7 +143,7 @@ pub fn set_up(comms: &[ncclComm_t], blocking: bool) {
         let everyone = verdicts
             .as_ref()
             .is_some_and(|v| v.chunks(4).all(|c| c[0] == 1));
-        finish(candidate, mapped, everyone);
+        finish(candidate, mapped, everyone, started);
     }
     for candidate in &mut candidates {
         if let Some(exchange) = candidate.exchange.take() {
@@ -239,41 +244,60 @@ fn exchange_space(ordinal: i32, nranks: usize) -> Cuda<Exchange> {
     })
 }
 
-/// Kernels, buffer and abort flag of this rank.
+/// Kernels, buffer and control block of this rank.
 fn own_parts(device: Device) -> Result<Parts, String> {
+    if let Some(why) = p2p_forbidden(|name| std::env::var(name).ok()) {
+        return Err(why);
+    }
     let _context = device.enter().map_err(|e| e.to_string())?;
     let (major, minor) = device.compute_capability().map_err(|e| e.to_string())?;
     if major < 9 {
         return Err(format!("sm_{major}{minor}: the core needs sm_90 or newer"));
     }
-    super::nvrtc::load()?;
     let kernels = kernels::for_device(&device)?;
     let half_bytes = STAGING_HALF_BYTES as u64;
     let inbox = FLAGS_BYTES + policy::staging_bytes(STAGING_HALF_BYTES);
     let sentinel_inbox = inbox + INBOX_BYTES;
     let buffer = cuda::alloc(sentinel_inbox + SENTINEL_INBOX_BYTES).map_err(|e| e.to_string())?;
-    let rest = || -> Cuda<HostFlag> {
+    let rest = || -> Cuda<(HostControl, StreamOrder)> {
         // Flags, epochs and the low-latency inboxes start at zero: no epoch is zero.
         cuda::zero(buffer, FLAGS_BYTES)?;
         cuda::zero(buffer + inbox as u64, INBOX_BYTES)?;
         // The sentinel inboxes start empty: every byte 0xff (all_reduce.cu, "Sentinel").
         cuda::fill(buffer + sentinel_inbox as u64, 0xff, SENTINEL_INBOX_BYTES)?;
-        HostFlag::new()
+        let control = HostControl::new(policy::settings().wait_limit_s)?;
+        Ok((control, StreamOrder::new()?))
     };
     match rest() {
-        Ok(abort) => Ok(Parts {
+        Ok((control, order)) => Ok(Parts {
             device,
             kernels,
             buffer,
             half_bytes,
-            abort,
+            control,
             early_launch: early_launch(),
+            order,
         }),
         Err(e) => {
             cuda::free(buffer);
             Err(e.to_string())
         }
     }
+}
+
+/// Why the core must stay off where the user told NCCL not to use peer-to-peer between GPUs
+/// (`NCCL_P2P_DISABLE=1`, `NCCL_P2P_LEVEL=LOC` or `0`): the core is nothing but peer-to-peer.
+fn p2p_forbidden(get: impl Fn(&str) -> Option<String>) -> Option<String> {
+    let value = |name: &str| get(name).map(|v| v.trim().to_ascii_uppercase());
+    if value("NCCL_P2P_DISABLE").is_some_and(|v| v != "0" && !v.is_empty()) {
+        return Some("NCCL_P2P_DISABLE is set: no peer-to-peer between GPUs".into());
+    }
+    if let Some(level) = value("NCCL_P2P_LEVEL").filter(|v| v == "LOC" || v == "0") {
+        return Some(format!(
+            "NCCL_P2P_LEVEL={level}: no peer-to-peer between GPUs"
+        ));
+    }
+    None
 }
 
 /// Whether kernels are launched early (programmatic stream serialization, see all_reduce.cu):
@@ -406,6 +430,7 @@ fn map_peers(candidate: &Candidate, gathered: &[u8]) -> Result<Mapped, String> {
     let mut mapped = Mapped {
         bases: Vec::new(),
         opened: Vec::new(),
+        peer_devices: Vec::new(),
         facts: CommFacts {
             nranks: records.len(),
             single_process: records.iter().all(|r| r.process == me.process),
@@ -422,7 +447,6 @@ fn map_peers(candidate: &Candidate, gathered: &[u8]) -> Result<Mapped, String> {
                 .can_access_peer(&peer)
                 .map_err(|e| e.to_string())?
             {
-                close(&mapped.opened);
                 return Err(format!(
                     "no peer access from GPU {} to GPU {}",
                     parts.device.ordinal, peer.ordinal
@@ -432,18 +456,14 @@ fn map_peers(candidate: &Candidate, gathered: &[u8]) -> Result<Mapped, String> {
                 .device
                 .enable_peer_access(&peer)
                 .map_err(|e| e.to_string())?;
+            mapped.peer_devices.push(peer.ordinal);
             record.buffer
         } else {
-            match cuda::ipc_open(&record.ipc) {
-                Ok(pointer) => {
-                    mapped.opened.push(pointer);
-                    pointer
-                }
-                Err(e) => {
-                    close(&mapped.opened);
-                    return Err(format!("rank {r}'s buffer: {e}"));
-                }
-            }
+            let mapping = IpcMapping::open(parts.device, &record.ipc)
+                .map_err(|e| format!("rank {r}'s buffer: {e}"))?;
+            let pointer = mapping.pointer;
+            mapped.opened.push(mapping);
+            pointer
         };
         mapped.bases.push(base);
     }
@@ -473,23 +493,23 @@ fn agree(records: &[Record], rank: usize) -> Result<(), String> {
     Ok(())
 }
 
-fn close(opened: &[DevicePtr]) {
-    for &pointer in opened {
-        cuda::ipc_close(pointer);
-    }
-}
-
-fn finish(candidate: &mut Candidate, mapped: Result<Mapped, String>, everyone: bool) {
+fn finish(
+    candidate: &mut Candidate,
+    mapped: Result<Mapped, String>,
+    everyone: bool,
+    started: Instant,
+) {
     let parts = candidate.parts.take();
     match (parts, mapped, everyone) {
         (Some(parts), Ok(mapped), true) => {
             let settings = policy::settings();
             log_info!(
-                "core on for comm {:p} rank {}/{} on GPU {} (all-reduce: sentinel for floating-point types up to {} B, low-latency up to {} B, one-shot up to {} B, {} two-shot up to {} B)",
+                "core on for comm {:p} rank {}/{} on GPU {}, set up in {:.3} s (all-reduce: sentinel for floating-point types up to {} B, low-latency up to {} B, one-shot up to {} B, {} two-shot up to {} B)",
                 candidate.comm,
                 candidate.rank,
                 candidate.nranks,
                 parts.device.ordinal,
+                started.elapsed().as_secs_f64(),
                 settings.sentinel_max(candidate.nranks),
                 settings.ll_max(candidate.nranks),
                 settings.one_shot_max(candidate.nranks),
@@ -507,6 +527,7 @@ fn finish(candidate: &mut Candidate, mapped: Result<Mapped, String>, everyone: b
                 parts,
                 &mapped.bases,
                 mapped.opened,
+                mapped.peer_devices,
             );
             table::insert(candidate.comm, Arc::new(core));
         }
@@ -521,10 +542,8 @@ fn finish(candidate: &mut Candidate, mapped: Result<Mapped, String>, everyone: b
                 candidate.comm,
                 candidate.rank
             );
-            if let Ok(mapped) = mapped {
-                let _context = parts.as_ref().map(|p| p.device.enter());
-                close(&mapped.opened);
-            }
+            // The peers' buffers this rank mapped are unmapped as `mapped` drops.
+            drop(mapped);
             if let Some(parts) = parts {
                 let _context = parts.device.enter();
                 cuda::free(parts.buffer);
@@ -622,5 +641,22 @@ mod tests {
                 "{verdict:?} should say {why}"
             );
         }
+    }
+
+    #[test]
+    fn the_core_stays_off_where_nccl_is_told_not_to_use_peer_to_peer() {
+        let with = |vars: &'static [(&str, &str)]| {
+            p2p_forbidden(move |name| {
+                vars.iter()
+                    .find(|(k, _)| *k == name)
+                    .map(|(_, v)| v.to_string())
+            })
+        };
+        assert_eq!(with(&[]), None);
+        assert_eq!(with(&[("NCCL_P2P_DISABLE", "0")]), None);
+        assert_eq!(with(&[("NCCL_P2P_LEVEL", "NVL")]), None);
+        assert!(with(&[("NCCL_P2P_DISABLE", "1")]).is_some_and(|w| w.contains("DISABLE")));
+        assert!(with(&[("NCCL_P2P_LEVEL", "loc")]).is_some_and(|w| w.contains("LOC")));
+        assert!(with(&[("NCCL_P2P_LEVEL", "0")]).is_some());
     }
 }

@@ -95,7 +95,8 @@ pub fn insert(comm: ncclComm_t, core: Arc<CoreComm>) {
             }
         });
         entry.state = State::Core(core);
-    })
+    });
+    super::watch::start();
 }
 
 #[inline]
@@ -124,6 +125,18 @@ pub fn blocking(comm: ncclComm_t) -> bool {
 }
 
 /// Forgets `comm` (its handle may come back for another communicator); its core, if it had one.
+/// Every communicator with a core, for the watcher (watch.rs).
+pub fn cores() -> Vec<(ncclComm_t, Arc<CoreComm>)> {
+    let table = TABLE.read().unwrap_or_else(|e| e.into_inner());
+    let entries = table.iter().flat_map(|t| t.iter());
+    entries
+        .filter_map(|(&comm, entry)| match &entry.state {
+            State::Core(core) => Some((comm as ncclComm_t, core.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
 pub fn remove(comm: ncclComm_t) -> Option<Arc<CoreComm>> {
     with_table(|table| {
         let removed = table.remove(&(comm as usize))?;

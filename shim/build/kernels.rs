@@ -1,0 +1,191 @@
+//! Compiles the core's kernels ahead of time, so that no GPU the library carries kernels for
+//! waits for NVRTC at run time: every element type's program for every architecture of
+//! `NCCLSHIM_KERNEL_ARCHS` (default `program::BUILT_IN_ARCHS`, e.g. "90 100 120"), with the NVRTC
+//! at `NCCLSHIM_BUILD_NVRTC` (or one the loader finds by name), packed per architecture into
+//! `$OUT_DIR` and listed in `$OUT_DIR/built_in_kernels.rs` for `include_bytes!`. Packs are cached
+//! across builds under `$NCCLSHIM_CACHE/built-in-kernels` (`~/.cache/ncclshim`), keyed by what
+//! they are compiled from. Without NVRTC the library is built without kernels (and compiles
+//! them at run time).
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use libloading::os::unix::{Library, RTLD_GLOBAL, RTLD_NOW};
+
+use crate::program::{self, Arch};
+use crate::types::DataType;
+
+const WATCHED: [&str; 5] = [
+    "src/core/all_reduce.cu",
+    "src/core/program.rs",
+    "src/core/limits.rs",
+    "src/core/types.rs",
+    "build/kernels.rs",
+];
+
+/// Writes `$OUT_DIR/built_in_kernels.rs`, compiling what the cache lacks; `Err` stops the build.
+pub fn build(out_dir: &Path) -> Result<(), String> {
+    for var in [
+        "NCCLSHIM_BUILD_NVRTC",
+        "NCCLSHIM_KERNEL_ARCHS",
+        "NCCLSHIM_CACHE",
+    ] {
+        println!("cargo:rerun-if-env-changed={var}");
+    }
+    for file in WATCHED {
+        println!("cargo:rerun-if-changed={file}");
+    }
+    let archs = archs()?;
+    let packs = if archs.is_empty() {
+        Vec::new()
+    } else if let Err(why) = load_nvrtc()? {
+        println!(
+            "cargo:warning=no kernels built in ({why}): the library compiles them with NVRTC at run time, a minute or more on each new machine. `make build` fetches NVRTC; or set NCCLSHIM_BUILD_NVRTC"
+        );
+        Vec::new()
+    } else {
+        packs(&archs, out_dir)?
+    };
+    let mut table = String::from(
+        "/// The kernels the library carries: (architecture, its packed cubins), from build/kernels.rs.\n\
+         static BUILT_IN: &[((i32, i32), &[u8])] = &[\n",
+    );
+    for ((major, minor), path) in &packs {
+        let path = path.to_str().ok_or("OUT_DIR is not UTF-8")?;
+        table += &format!("    (({major}, {minor}), include_bytes!({path:?})),\n");
+    }
+    table += "];\n";
+    std::fs::write(out_dir.join("built_in_kernels.rs"), table).map_err(|e| e.to_string())
+}
+
+/// The architectures to build for: `NCCLSHIM_KERNEL_ARCHS` ("90 100", "none"), else the default.
+fn archs() -> Result<Vec<Arch>, String> {
+    let Ok(list) = std::env::var("NCCLSHIM_KERNEL_ARCHS") else {
+        return Ok(program::BUILT_IN_ARCHS.to_vec());
+    };
+    let words = list
+        .split([' ', ','])
+        .filter(|w| !w.is_empty() && *w != "none");
+    words
+        .map(|word| {
+            let digits = word.trim_start_matches("sm_");
+            let number: i32 = digits
+                .parse()
+                .map_err(|_| format!("NCCLSHIM_KERNEL_ARCHS: {word:?} is not like 90 or sm_100"))?;
+            Ok((number / 10, number % 10))
+        })
+        .collect()
+}
+
+/// Makes NVRTC callable: `Ok(Err(why))` where none is found (the build goes on without kernels),
+/// `Err` where the one named by NCCLSHIM_BUILD_NVRTC cannot be used (the build stops).
+fn load_nvrtc() -> Result<Result<(), String>, String> {
+    // SAFETY: only tries to dlopen NVRTC by its usual names.
+    let present = || unsafe { cudarc::nvrtc::sys::is_culib_present() };
+    let Some(path) = std::env::var_os("NCCLSHIM_BUILD_NVRTC").filter(|p| !p.is_empty()) else {
+        return Ok(present()
+            .then_some(())
+            .ok_or_else(|| "no NVRTC found by name, NCCLSHIM_BUILD_NVRTC unset".to_string()));
+    };
+    let path = PathBuf::from(path);
+    println!("cargo:rerun-if-changed={}", path.display());
+    let text = path.to_str().ok_or("NCCLSHIM_BUILD_NVRTC is not UTF-8")?;
+    // SAFETY: NVIDIA's NVRTC library; kept loaded while the build script runs, so that cudarc's
+    // lookup by name finds it.
+    let library = unsafe { Library::open(Some(text), RTLD_NOW | RTLD_GLOBAL) }
+        .map_err(|e| format!("NCCLSHIM_BUILD_NVRTC={text}: {e}"))?;
+    std::mem::forget(library);
+    if !present() {
+        return Err(format!(
+            "NCCLSHIM_BUILD_NVRTC={text} loaded, but not as libnvrtc.so.N"
+        ));
+    }
+    Ok(Ok(()))
+}
+
+/// Each architecture's pack in `out_dir`, from the cache or compiled (all programs of every
+/// missing architecture at once, one per core).
+fn packs(archs: &[Arch], out_dir: &Path) -> Result<Vec<(Arch, PathBuf)>, String> {
+    let nvrtc = program::nvrtc_version();
+    let cache = cache_dir();
+    let mut missing = Vec::new();
+    let mut found = Vec::new();
+    for &arch in archs {
+        let programs = DataType::ALL.map(|t| program::options(t, arch));
+        let key = program::fingerprint(programs.iter().map(Vec::as_slice), nvrtc);
+        let name = format!("sm_{}{}-{key:016x}.cubins.zst", arch.0, arch.1);
+        let out = out_dir.join(&name);
+        let cached = cache.as_ref().map(|dir| dir.join(&name));
+        if let Some(cached) = cached.as_ref().filter(|c| c.is_file()) {
+            std::fs::copy(cached, &out).map_err(|e| format!("{}: {e}", cached.display()))?;
+        } else {
+            missing.push((arch, programs));
+        }
+        found.push((arch, out, cached));
+    }
+    let jobs: Vec<(usize, usize)> = (0..missing.len())
+        .flat_map(|a| (0..DataType::ALL.len()).map(move |t| (a, t)))
+        .collect();
+    let compiled = compile_in_parallel(&missing, &jobs)?;
+    for (a, (arch, _)) in missing.iter().enumerate() {
+        let cubins: Vec<Vec<u8>> = (0..DataType::ALL.len())
+            .map(|t| compiled[a * DataType::ALL.len() + t].clone())
+            .collect();
+        let packed = program::pack(&cubins)?;
+        let (_, out, cached) = found.iter().find(|(x, ..)| x == arch).unwrap();
+        std::fs::write(out, &packed).map_err(|e| format!("{}: {e}", out.display()))?;
+        if let Some(cached) = cached {
+            // Written whole, then renamed: builds running at once never read half a file.
+            let partial = cached.with_extension(format!("{}.partial", std::process::id()));
+            let _ = std::fs::create_dir_all(cached.parent().unwrap())
+                .and_then(|()| std::fs::write(&partial, &packed))
+                .and_then(|()| std::fs::rename(&partial, cached));
+        }
+    }
+    Ok(found
+        .into_iter()
+        .map(|(arch, out, _)| (arch, out))
+        .collect())
+}
+
+/// Compiles `jobs` (architecture, type) of `missing` on every core; the cubins in job order.
+fn compile_in_parallel(
+    missing: &[(Arch, [Vec<String>; DataType::ALL.len()])],
+    jobs: &[(usize, usize)],
+) -> Result<Vec<Vec<u8>>, String> {
+    let next = AtomicUsize::new(0);
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let mut done: Vec<(usize, Result<Vec<u8>, String>)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..workers.min(jobs.len()))
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut mine = Vec::new();
+                    while let Some(&(a, t)) = jobs.get(next.fetch_add(1, Ordering::Relaxed)) {
+                        mine.push((
+                            a * DataType::ALL.len() + t,
+                            program::compile(&missing[a].1[t]),
+                        ));
+                    }
+                    mine
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("a compiling thread panicked"))
+            .collect()
+    });
+    done.sort_by_key(|(i, _)| *i);
+    done.into_iter().map(|(_, cubin)| cubin).collect()
+}
+
+/// `$NCCLSHIM_CACHE/built-in-kernels`, else `~/.cache/ncclshim/built-in-kernels`.
+fn cache_dir() -> Option<PathBuf> {
+    let base = std::env::var_os("NCCLSHIM_CACHE")
+        .filter(|b| !b.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache/ncclshim"))
+        })?;
+    Some(base.join("built-in-kernels"))
+}

@@ -1,0 +1,14 @@
+//! The limits compiled into the kernels (`all_reduce.cu` takes them as `-D` options, see
+//! program.rs): kept apart from the policy so that the build script, which compiles the kernels
+//! ahead of time, reads the very same numbers.
+
+/// The kernels' `__launch_bounds__`.
+pub const MAX_THREADS: u32 = 512;
+/// Blocks per launch of the kernels with per-block flags: sizes their flag arrays (the sentinel
+/// kernel has none, see policy::SENTINEL_BLOCKS).
+pub const MAX_BLOCKS: u32 = 256;
+pub const MAX_RANKS: usize = 8;
+/// Largest low-latency all-reduce: sizes the inboxes.
+pub const LL_MAX_BYTES: usize = 128 << 10;
+/// Largest sentinel all-reduce: sizes the sentinel inboxes.
+pub const SENTINEL_MAX_BYTES: usize = 512 << 10;

@@ -1,0 +1,194 @@
+//! The kernels' program: `all_reduce.cu`, how NVRTC compiles it (one program per element type,
+//! for one GPU architecture), the names of the kernels it defines, and how a set of compiled
+//! programs is packed into the library. Shared by the build script, which compiles them ahead of
+//! time for the architectures in `BUILT_IN_ARCHS`, and the run time, which compiles them only for
+//! other GPUs.
+
+use std::ffi::CString;
+
+use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
+
+use super::limits::{LL_MAX_BYTES, MAX_BLOCKS, MAX_RANKS, MAX_THREADS, SENTINEL_MAX_BYTES};
+use super::types::{Algorithm, DataType, Op};
+
+pub const SOURCE: &str = include_str!("all_reduce.cu");
+
+/// A GPU architecture, as CUDA's compute capability (major, minor).
+pub type Arch = (i32, i32);
+
+/// The architectures the library carries compiled kernels for (unless built with
+/// `NCCLSHIM_KERNEL_ARCHS`): Hopper (sm_90: H100, H200, GH200), datacenter Blackwell (sm_100:
+/// B200, GB200; its code also runs on sm_103) and Blackwell workstations (sm_120). The core
+/// needs sm_90 or newer, so nothing older.
+pub const BUILT_IN_ARCHS: [Arch; 3] = [(9, 0), (10, 0), (12, 0)];
+
+/// The kernel's name for one variant, as `all_reduce.cu` defines it.
+pub fn kernel_name(algorithm: Algorithm, dtype: DataType, op: Op) -> String {
+    format!(
+        "ncclshim_{}_{}_{}",
+        algorithm.name(),
+        dtype.kernel_suffix(),
+        op.name()
+    )
+}
+
+/// NVRTC's options for one element type's program.
+pub fn options(dtype: DataType, arch: Arch) -> Vec<String> {
+    let (name, cuda_type) = (dtype.kernel_suffix(), dtype.cuda_type());
+    let mut types = format!("KERNELS({name},{cuda_type})");
+    if Algorithm::Sentinel.supports(dtype) {
+        types += &format!(" SENTINEL_KERNELS({name},{cuda_type})");
+    }
+    vec![
+        format!("--gpu-architecture=sm_{}{}", arch.0, arch.1),
+        "-std=c++17".into(),
+        format!("-DMAX_THREADS={MAX_THREADS}"),
+        format!("-DMAX_RANKS={MAX_RANKS}"),
+        format!("-DMAX_BLOCKS={MAX_BLOCKS}"),
+        format!("-DLL_MAX_BYTES={LL_MAX_BYTES}"),
+        format!("-DSENTINEL_MAX_BYTES={SENTINEL_MAX_BYTES}"),
+        format!("-DNCCL_TYPES={types}"),
+    ]
+}
+
+/// The loaded NVRTC's version (major, minor).
+pub fn nvrtc_version() -> (i32, i32) {
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: writes two ints.
+    unsafe { nvrtc_sys::nvrtcVersion(&mut major, &mut minor) };
+    (major, minor)
+}
+
+/// FNV-1a over the source, each program's options and NVRTC's version: what a compiled program
+/// depends on, stable across builds and runs (the key of the caches of compiled programs).
+pub fn fingerprint<'a>(programs: impl IntoIterator<Item = &'a [String]>, nvrtc: (i32, i32)) -> u64 {
+    let mut hash: u64 = 0xcbf29ce484222325;
+    let mut feed = |bytes: &[u8]| {
+        for &b in bytes {
+            hash = (hash ^ b as u64).wrapping_mul(0x100000001b3);
+        }
+    };
+    feed(SOURCE.as_bytes());
+    for options in programs {
+        for option in options {
+            feed(option.as_bytes());
+            feed(&[0]);
+        }
+        feed(&[1]);
+    }
+    feed(&nvrtc.0.to_le_bytes());
+    feed(&nvrtc.1.to_le_bytes());
+    hash
+}
+
+/// Compiles `all_reduce.cu` with `options` and returns the cubin. Needs NVRTC loaded.
+pub fn compile(options: &[String]) -> Result<Vec<u8>, String> {
+    let source = CString::new(SOURCE).expect("the kernel source has no NUL");
+    let program = nvrtc::create_program(&source, Some(c"all_reduce.cu"))
+        .map_err(|e| format!("nvrtcCreateProgram: {e:?}"))?;
+    // SAFETY: a program just created, destroyed below.
+    let compiled = unsafe { nvrtc::compile_program(program, options) };
+    let outcome = match compiled {
+        Ok(()) => cubin_of(program),
+        Err(e) => {
+            // SAFETY: the program is alive.
+            let log = unsafe { nvrtc::get_program_log(program) }.unwrap_or_default();
+            let log: Vec<u8> = log
+                .iter()
+                .take_while(|&&c| c != 0)
+                .map(|&c| c as u8)
+                .collect();
+            Err(format!(
+                "NVRTC failed ({e:?}) with {options:?}:\n{}",
+                String::from_utf8_lossy(&log)
+            ))
+        }
+    };
+    // SAFETY: created above, not used after.
+    let _ = unsafe { nvrtc::destroy_program(program) };
+    outcome
+}
+
+fn cubin_of(program: nvrtc_sys::nvrtcProgram) -> Result<Vec<u8>, String> {
+    let mut size = 0usize;
+    // SAFETY: a compiled program; the buffer has the size NVRTC gave.
+    unsafe {
+        nvrtc_sys::nvrtcGetCUBINSize(program, &mut size);
+        let mut cubin = vec![0u8; size];
+        let result = nvrtc_sys::nvrtcGetCUBIN(program, cubin.as_mut_ptr().cast());
+        if result != nvrtc_sys::nvrtcResult::NVRTC_SUCCESS || size == 0 {
+            return Err(format!("nvrtcGetCUBIN: {result:?}"));
+        }
+        Ok(cubin)
+    }
+}
+
+/// One architecture's cubins (one per element type, in `DataType::ALL` order) as the library
+/// carries them: each one's length (u64, little-endian) then its bytes, compressed with zstd.
+/// The programs of different types share most of their code, which compresses 13-fold together.
+pub fn pack(cubins: &[Vec<u8>]) -> Result<Vec<u8>, String> {
+    let mut joined = Vec::with_capacity(cubins.iter().map(|c| c.len() + 8).sum());
+    for cubin in cubins {
+        joined.extend_from_slice(&(cubin.len() as u64).to_le_bytes());
+        joined.extend_from_slice(cubin);
+    }
+    zstd::bulk::compress(&joined, 19).map_err(|e| format!("zstd: {e}"))
+}
+
+/// The cubins of `pack`, one per element type.
+pub fn unpack(packed: &[u8]) -> Result<Vec<Vec<u8>>, String> {
+    let mut joined = Vec::new();
+    zstd::stream::copy_decode(packed, &mut joined).map_err(|e| format!("zstd: {e}"))?;
+    let mut cubins = Vec::with_capacity(DataType::ALL.len());
+    let mut rest = joined.as_slice();
+    while let Some((length, tail)) = rest.split_first_chunk::<8>() {
+        let length = u64::from_le_bytes(*length) as usize;
+        let cubin = tail.get(..length).ok_or("a packed cubin is cut short")?;
+        cubins.push(cubin.to_vec());
+        rest = &tail[length..];
+    }
+    if !rest.is_empty() || cubins.len() != DataType::ALL.len() {
+        return Err(format!(
+            "packed kernels hold {} programs, not one per type ({})",
+            cubins.len(),
+            DataType::ALL.len()
+        ));
+    }
+    Ok(cubins)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packed_cubins_come_back_whole_and_in_order() {
+        let cubins: Vec<Vec<u8>> = DataType::ALL
+            .iter()
+            .map(|t| {
+                let mut cubin = b"\x7fELF".to_vec();
+                cubin.extend(std::iter::repeat_n(*t as u8, 1000 + *t as usize));
+                cubin
+            })
+            .collect();
+        let packed = pack(&cubins).unwrap();
+        assert!(packed.len() < cubins.iter().map(Vec::len).sum::<usize>() / 4);
+        assert_eq!(unpack(&packed).unwrap(), cubins);
+        assert!(
+            unpack(&pack(&cubins[..3]).unwrap()).is_err(),
+            "one per type"
+        );
+        let cut = zstd::bulk::compress(&[9, 0, 0, 0, 0, 0, 0, 0, 1], 1).unwrap();
+        assert!(unpack(&cut).is_err(), "a length past the end");
+        assert!(unpack(b"not zstd").is_err());
+    }
+
+    #[test]
+    fn the_fingerprint_follows_options_and_nvrtc() {
+        let programs = |arch| DataType::ALL.map(|t| options(t, arch));
+        let key = |arch, nvrtc| fingerprint(programs(arch).iter().map(Vec::as_slice), nvrtc);
+        assert_eq!(key((9, 0), (12, 9)), key((9, 0), (12, 9)));
+        assert_ne!(key((9, 0), (12, 9)), key((10, 0), (12, 9)));
+        assert_ne!(key((9, 0), (12, 9)), key((9, 0), (13, 0)));
+    }
+}

@@ -1,0 +1,26 @@
+//! The watcher: a thread of ours, started with the first core, that looks every second for
+//! kernels that gave up waiting for a peer (NCCLSHIM_TIMEOUT), so that the WARN comes even where
+//! the program never asks (`CoreComm::failed` says it, once per communicator).
+
+use std::sync::Once;
+use std::time::Duration;
+
+use super::table;
+
+pub fn start() {
+    static STARTED: Once = Once::new();
+    STARTED.call_once(|| {
+        let spawned = std::thread::Builder::new()
+            .name("ncclshim-watch".into())
+            .spawn(|| {
+                loop {
+                    std::thread::sleep(Duration::from_secs(1));
+                    for (comm, core) in table::cores() {
+                        core.failed(comm);
+                    }
+                }
+            });
+        // Without the thread, the WARN comes at the communicator's next call instead.
+        drop(spawned);
+    });
+}
