@@ -222,9 +222,11 @@ __device__ __forceinline__ u64 global_ns() {
   return t;
 }
 // Whether a wait for `peer` (-1: blocks of this grid) should stop: asked every 1024 spins by
-// every waiting loop, `since` starting at 0 (the first ask starts the clock).
+// every waiting loop, `since` starting at 0 (the first ask starts the clock). A kernel that gave
+// up leaves wrong results; the host reports it and fails the communicator's later calls.
 __device__ __noinline__ bool give_up(const volatile int* abort, u64& since, int peer) {
-  if (load_volatile(abort)) return true;
+  // Once one wait has given up, the ranks are out of step: every later wait gives up at once.
+  if (load_volatile(abort) || load_volatile(abort + 2)) return true;
   u64 now = global_ns();
   if (since == 0) {
     since = now;

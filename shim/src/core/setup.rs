@@ -235,13 +235,21 @@ fn prepare(comm: ncclComm_t, blocking: bool) -> Candidate {
 fn exchange_space(ordinal: i32, nranks: usize) -> Cuda<Exchange> {
     let device = Device::open(ordinal)?;
     let _context = device.enter()?;
-    let buffer = cuda::alloc(nranks.max(1) * RECORD_BYTES)?;
-    let stream = cuda::stream_create()?;
-    Ok(Exchange {
-        device,
-        buffer,
-        stream,
-    })
+    let bytes = nranks.max(1) * RECORD_BYTES;
+    let buffer = cuda::alloc(bytes)?;
+    // Zeroed, so that every byte read back is one written (compute-sanitizer's initcheck does
+    // not see NCCL's kernels write it).
+    match cuda::zero(buffer, bytes).and_then(|()| cuda::stream_create()) {
+        Ok(stream) => Ok(Exchange {
+            device,
+            buffer,
+            stream,
+        }),
+        Err(e) => {
+            cuda::free(buffer);
+            Err(e)
+        }
+    }
 }
 
 /// Kernels, buffer and control block of this rank.
