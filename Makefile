@@ -86,11 +86,14 @@ clean:
 
 # The GPU suite (tests/gpu/, README "The GPU suite"): one folder holding everything a GPU machine
 # needs, no Rust there: the shim built for the NCCL that PyTorch ships, the C/CUDA sources, the
-# scripts. There: BUNDLE/run.sh OUTDIR [collectives] [torch] [bench].
-#   make gpu-bundle [GPU_NCCL_VERSION=2.28.9] [BUNDLE=.bundle]
+# scripts; with NCCL_TESTS_GIT (a git folder of NVIDIA/nccl-tests, never committed here), its
+# source and a 2.27.7 build of the shim with its headers, for the nccltests suite.
+# There: BUNDLE/run.sh OUTDIR [collectives] [torch] [bench] [nccltests] ...
+#   make gpu-bundle [GPU_NCCL_VERSION=2.28.9] [BUNDLE=.bundle] [NCCL_TESTS_GIT=path/to/.git]
 #   make bench      (the same bundle; run BUNDLE/run.sh OUTDIR bench there)
 GPU_NCCL_VERSION ?= 2.28.9
 BUNDLE ?= $(CURDIR)/.bundle
+NCCL_TESTS_GIT ?=
 GPU_FILES := $(wildcard tests/gpu/*.cu tests/gpu/*.h tests/gpu/*.c tests/gpu/*.py tests/gpu/*.sh)
 
 .PHONY: gpu-bundle bench gpu-check
@@ -101,6 +104,12 @@ gpu-bundle:
 	CARGO_TARGET_DIR=$(CURDIR)/target/gpu-bundle $(MAKE) --no-print-directory build \
 	  NCCL_VERSION=$(GPU_NCCL_VERSION) BUILD=$(BUNDLE)/shim
 	strip --strip-debug $(BUNDLE)/shim/lib/libnccl.so.$(GPU_NCCL_VERSION)
+	@if [ -n "$(NCCL_TESTS_GIT)" ]; then \
+	  git --git-dir="$(NCCL_TESTS_GIT)" archive --format=tar.gz --prefix=nccl-tests/ HEAD \
+	    >$(BUNDLE)/nccl-tests.tar.gz && \
+	  $(MAKE) --no-print-directory build NCCL_VERSION=2.27.7 BUILD=$(BUNDLE)/shim-2.27.7 && \
+	  strip --strip-debug $(BUNDLE)/shim-2.27.7/lib/libnccl.so.2.27.7; \
+	else echo "no NCCL_TESTS_GIT: the bundle has no nccl-tests (its suite will be skipped)"; fi
 	cp $(GPU_FILES) $(BUNDLE)/
 	git describe --always --dirty > $(BUNDLE)/VERSION
 	@echo "bundle: $(BUNDLE) ($$(du -sh $(BUNDLE) | cut -f1)); on a GPU machine: $(BUNDLE)/run.sh OUTDIR"
@@ -116,3 +125,4 @@ gpu-check:
 	$(TARGET_DIR)/check_values
 	python3 -c 'import ast, sys; [ast.parse(open(f).read(), f) for f in sys.argv[1:]]' tests/gpu/*.py
 	bash -n tests/gpu/run.sh
+	bash -n tests/gpu/nccl_tests.sh

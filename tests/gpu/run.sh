@@ -2,7 +2,7 @@
 # The GPU suite, on a machine with NVIDIA GPUs, nvcc and PyTorch (no Rust needed): compiles the
 # C/CUDA programs, runs the correctness matrix, the PyTorch checks and the side-by-side
 # benchmark through ncclshim, and writes logs and OUTDIR/summary.txt.
-#   run.sh OUTDIR [collectives] [torch] [bench] [launch] [floor]  (default: the first three)
+#   run.sh OUTDIR [collectives] [torch] [bench] [launch] [floor] [sanitizer] [waitlimit] [nccltests]  (default: the first three)
 # It runs from the folder `make gpu-bundle` makes (the shim in shim/lib beside this script).
 # Environment (all optional):
 #   GPU_COUNTS  GPU counts to run on (default "2 4", less those the machine lacks)
@@ -20,7 +20,7 @@
 #   FLOOR_ARGS     more arguments for the floor, e.g. "--sizes 8M,16M"
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
-[ $# -ge 1 ] || { echo "usage: $0 OUTDIR [collectives] [torch] [bench] [launch] [floor]" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "usage: $0 OUTDIR [collectives] [torch] [bench] [launch] [floor] [sanitizer] [waitlimit] [nccltests]" >&2; exit 2; }
 mkdir -p "$1" && out=$(cd "$1" && pwd) && shift
 suites=${*:-collectives torch bench}
 
@@ -91,8 +91,8 @@ cat "$out"/build-*.log
 collectives() {
   local n=$1 dir=$out/collectives-$n full=full big=256M
   [ "${QUICK:-0}" = 1 ] && full=quick big=16M
-  # Every all-reduce the core can take, at every size, by the direct two-shot (one process);
-  # with ncclMemAlloc buffers (which it cannot reach) the staged two-shot runs in its place.
+  # Every all-reduce the core can take, at every size, by the direct two-shot (one process),
+  # with cudaMalloc and with ncclMemAlloc (cuMem, mapped for every GPU) buffers.
   local direct="NCCLSHIM_FORCE=core NCCLSHIM_SENTINEL_MAX_BYTES=0 NCCLSHIM_LL_MAX_BYTES=0 NCCLSHIM_ONE_SHOT_MAX_BYTES=0"
   mkdir -p "$dir"
   # name | library (shim or nccl) | environment | arguments
@@ -111,6 +111,7 @@ collectives() {
     "nonblocking-group-split|shim||--launch group --nonblocking --matrix quick --split --max-bytes 0"
     "nonblocking-threads|shim||--launch threads --nonblocking --matrix quick --max-bytes 0"
     "nonblocking-procs-graph|shim||--launch procs --nonblocking --matrix quick --graph --max-bytes 0"
+    "procs-p2p-disabled|shim|NCCL_P2P_DISABLE=1|--launch procs --matrix quick --max-bytes 0"
     "control-procs-$full|nccl||--launch procs --matrix $full --max-bytes $big"
   )
   for run in "${runs[@]}"; do
@@ -140,6 +141,8 @@ collectives() {
     core=$(core_counts "$log")
     [[ $name == nonblocking-* ]] && [ "${core%/*}" = 0 ] && status=1
     [[ $name == *split* ]] && [ "${core%/*}" != $((2 * n)) ] && status=1
+    # Where NCCL is told not to use peer-to-peer, neither is the core.
+    [[ $name == *p2p-disabled* ]] && [ "${core%/*}" != 0 ] && status=1
     verdict "collectives $n GPUs $name" $status "${wrong:-#wrong ?} ($(grep -h '^checks' "$log" | tail -1)); shim in use: $used; core on/off: $core; $((SECONDS - t)) s"
   done
 }
@@ -243,6 +246,74 @@ floor_suite() {
   grep -v '^NCCL\|\[ncclshim\]' "$log" | sed 's/^/  /' | tee -a "$summary"
 }
 
+# --- NVIDIA's nccl-tests under the shim and under NCCL alone (nccl_tests.sh) ---
+nccl_tests_suite() {
+  local n=$1 t=$SECONDS
+  if [ ! -f "$here/nccl-tests.tar.gz" ]; then
+    verdict "nccl-tests $n GPUs SKIP" 0 "the bundle has no nccl-tests (make gpu-bundle NCCL_TESTS_GIT=...)"
+    return
+  fi
+  REAL="$real" STEP_TIMEOUT="$step_timeout" "$here/nccl_tests.sh" "$out/nccl-tests-$n" "$n" \
+    >"$out/nccl-tests-$n.log" 2>&1
+  local line name status details
+  while read -r line; do
+    read -r _ name status details <<<"$line"
+    verdict "nccl-tests $n GPUs $name" "$status" "$details"
+  done < <(grep '^VERDICT ' "$out/nccl-tests-$n.log")
+  grep -q '^VERDICT ' "$out/nccl-tests-$n.log" || verdict "nccl-tests $n GPUs" 1 "no verdict: nccl-tests-$n.log"
+  echo "  ratios: nccl-tests-$n/nccl-tests-ratios.md; $((SECONDS - t)) s" | tee -a "$summary"
+}
+
+# --- A rank that never comes: the core's kernels give up after NCCLSHIM_TIMEOUT and say so ---
+wait_limit_suite() {
+  local n=$1 log=$out/wait-limit-$n.log t=$SECONDS
+  $nvcc "${flags[@]}" "$here/wait_limit.cu" -o "$out/bin/wait_limit" -L"$shim_lib" -lnccl \
+    >"$out/build-wait_limit.log" 2>&1 || { verdict "wait limit $n GPUs" 1 "build failed: build-wait_limit.log"; return; }
+  env LD_LIBRARY_PATH="$shim_lib" NCCLSHIM_REAL_NCCL="$real" NCCLSHIM_FORCE=core NCCLSHIM_TIMEOUT=3 \
+    NCCL_DEBUG=WARN timeout "$step_timeout" "$out/bin/wait_limit" --limit 3 >"$log" 2>&1
+  local status=$? cases warns
+  cases=$(grep -c '^PASS' "$log")
+  # One WARN per case, naming the rank that never came.
+  warns=$(grep -c 'waited 3 s for rank 1 and gave up' "$log")
+  [ "$cases" = 4 ] && [ "$warns" = 4 ] || status=1
+  verdict "wait limit $n GPUs" $status "$cases of 4 cases passed, $warns WARNs naming the missing rank; $((SECONDS - t)) s"
+  grep -h '^\(PASS\|FAIL\)' "$log" | sed 's/^/  /' | tee -a "$summary"
+}
+
+# --- compute-sanitizer over the core's kernels (only ours are instrumented; NCCL's own API
+# errors, such as its probing for kernel images, are not ours to report): memcheck for each
+# algorithm family, then racecheck, synccheck and initcheck; every tool must find 0 errors ---
+sanitizer_suite() {
+  local n=$1 dir=$out/sanitizer-$n cs=${COMPUTE_SANITIZER:-compute-sanitizer}
+  mkdir -p "$dir"
+  local forced="NCCLSHIM_FORCE=core"
+  # name | tool | environment (every all-reduce to the core; which algorithm by size, or forced)
+  local runs=(
+    "memcheck|memcheck|$forced"
+    "memcheck-lowlatency-staged|memcheck|$forced NCCLSHIM_SENTINEL_MAX_BYTES=0 NCCLSHIM_DIRECT=0"
+    "memcheck-twoshot|memcheck|$forced NCCLSHIM_SENTINEL_MAX_BYTES=0 NCCLSHIM_LL_MAX_BYTES=0 NCCLSHIM_ONE_SHOT_MAX_BYTES=0"
+    "racecheck|racecheck|$forced"
+    "synccheck|synccheck|$forced"
+    "initcheck|initcheck|$forced"
+  )
+  for run in "${runs[@]}"; do
+    IFS='|' read -r name tool vars <<<"$run"
+    local log=$dir/$name.log t=$SECONDS
+    # shellcheck disable=SC2086
+    env $vars LD_LIBRARY_PATH="$shim_lib" NCCLSHIM_REAL_NCCL="$real" NCCL_DEBUG=WARN \
+      timeout "$step_timeout" "$cs" --tool "$tool" --error-exitcode 9 --kernel-name kns=ncclshim_ \
+      --report-api-errors no --print-limit 50 \
+      "$out/bin/collectives" --launch group --ngpus "$n" --matrix quick --max-bytes "${SANITIZER_MAX_BYTES:-1M}" \
+      --timeout "$((step_timeout - 10))" >"$log" 2>&1
+    local status=$?
+    local summary_line
+    # racecheck sums up as "RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)".
+    summary_line=$(grep -h 'ERROR SUMMARY\|RACECHECK SUMMARY' "$log" | tail -1)
+    grep -q 'ERROR SUMMARY: 0 errors\|RACECHECK SUMMARY: 0 hazards' "$log" || status=1
+    verdict "sanitizer $n GPUs $name" $status "${summary_line:-no ERROR SUMMARY}; $(grep -h '^#wrong' "$log" | tail -1); $((SECONDS - t)) s"
+  done
+}
+
 for n in $counts; do
   for suite in $suites; do
     case $suite in
@@ -251,6 +322,9 @@ for n in $counts; do
       bench) bench_suite "$n" ;;
       launch) launch_suite "$n" ;;
       floor) floor_suite "$n" ;;
+      sanitizer) sanitizer_suite "$n" ;;
+      waitlimit) wait_limit_suite "$n" ;;
+      nccltests) nccl_tests_suite "$n" ;;
       *) echo "unknown suite $suite" >&2; exit 2 ;;
     esac
   done

@@ -1,0 +1,164 @@
+#!/usr/bin/env bash
+# NVIDIA's nccl-tests, the benchmark every NCCL user runs first, under the shim and under the
+# real NCCL: same binary, same GPUs, one after the other. Called by run.sh (suite nccltests).
+#   nccl_tests.sh OUTDIR NGPUS
+# Needs, beside this script: nccl-tests.tar.gz (the source; `make gpu-bundle NCCL_TESTS_GIT=...`),
+# shim/ (the 2.28.9 build and headers) and, optionally, shim-2.27.7/ (the 2.27.7 build and
+# headers). Environment from run.sh: REAL (the real libnccl.so.2), NVCC_GENCODE (optional),
+# NCCL_TESTS_QUICK=1 (fewer runs), STEP_TIMEOUT.
+# Writes OUTDIR/nccl-tests/ (one log per run), OUTDIR/nccl-tests-ratios.md (shim / real per
+# size) and one line per group of runs on stdout: "VERDICT <name> <0|1> <details>".
+set -uo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
+out=$1 n=$2
+dir=$out/nccl-tests
+mkdir -p "$dir"
+real=${REAL:?REAL names the real libnccl.so.2}
+real_dir=$(dirname "$real")
+deadline=${STEP_TIMEOUT:-120}
+[ "$deadline" -gt 120 ] && deadline=120
+mpi_home=${MPI_HOME:-/usr/lib/x86_64-linux-gnu/openmpi}
+gencode=${NVCC_GENCODE:--gencode=arch=compute_90,code=sm_90}
+
+verdict() { echo "VERDICT $*"; }
+
+# --- Build: nccl-tests against each shim build's headers, both at once ---
+builds=()
+for flavor in 2.28.9 2.27.7; do
+  shim_dir=$here/shim
+  [ $flavor = 2.27.7 ] && shim_dir=$here/shim-2.27.7
+  [ -f "$shim_dir/include/nccl.h" ] || continue
+  src=$dir/src-$flavor
+  rm -rf "$src" && mkdir -p "$src" && tar xzf "$here/nccl-tests.tar.gz" -C "$src" --strip-components=1
+  (make -C "$src" -j16 MPI=1 MPI_HOME="$mpi_home" NCCL_HOME="$shim_dir" CUDA_HOME=/usr/local/cuda \
+    NVCC_GENCODE="$gencode" src.build >"$dir/build-$flavor.log" 2>&1) &
+  builds+=("$flavor:$!:$shim_dir")
+done
+built=()
+for b in "${builds[@]}"; do
+  IFS=: read -r flavor pid shim_dir <<<"$b"
+  if wait "$pid"; then built+=("$flavor:$shim_dir"); else
+    verdict "build-$flavor" 1 "make failed: nccl-tests/build-$flavor.log"; fi
+done
+[ ${#built[@]} -gt 0 ] || exit 1
+verdict build 0 "nccl-tests built against the headers of ${built[*]%%:*}"
+
+# One run: NAME LIB(shim|real) FLAVOR MODE(mpi|group) BINARY ARGS...; its log is $dir/NAME.log.
+# Lines are stamped with the seconds since the start, for the cold start's timing.
+run_one() {
+  local name=$1 lib=$2 flavor=$3 mode=$4 binary=$5
+  shift 5
+  local shim_dir=$here/shim bin
+  [ "$flavor" = 2.27.7 ] && shim_dir=$here/shim-2.27.7
+  bin=$dir/src-$flavor/build/${binary}_perf
+  local libdir=$shim_dir/lib
+  [ "$lib" = real ] && libdir=$real_dir
+  local vars=(LD_LIBRARY_PATH="$libdir" NCCLSHIM_REAL_NCCL="$real" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT
+    NCCLSHIM_CACHE="${NCCLSHIM_CACHE:-$HOME/.cache/ncclshim}")
+  local launch=()
+  if [ "$mode" = mpi ]; then
+    launch=(mpirun --allow-run-as-root --bind-to none -np "$n" -x LD_LIBRARY_PATH -x NCCLSHIM_REAL_NCCL
+      -x NCCL_DEBUG -x NCCL_DEBUG_SUBSYS -x NCCLSHIM_CACHE -x NCCL_NVLS_ENABLE "$bin" -g 1)
+  else
+    launch=("$bin" -g "$n")
+  fi
+  env "${vars[@]}" timeout "$deadline" "${launch[@]}" "$@" 2>&1 | python3 -u -c '
+import sys, time
+t0 = time.time()
+for line in sys.stdin:
+    sys.stdout.write("%9.3f %s" % (time.time() - t0, line))' >"$dir/$name.log"
+  local status=${PIPESTATUS[0]}
+  echo "$status" >"$dir/$name.status"
+  return "$status"
+}
+
+# Whether a run is sound: exit 0, every #wrong 0 (or N/A), bounds OK, the shim in use only
+# where it should be. Prints what is wrong.
+check_run() {
+  local name=$1 lib=$2 log=$dir/$1.log status
+  status=$(cat "$dir/$name.status")
+  [ "$status" = 0 ] || { echo "$name: exit $status"; return 1; }
+  python3 "$here/nccl_tests_report.py" --check "$log" || { echo "$name: wrong results"; return 1; }
+  if [ "$lib" = shim ]; then
+    grep -q '\[ncclshim\].*forwarding to real NCCL' "$log" || { echo "$name: shim not in use"; return 1; }
+  else
+    grep -q '\[ncclshim\]' "$log" && { echo "$name: shim in a real run"; return 1; }
+  fi
+  return 0
+}
+
+# --- Cold start: an empty kernel cache, as on every fresh machine ---
+cold_start() {
+  local mode=$1 cache
+  cache=$(mktemp -d)
+  NCCLSHIM_CACHE=$cache run_one "cold-$mode-shim" shim 2.28.9 "$mode" all_reduce -b 8 -e 1M -f 4 -c 1 -n 5 -w 2
+  run_one "cold-$mode-real" real 2.28.9 "$mode" all_reduce -b 8 -e 1M -f 4 -c 1 -n 5 -w 2
+  local problems="" p status=0
+  p=$(check_run "cold-$mode-shim" shim) || { status=1; problems="$p"; }
+  p=$(check_run "cold-$mode-real" real) || { status=1; problems="$problems $p"; }
+  local timing
+  timing=$(python3 "$here/nccl_tests_report.py" --first-call "$dir/cold-$mode-shim.log" "$dir/cold-$mode-real.log") || status=1
+  [ -z "$(ls -A "$cache")" ] || { status=1; problems="$problems; kernels compiled at run time: $(ls "$cache")"; }
+  rm -rf "$cache"
+  verdict "cold-start-$mode" $status "$timing ${problems:+; $problems}"
+}
+cold_start mpi
+cold_start group
+
+# --- Every binary, both headers, both launch modes, results checked (-c 1) ---
+binaries=(all_reduce all_gather reduce_scatter broadcast reduce alltoall alltoallv sendrecv gather scatter hypercube)
+pairs=()
+matrix() {
+  local group=$1 flavor=$2 mode=$3 binary=$4
+  shift 4
+  [ -x "$dir/src-$flavor/build/${binary}_perf" ] || return 0
+  local name=$group-$flavor-$mode-$binary
+  run_one "$name-shim" shim "$flavor" "$mode" "$binary" "$@"
+  run_one "$name-real" real "$flavor" "$mode" "$binary" "$@"
+  pairs+=("$name")
+}
+sizes=(-b 8 -e 32M -f 8 -w 5 -n 20 -c 1)
+for flavor_dir in "${built[@]}"; do
+  flavor=${flavor_dir%%:*}
+  modes=(mpi group)
+  [ "${NCCL_TESTS_QUICK:-0}" = 1 ] && [ "$flavor" = 2.27.7 ] && modes=(mpi)
+  for mode in "${modes[@]}"; do
+    for binary in "${binaries[@]}"; do
+      matrix basic "$flavor" "$mode" "$binary" "${sizes[@]}"
+    done
+  done
+done
+# Registered buffers (local -R 1, symmetric windows -R 2), CUDA graphs, every type and op.
+for mode in mpi group; do
+  for binary in all_reduce all_gather; do
+    matrix reg1 2.28.9 "$mode" "$binary" "${sizes[@]}" -R 1
+    matrix reg2 2.28.9 "$mode" "$binary" "${sizes[@]}" -R 2
+    matrix graph 2.28.9 "$mode" "$binary" "${sizes[@]}" -G 1
+  done
+  matrix types 2.28.9 "$mode" all_reduce -b 1K -e 1M -f 32 -w 2 -n 5 -c 1 -d all -o all
+  matrix types 2.28.9 "$mode" reduce_scatter -b 1K -e 1M -f 32 -w 2 -n 5 -c 1 -d all -o all
+done
+# Large all-reduces with ncclMemAlloc buffers, one process driving every GPU: the direct
+# two-shot reaches them and must not be slower than NCCL at any size (a regression seen at
+# 128 MiB, 1.09 x NCCL, when cuMem memory sent it to the staged fallback).
+matrix large 2.28.9 group all_reduce -b 16M -e 256M -f 2 -w 5 -n 30 -c 0
+
+# --- Verdicts per group, and the ratio table ---
+for group in basic reg1 reg2 graph types large; do
+  status=0 problems="" count=0
+  for name in "${pairs[@]}"; do
+    [[ $name == $group-* ]] || continue
+    count=$((count + 1))
+    p=$(check_run "$name-shim" shim) || { status=1; problems="$problems $p;"; }
+    p=$(check_run "$name-real" real) || { status=1; problems="$problems $p;"; }
+  done
+  [ $count -gt 0 ] || continue
+  verdict "$group" $status "$count pairs of runs${problems:+; failed:$problems}"
+done
+logs=()
+for name in "${pairs[@]}"; do logs+=("$name"); done
+python3 "$here/nccl_tests_report.py" --ratios "$dir" "${logs[@]}" >"$out/nccl-tests-ratios.md"
+status=$?
+limit=$(python3 "$here/nccl_tests_report.py" --largest-ratio "$dir" large-2.28.9-group-all_reduce)
+awk -v r="$limit" 'BEGIN { exit !(r != "" && r + 0 <= 1.0) }' || status=1
+verdict "large-all-reduce-not-slower" $status "largest shim/real ratio from 16 MiB to 256 MiB (ncclMemAlloc, -g $n): ${limit:-?}"

@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+"""Reads nccl-tests' output as nccl_tests.sh saves it (each line stamped with the seconds since
+the run started):
+  --check LOG                 exit 1 unless every result row has #wrong 0 (or N/A, unchecked)
+                              and the out-of-bounds check, where printed, is OK
+  --first-call SHIM REAL      seconds from NCCL's init to the first result, shim against real;
+                              exit 1 if the shim adds more than 1 s
+  --ratios DIR NAME...        markdown: shim / real time per size for the pairs of runs
+                              DIR/NAME-shim.log and DIR/NAME-real.log
+  --largest-ratio DIR NAME    the largest shim / real time of one pair (both placements)
+A result row: size count type redop root, then time algbw busbw #wrong out of place, then the
+same in place.
+"""
+
+import re
+import statistics
+import sys
+
+NUMBER = re.compile(r"^-?[\d.]+$")
+
+
+def parse_row(text):
+    """A result row's fields (size, count, type, redop, root, then time, algbw, busbw, #wrong
+    out of place and in place), or None. Collectives without an op (hypercube) leave redop
+    empty."""
+    tokens = text.split()
+    if len(tokens) == 12:
+        tokens = tokens[:3] + [""] + tokens[3:]
+    if len(tokens) != 13 or not (tokens[0].isdigit() and tokens[1].isdigit()):
+        return None
+    timing = tokens[5:8] + tokens[9:12]
+    if not all(NUMBER.match(t) for t in timing + [tokens[4]]):
+        return None
+    return tuple(tokens)
+
+
+INIT_DONE = re.compile(r"Init COMPLETE|Init timings")
+CORE = re.compile(r"core (on|off) for comm")
+ADDED_LIMIT_S = 1.0
+
+
+def stamped(path):
+    """(seconds, text) per line."""
+    with open(path, errors="replace") as f:
+        for line in f:
+            stamp, _, text = line.lstrip(" ").partition(" ")
+            try:
+                yield float(stamp), text.rstrip("\n")
+            except ValueError:
+                yield None, line.rstrip("\n")
+
+
+def rows(path):
+    """{(size, type, redop, root): (t, row)} for every result row."""
+    found = {}
+    for t, text in stamped(path):
+        row = parse_row(text)
+        if row:
+            size, _, dtype, redop, root = row[:5]
+            found[(int(size), dtype, redop, root)] = (t, row)
+    return found
+
+
+def check(path):
+    results = rows(path)
+    if not results:
+        print(f"{path}: no result rows")
+        return 1
+    wrong = [k for k, (_, g) in results.items() if g[8] not in ("0", "N/A") or g[12] not in ("0", "N/A")]
+    text = open(path, errors="replace").read()
+    bounds_failed = re.search(r"Out of bounds values\s*:\s*\d+\s+FAILED", text)
+    if wrong or bounds_failed:
+        print(f"{path}: wrong at {wrong[:5]}{' and out of bounds' if bounds_failed else ''}")
+        return 1
+    return 0
+
+
+def first_call(path):
+    """(seconds from the last init line to the first result row, seconds to 'core on/off')."""
+    init = first = core = None
+    for t, text in stamped(path):
+        if t is None:
+            continue
+        if INIT_DONE.search(text):
+            init = t
+        if core is None and CORE.search(text):
+            core = t
+        if first is None and parse_row(text):
+            first = t
+    if init is None or first is None:
+        return None, None
+    return first - init, (core - init if core is not None else None)
+
+
+def first_call_report(shim, real):
+    shim_s, core_s = first_call(shim)
+    real_s, _ = first_call(real)
+    if shim_s is None or real_s is None:
+        print("no init line or no result in the logs")
+        return 1
+    added = shim_s - real_s
+    core = f", core set up {core_s:.2f} s after" if core_s is not None else ""
+    print(f"first result {shim_s:.2f} s after NCCL's init with the shim{core}, {real_s:.2f} s with NCCL alone: "
+          f"{added:+.2f} s (limit +{ADDED_LIMIT_S:.0f} s)")
+    return 0 if added <= ADDED_LIMIT_S else 1
+
+
+def pair(directory, name):
+    """[(key, out-of-place ratio, in-place ratio)] of one pair, by size."""
+    shim = rows(f"{directory}/{name}-shim.log")
+    real = rows(f"{directory}/{name}-real.log")
+    out = []
+    for key in sorted(set(shim) & set(real)):
+        s, r = shim[key][1], real[key][1]
+        oop = float(s[5]) / float(r[5]) if float(r[5]) > 0 else float("nan")
+        ip = float(s[9]) / float(r[9]) if float(r[9]) > 0 else float("nan")
+        out.append((key, oop, ip))
+    return out
+
+
+def human(size):
+    for unit, step in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= step and size % step == 0:
+            return f"{size // step} {unit}"
+    return f"{size} B"
+
+
+def ratios(directory, names):
+    print("# nccl-tests: time with the shim / time with NCCL alone (same binary, same GPUs)\n")
+    print("Out of place and in place; below 1 the shim is faster. Modes: `mpi` one process per GPU")
+    print("(`mpirun -np N ... -g 1`), `group` one process driving every GPU (`-g N`).\n")
+    print("| run | sizes | out of place: min / median / max | in place: min / median / max |")
+    print("|---|---|---|---|")
+    failed = 0
+    detail = {}
+    for name in names:
+        got = pair(directory, name)
+        if not got:
+            print(f"| {name} | no rows | | |")
+            failed = 1
+            continue
+        oop = [g[1] for g in got]
+        ip = [g[2] for g in got]
+        sizes = sorted({g[0][0] for g in got})
+        print(f"| {name} | {human(sizes[0])} – {human(sizes[-1])} | {min(oop):.2f} / {statistics.median(oop):.2f} / "
+              f"{max(oop):.2f} | {min(ip):.2f} / {statistics.median(ip):.2f} / {max(ip):.2f} |")
+        if name.startswith(("basic-", "large-")):
+            detail[name] = got
+    for name, got in detail.items():
+        print(f"\n## {name}\n")
+        print("| size | type | op | out of place | in place |")
+        print("|---|---|---|---|---|")
+        for (size, dtype, redop, _), oop, ip in got:
+            print(f"| {human(size)} | {dtype} | {redop} | {oop:.2f} | {ip:.2f} |")
+    return failed
+
+
+def main(argv):
+    if len(argv) >= 2 and argv[0] == "--check":
+        return max(check(p) for p in argv[1:])
+    if len(argv) == 3 and argv[0] == "--first-call":
+        return first_call_report(argv[1], argv[2])
+    if len(argv) >= 3 and argv[0] == "--ratios":
+        return ratios(argv[1], argv[2:])
+    if len(argv) == 3 and argv[0] == "--largest-ratio":
+        got = pair(argv[1], argv[2])
+        if got:
+            print(f"{max(max(g[1], g[2]) for g in got):.3f}")
+        return 0
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
