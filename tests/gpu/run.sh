@@ -2,7 +2,7 @@
 # The GPU suite, on a machine with NVIDIA GPUs, nvcc and PyTorch (no Rust needed): compiles the
 # C/CUDA programs, runs the correctness matrix, the PyTorch checks and the side-by-side
 # benchmark through ncclshim, and writes logs and OUTDIR/summary.txt.
-#   run.sh OUTDIR [collectives] [torch] [bench] [launch] [floor] [sanitizer] [waitlimit] [nccltests]  (default: the first three)
+#   run.sh OUTDIR [collectives] [torch] [bench] [launch] [floor] [sanitizer] [waitlimit] [nccltests] [badinput]  (default: the first three)
 # It runs from the folder `make gpu-bundle` makes (the shim in shim/lib beside this script).
 # Environment (all optional):
 #   GPU_COUNTS  GPU counts to run on (default "2 4", less those the machine lacks)
@@ -20,7 +20,7 @@
 #   FLOOR_ARGS     more arguments for the floor, e.g. "--sizes 8M,16M"
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
-[ $# -ge 1 ] || { echo "usage: $0 OUTDIR [collectives] [torch] [bench] [launch] [floor] [sanitizer] [waitlimit] [nccltests]" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "usage: $0 OUTDIR [collectives] [torch] [bench] [launch] [floor] [sanitizer] [waitlimit] [nccltests] [badinput]" >&2; exit 2; }
 mkdir -p "$1" && out=$(cd "$1" && pwd) && shift
 suites=${*:-collectives torch bench}
 
@@ -314,6 +314,41 @@ sanitizer_suite() {
   done
 }
 
+# --- Bad input (bad_input.cu, 2 GPUs): each case once through the real NCCL, once through the
+# shim with every all-reduce it can take given to the core; bad_input_compare.py puts them side by
+# side in bad-input.md and fails on any case the shim answers otherwise ---
+bad_input_suite() {
+  local n=$1 dir=$out/bad-input t=$SECONDS
+  if [ "$n" != 2 ]; then
+    verdict "bad input $n GPUs SKIP" 0 "bad_input drives 2 GPUs"
+    return
+  fi
+  mkdir -p "$dir"
+  # The shim's own nccl.h first (the bundle's shim/include), as a program built against it.
+  $nvcc -I"$shim_lib/../include" "${flags[@]}" "$here/bad_input.cu" -o "$out/bin/bad_input" \
+    -L"$shim_lib" -lnccl >"$out/build-bad_input.log" 2>&1 ||
+    { verdict "bad input $n GPUs" 1 "build failed: build-bad_input.log"; return; }
+  # Both runs at once (processes of their own). INFO for INIT only: the WARN lines, and the shim's
+  # "core on for comm" lines, which show that its core took the communicators.
+  local logs=(NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT)
+  env "${logs[@]}" LD_LIBRARY_PATH="$(dirname "$real")" timeout "$step_timeout" \
+    "$out/bin/bad_input" >"$dir/nccl.log" 2>&1 &
+  local pid=$!
+  env "${logs[@]}" LD_LIBRARY_PATH="$shim_lib" NCCLSHIM_REAL_NCCL="$real" NCCLSHIM_FORCE=core \
+    timeout "$step_timeout" "$out/bin/bad_input" >"$dir/shim.log" 2>&1
+  local s_shim=$? s_nccl
+  wait $pid
+  s_nccl=$?
+  $python "$here/bad_input_compare.py" "$dir/nccl.log" "$dir/shim.log" >"$out/bad-input.md" 2>&1
+  local status=$((s_nccl | s_shim | $?)) core
+  grep -q "mapped: .*$shim_lib" "$dir/shim.log" && ! grep -q "mapped: .*$shim_lib" "$dir/nccl.log" ||
+    status=1
+  core=$(core_counts "$dir/shim.log")
+  [ "${core%/*}" -gt 0 ] || status=1
+  verdict "bad input $n GPUs" $status "$(tail -1 "$out/bad-input.md"); exit codes $s_nccl (NCCL) $s_shim (shim); core on/off: $core; $((SECONDS - t)) s; bad-input.md"
+  grep -h '^- FAIL' "$out/bad-input.md" | sed 's/^/  /' | tee -a "$summary"
+}
+
 for n in $counts; do
   for suite in $suites; do
     case $suite in
@@ -325,6 +360,7 @@ for n in $counts; do
       sanitizer) sanitizer_suite "$n" ;;
       waitlimit) wait_limit_suite "$n" ;;
       nccltests) nccl_tests_suite "$n" ;;
+      badinput) bad_input_suite "$n" ;;
       *) echo "unknown suite $suite" >&2; exit 2 ;;
     esac
   done
