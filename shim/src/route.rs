@@ -219,6 +219,20 @@ impl Route for Router {
         }
     });
 
+    if_exported!(ncclCommRevoke {
+        /// A revoked communicator takes no more operations (NCCL refuses them with
+        /// ncclInvalidUsage): its core's waiting kernels are told to give up, it is released, and
+        /// the communicator's calls go to NCCL from then on.
+        unsafe fn ncclCommRevoke(comm: ncclComm_t, revoke_flags: c_int) -> ncclResult_t {
+            // SAFETY: the caller's arguments, unchanged.
+            let result = unsafe { real::ncclCommRevoke(comm, revoke_flags) };
+            if result == ncclSuccess || result == ncclInProgress {
+                core::revoked(comm);
+            }
+            result
+        }
+    });
+
     /// A core kernel that gave up waiting for a peer is an asynchronous error of the
     /// communicator (ncclRemoteError), as NCCL reports a peer that failed.
     unsafe fn ncclCommGetAsyncError(

@@ -488,6 +488,13 @@ pub fn stream_destroy(stream: sys::CUstream) {
     let _ = unsafe { result::stream::destroy(stream) };
 }
 
+/// Whether `stream` is being captured into a CUDA graph (no for a stream the driver refuses).
+pub fn capturing(stream: Stream) -> bool {
+    // SAFETY: a stream of the caller's; a bad one answers an error.
+    unsafe { result::stream::is_capturing(stream) }
+        .is_ok_and(|c| c != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}
+
 /// Keeps one communicator's kernels in the order they were called, whatever the streams: NCCL
 /// orders a communicator's operations itself, and programs may rely on it (two all-reduces on
 /// two streams with no dependency between them), while two of our kernels of one communicator
@@ -526,11 +533,6 @@ impl StreamOrder {
             return Ok(());
         }
         let last = last as Stream;
-        let capturing = |s: Stream| {
-            // SAFETY: streams the program launched on (a destroyed one answers an error).
-            unsafe { result::stream::is_capturing(s) }
-                .is_ok_and(|c| c != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
-        };
         if capturing(last) || capturing(stream) {
             return Ok(());
         }

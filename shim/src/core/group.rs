@@ -22,6 +22,8 @@ pub struct Queued {
     pub recv: *mut c_void,
     pub count: usize,
     pub stream: Stream,
+    /// Whether `stream` was being captured into a CUDA graph when the call was made.
+    pub captured: bool,
 }
 
 impl DeviceOp for Queued {
@@ -70,6 +72,8 @@ thread_local! {
     static NEW_COMMS: RefCell<Vec<Deferred>> = const { RefCell::new(Vec::new()) };
     static CHILDREN: RefCell<Vec<Child>> = const { RefCell::new(Vec::new()) };
     static QUEUED: RefCell<Vec<Queued>> = const { RefCell::new(Vec::new()) };
+    /// A call of the group was refused (see `queue`): nothing of it is launched.
+    static FAILED: Cell<bool> = const { Cell::new(false) };
 }
 
 pub fn inside() -> bool {
@@ -115,10 +119,21 @@ pub fn discard_queued() {
     QUEUED.with(|q| q.borrow_mut().clear());
 }
 
+/// Whether a call of the outermost group was refused; the group is clean again after.
+pub fn take_failed() -> bool {
+    FAILED.with(|f| f.replace(false))
+}
+
 /// Whether an operation queued in the group is on a nonblocking communicator (NCCL allows no
 /// group of both kinds).
 pub fn queued_nonblocking() -> bool {
     QUEUED.with(|q| q.borrow().iter().any(|op| !op.core.blocking))
+}
+
+/// Whether `call` (communicator, captured) joins calls of its communicator, among `earlier`,
+/// whose streams were captured where its own is not, or the other way round.
+fn mixes_capture(mut earlier: impl Iterator<Item = (usize, bool)>, call: (usize, bool)) -> bool {
+    earlier.any(|(comm, captured)| comm == call.0 && captured != call.1)
 }
 
 pub fn defer_setup(comm: ncclComm_t, blocking: bool) {
@@ -129,6 +144,39 @@ pub fn defer_child(slot: *mut ncclComm_t, blocking: bool) {
     CHILDREN.with(|c| c.borrow_mut().push(Child { slot, blocking }));
 }
 
-pub fn queue(op: Queued) {
-    QUEUED.with(|q| q.borrow_mut().push(op));
+/// Queues `op` for the group's end, unless its communicator's operations queued before are on
+/// streams captured where its stream is not, or the other way round: NCCL refuses that (all
+/// uncaptured or all captured, ncclInvalidUsage, and the whole group fails), and so do we.
+/// (NCCL also tells two capturing graphs apart; the core sees only whether a stream captures.)
+pub fn queue(op: Queued) -> Result<(), ()> {
+    QUEUED.with(|q| {
+        let mut queued = q.borrow_mut();
+        let earlier = queued
+            .iter()
+            .map(|o| (Arc::as_ptr(&o.core) as usize, o.captured));
+        if mixes_capture(earlier, (Arc::as_ptr(&op.core) as usize, op.captured)) {
+            FAILED.with(|f| f.set(true));
+            return Err(());
+        }
+        queued.push(op);
+        Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_communicators_calls_in_a_group_are_all_captured_or_none() {
+        let earlier = [(1, false), (1, false), (2, true)];
+        assert!(!mixes_capture(earlier.into_iter(), (1, false)));
+        assert!(!mixes_capture(earlier.into_iter(), (2, true)));
+        assert!(mixes_capture(earlier.into_iter(), (1, true)));
+        assert!(mixes_capture(earlier.into_iter(), (2, false)));
+        assert!(
+            !mixes_capture(earlier.into_iter(), (3, true)),
+            "another communicator"
+        );
+    }
 }

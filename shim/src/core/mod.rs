@@ -22,8 +22,8 @@ mod watch;
 use std::ffi::c_void;
 
 use crate::api::ffi::{
-    cudaStream_t, ncclComm_t, ncclInProgress, ncclRemoteError, ncclResult_t, ncclSuccess,
-    ncclUnhandledCudaError,
+    cudaStream_t, ncclComm_t, ncclInProgress, ncclInvalidUsage, ncclRemoteError, ncclResult_t,
+    ncclSuccess, ncclUnhandledCudaError,
 };
 use crate::log::{log_info, log_warn};
 
@@ -95,9 +95,17 @@ pub fn group_end(real_end: impl FnOnce() -> ncclResult_t) -> ncclResult_t {
     // A nonblocking group's operations are launched by a thread of the real NCCL's after
     // ncclGroupEnd returns, so ours go first: the same order on every rank's streams. A blocking
     // group's are launched before it returns, so ours go after them.
+    // A group one of whose calls was refused launches nothing of ours, and fails (as NCCL's).
+    let failed = group::ending_outermost() && group::take_failed();
+    if failed {
+        group::discard_queued();
+    }
     let first = (group::ending_outermost() && group::queued_nonblocking())
         .then(|| group::drain_queued(launcher::launch_group));
-    let result = real_end();
+    let result = match real_end() {
+        result if result == ncclSuccess && failed => ncclInvalidUsage,
+        result => result,
+    };
     let Some(ended) = group::end() else {
         return result;
     };
@@ -210,14 +218,21 @@ pub fn all_reduce(
     };
     let stream = call.stream as cuda::Stream;
     if group::inside() {
-        group::queue(group::Queued {
+        let queued = group::queue(group::Queued {
             core,
             plan,
             send: call.send,
             recv: call.recv,
             count: call.count,
             stream,
+            captured: cuda::capturing(stream),
         });
+        if queued.is_err() {
+            log_warn!(
+                "Streams given to a communicator within a NCCL group must either be all uncaptured or all captured by the same graph."
+            );
+            return ncclInvalidUsage;
+        }
         return ncclSuccess;
     }
     match core.launch_all_reduce(&plan, call.send, call.recv, call.count, stream) {
@@ -268,11 +283,23 @@ pub fn async_error(comm: ncclComm_t, real: ncclResult_t) -> ncclResult_t {
 /// core, never hanging.
 pub fn destroyed(comm: ncclComm_t, abort: bool) {
     if let Some(core) = table::remove(comm) {
-        match std::sync::Arc::into_inner(core) {
-            Some(core) => core.release(abort),
-            // Still used by another thread's call: leave its memory rather than pull it away.
-            None => log_warn!("comm {comm:p} destroyed while in use: its core buffers are kept"),
-        }
+        release(comm, core, abort);
+    }
+}
+
+/// The communicator was revoked (ncclCommRevoke): its core goes, as at an abort, and its later
+/// calls go to NCCL, which refuses them.
+pub fn revoked(comm: ncclComm_t) {
+    if let Some(core) = table::drop_core(comm) {
+        release(comm, core, true);
+    }
+}
+
+fn release(comm: ncclComm_t, core: std::sync::Arc<comm::CoreComm>, abort: bool) {
+    match std::sync::Arc::into_inner(core) {
+        Some(core) => core.release(abort),
+        // Still used by another thread's call: leave its memory rather than pull it away.
+        None => log_warn!("comm {comm:p} released while in use: its core buffers are kept"),
     }
 }
 

@@ -125,6 +125,21 @@ pub fn blocking(comm: ncclComm_t) -> bool {
 }
 
 /// Forgets `comm` (its handle may come back for another communicator); its core, if it had one.
+/// Takes `comm`'s core away, if it has one, and keeps it known without one (its calls go to
+/// NCCL).
+pub fn drop_core(comm: ncclComm_t) -> Option<Arc<CoreComm>> {
+    with_table(|table| {
+        let entry = table.get_mut(&(comm as usize))?;
+        match std::mem::replace(&mut entry.state, State::NoCore) {
+            State::Core(core) => Some(core),
+            other => {
+                entry.state = other;
+                None
+            }
+        }
+    })
+}
+
 /// Every communicator with a core, for the watcher (watch.rs).
 pub fn cores() -> Vec<(ncclComm_t, Arc<CoreComm>)> {
     let table = TABLE.read().unwrap_or_else(|e| e.into_inner());
