@@ -107,7 +107,7 @@ fn load_nvrtc() -> Result<Result<(), String>, String> {
 /// missing architecture at once, one per core).
 fn packs(archs: &[Arch], out_dir: &Path) -> Result<Vec<(Arch, PathBuf)>, String> {
     let nvrtc = program::nvrtc_version();
-    let cache = cache_dir();
+    let cache = program::cache_dir("built-in-kernels");
     let mut missing = Vec::new();
     let mut found = Vec::new();
     for &arch in archs {
@@ -177,15 +177,4 @@ fn compile_in_parallel(
     });
     done.sort_by_key(|(i, _)| *i);
     done.into_iter().map(|(_, cubin)| cubin).collect()
-}
-
-/// `$NCCLSHIM_CACHE/built-in-kernels`, else `~/.cache/ncclshim/built-in-kernels`.
-fn cache_dir() -> Option<PathBuf> {
-    let base = std::env::var_os("NCCLSHIM_CACHE")
-        .filter(|b| !b.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache/ncclshim"))
-        })?;
-    Some(base.join("built-in-kernels"))
 }

@@ -204,12 +204,6 @@ fn cached_cubin(dtype: DataType, arch: (i32, i32)) -> Result<Vec<u8>, String> {
     Ok(cubin)
 }
 
-/// `$NCCLSHIM_CACHE/kernels`, else `~/.cache/ncclshim/kernels`.
 fn cache_dir() -> Option<PathBuf> {
-    let base = std::env::var_os("NCCLSHIM_CACHE")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache/ncclshim"))
-        })?;
-    Some(base.join("kernels"))
+    program::cache_dir("kernels")
 }

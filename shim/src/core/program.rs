@@ -5,6 +5,7 @@
 //! other GPUs.
 
 use std::ffi::CString;
+use std::path::PathBuf;
 
 use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
 
@@ -79,6 +80,18 @@ pub fn fingerprint<'a>(programs: impl IntoIterator<Item = &'a [String]>, nvrtc: 
     feed(&nvrtc.0.to_le_bytes());
     feed(&nvrtc.1.to_le_bytes());
     hash
+}
+
+/// Where compiled programs are kept across processes and builds: `$NCCLSHIM_CACHE/<sub>`, else
+/// `~/.cache/ncclshim/<sub>`.
+pub fn cache_dir(sub: &str) -> Option<PathBuf> {
+    let base = std::env::var_os("NCCLSHIM_CACHE")
+        .filter(|b| !b.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache/ncclshim"))
+        })?;
+    Some(base.join(sub))
 }
 
 /// Compiles `all_reduce.cu` with `options` and returns the cubin. Needs NVRTC loaded.
