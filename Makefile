@@ -3,7 +3,9 @@
 #   make test
 #   make spec NCCL_H=path/to/nccl.h | make spec NCCL_VERSION=2.29.7 | make specs
 #   make spec-diff FROM=2.27.7 TO=2.28.9
+#   make install [PREFIX=/usr/local]
 #   make microbench
+#   make help
 
 SHELL := /bin/bash
 NCCL_VERSION ?= 2.27.7
@@ -29,7 +31,19 @@ TEST_NCCL_VERSIONS := 2.27.7 2.26.5 2.28.9 $(NEWEST_SPEC)
 HEADERS_VERSION := $(if $(filter all,$(NCCL_VERSION)),$(NEWEST_SPEC),$(NCCL_VERSION))
 BUILT_ABI := $(if $(filter all,$(NCCL_VERSION)),the ABI of every NCCL from $(firstword $(SPEC_VERSIONS)) to $(NEWEST_SPEC),NCCL $(NCCL_VERSION) ABI)
 
-.PHONY: build test lint unit-tests integration-tests spec specs spec-diff microbench deps-test clean
+.PHONY: help build install test lint unit-tests integration-tests spec specs spec-diff microbench \
+  deps-test clean
+PREFIX ?= /usr/local
+
+help:
+	@echo "make build [NCCL_VERSION=2.27.7|X.Y.Z|all]  the library in build/lib, headers in build/include"
+	@echo "make install [PREFIX=/usr/local]           build/ into PREFIX/lib and PREFIX/include, as NCCL's packages lay them out"
+	@echo "make test                                  the whole CPU suite (installs what it needs: apt, PyPI; needs root)"
+	@echo "make spec NCCL_VERSION=X.Y.Z | NCCL_H=...  a spec from a release's headers; make specs: every one again"
+	@echo "make spec-diff FROM=2.27.7 TO=2.28.9       what changed between two releases' APIs"
+	@echo "make microbench                            the cost of a forwarded call"
+	@echo "make gpu-bundle [NCCL_TESTS_GIT=...]       the GPU suite, to run on a GPU machine (README, \"The GPU suite\")"
+	@echo "make clean"
 
 build:
 	@command -v $(CARGO) >/dev/null || { echo "make build needs Rust (cargo): https://rustup.rs"; exit 1; }
@@ -43,6 +57,15 @@ build:
 	  ln -s libnccl.so.2 $(BUILD)/lib/libnccl.so && \
 	  cp -r $$header_dir/. $(BUILD)/include/ && rm -f $(BUILD)/include/__init__.py
 	@echo "built $(BUILD)/lib/libnccl.so.$(NCCL_VERSION) ($(BUILT_ABI), headers of $(HEADERS_VERSION))"
+
+# The built library and headers under PREFIX: lib/libnccl.so.<version> with the links
+# libnccl.so.2 and libnccl.so, include/nccl.h (and nccl_device/ from 2.28 on).
+install:
+	@[ -e $(BUILD)/lib/libnccl.so.2 ] || { echo "nothing built in $(BUILD): make build first"; exit 1; }
+	install -d $(PREFIX)/lib $(PREFIX)/include
+	cp -P $(BUILD)/lib/libnccl.so* $(PREFIX)/lib/
+	cp -r $(BUILD)/include/. $(PREFIX)/include/
+	@echo "installed $$(readlink -f $(PREFIX)/lib/libnccl.so.2) and its headers under $(PREFIX)"
 
 # What the tests need beyond Rust: gcc, libclang (bindgen; libclang-cpp, which comes with llvm,
 # is not it: gen/has-libclang.sh), NVIDIA's libraries from PyPI.
@@ -75,6 +98,7 @@ specs:
 # What changed between two releases' specs: functions, types with their layout, constants.
 spec-diff:
 	@[ -n "$(FROM)" ] && [ -n "$(TO)" ] || { echo "usage: make spec-diff FROM=2.27.7 TO=2.28.9"; exit 1; }
+	@echo "comparing spec/nccl-$(FROM).rs and spec/nccl-$(TO).rs (building ncclshim-gen first: about a minute the first time)" >&2
 	@$(CARGO) run --locked --release -q -p ncclshim-gen -- diff spec/nccl-$(FROM).rs spec/nccl-$(TO).rs
 
 microbench: build deps-test
