@@ -295,12 +295,17 @@ pub fn revoked(comm: ncclComm_t) {
     }
 }
 
-fn release(comm: ncclComm_t, core: std::sync::Arc<comm::CoreComm>, abort: bool) {
-    match std::sync::Arc::into_inner(core) {
-        Some(core) => core.release(abort),
-        // Still used by another thread's call: leave its memory rather than pull it away.
-        None => log_warn!("comm {comm:p} released while in use: its core buffers are kept"),
+fn release(comm: ncclComm_t, mut core: std::sync::Arc<comm::CoreComm>, abort: bool) {
+    // The watcher holds a communicator for a moment each second: wait for it, not for a call.
+    for _ in 0..100 {
+        match std::sync::Arc::try_unwrap(core) {
+            Ok(core) => return core.release(abort),
+            Err(shared) => core = shared,
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
     }
+    // Still used by another thread's call: leave its memory rather than pull it away.
+    log_warn!("comm {comm:p} released while in use: its core buffers are kept");
 }
 
 #[cfg(test)]
