@@ -142,7 +142,7 @@ bench: gpu-bundle
 	@echo "the benchmark (tests/gpu/bench.cu) is in the bundle: $(BUNDLE)/run.sh OUTDIR bench"
 
 # What of the GPU suite can be checked without a GPU: the matrix's inputs and host references
-# (every reduction order gives the same bits), the scripts' syntax.
+# (every reduction order gives the same bits), the scripts' syntax, the nccl-tests report.
 gpu-check:
 	@mkdir -p $(TARGET_DIR)
 	gcc -O2 -std=gnu11 -Wall -Wextra -Werror tests/gpu/check_values.c -lm -o $(TARGET_DIR)/check_values
@@ -150,3 +150,10 @@ gpu-check:
 	python3 -c 'import ast, sys; [ast.parse(open(f).read(), f) for f in sys.argv[1:]]' tests/gpu/*.py
 	bash -n tests/gpu/run.sh
 	bash -n tests/gpu/nccl_tests.sh
+	@# nccl_tests_report.py on made-up nccl-tests output: sound rows pass, wrong ones fail, a row
+	@# without an op (hypercube's) is read, the cold start's timing is found.
+	python3 tests/gpu/nccl_tests_report.py --check tests/gpu/testdata/nccl-tests-shim.log
+	! python3 tests/gpu/nccl_tests_report.py --check tests/gpu/testdata/nccl-tests-wrong.log >/dev/null
+	[ "$$(python3 tests/gpu/nccl_tests_report.py --largest-ratio tests/gpu/testdata nccl-tests)" = 1.000 ]
+	python3 tests/gpu/nccl_tests_report.py --first-call tests/gpu/testdata/nccl-tests-shim.log \
+	  tests/gpu/testdata/nccl-tests-real.log
