@@ -113,7 +113,12 @@ fn packs(archs: &[Arch], out_dir: &Path) -> Result<Vec<(Arch, PathBuf)>, String>
     for &arch in archs {
         let programs = DataType::ALL.map(|t| program::options(t, arch));
         let key = program::fingerprint(programs.iter().map(Vec::as_slice), nvrtc);
-        let name = format!("sm_{}{}-{key:016x}.cubins.zst", arch.0, arch.1);
+        let name = format!(
+            "sm_{}{}-{key:016x}.cubins-{}.zst",
+            arch.0,
+            arch.1,
+            program::PACK_LAYOUT
+        );
         let out = out_dir.join(&name);
         let cached = cache.as_ref().map(|dir| dir.join(&name));
         if let Some(cached) = cached.as_ref().filter(|c| c.is_file()) {

@@ -136,6 +136,10 @@ fn cubin_of(program: nvrtc_sys::nvrtcProgram) -> Result<Vec<u8>, String> {
     }
 }
 
+/// The layout of `pack`'s output: part of the cache's file names, so that a build never takes
+/// a pack of another layout.
+pub const PACK_LAYOUT: u32 = 1;
+
 /// One architecture's cubins (one per element type, in `DataType::ALL` order) as the library
 /// carries them: each one's length (u64, little-endian) then its bytes, compressed with zstd.
 /// The programs of different types share most of their code, which compresses 13-fold together.
