@@ -16,6 +16,7 @@
 import glob
 import json
 import os
+import re
 import shutil
 import statistics
 import sys
@@ -187,6 +188,13 @@ CONFIGS = {
 }
 
 
+def portable(text):
+    """`text` without the paths of the machine it ran on: the libraries by where they sit in the
+    bundle (`<bundle>/shim/lib/...`) or in a Python environment (`<env>/site-packages/...`)."""
+    text = re.sub(r"/[^\s`\"']*/(shim(?:-[\d.]+)?/lib/)", r"<bundle>/\1", text)
+    return re.sub(r"/[^\s`\"']*/site-packages/", "<env>/site-packages/", text)
+
+
 def cuda_version(code):
     return f"{code // 1000}.{code % 1000 // 10}"
 
@@ -200,12 +208,15 @@ def doc(outdir, docs):
     os.makedirs(os.path.join(docs, "bench"), exist_ok=True)
     for old in glob.glob(os.path.join(docs, "bench", "bench-*")):  # an earlier run's
         os.remove(old)
-    for f in paths + sorted(glob.glob(os.path.join(outdir, "bench-*.png"))):
+    for f in paths:
+        with open(f) as src, open(os.path.join(docs, "bench", os.path.basename(f)), "w") as dst:
+            dst.write(portable(src.read()))
+    for f in sorted(glob.glob(os.path.join(outdir, "bench-*.png"))):
         shutil.copy(f, os.path.join(docs, "bench", os.path.basename(f)))
     first = load(paths[0])  # a forwarding run: its shim path is the shim's
     counts = sorted({load(p)["ngpus"] for p in paths})
     with open(os.path.join(outdir, "summary.txt")) as f:
-        summary = f.read().rstrip()
+        summary = portable(f.read().rstrip())
     out = [
         "# Performance: ncclshim against NVIDIA's NCCL",
         "",
@@ -243,8 +254,8 @@ def doc(outdir, docs):
         f"- GPUs: {first['gpu']}, this run on {' and '.join(map(str, counts))} of them; CUDA "
         f"driver {cuda_version(first['cuda_driver'])}, runtime "
         f"{cuda_version(first['cuda_runtime'])}.",
-        f"- NCCL: {version(first['nccl']['version'])}, `{first['nccl']['path']}`; the shim: "
-        f"`{first['shim']['path']}` (ABI of NCCL {version(first['shim']['version'])}).",
+        f"- NCCL: {version(first['nccl']['version'])}, `{portable(first['nccl']['path'])}`; the shim: "
+        f"`{portable(first['shim']['path'])}` (ABI of NCCL {version(first['shim']['version'])}).",
         "",
         "## The command",
         "",
