@@ -42,6 +42,8 @@
 #include <string>
 #include <vector>
 
+#include "mapped_nccl.h"
+
 #define NR 2             // ranks: one per GPU
 #define N 1024           // floats per rank of most calls (4 KiB: the core's sentinel kernel)
 #define GUARD 4096       // watched bytes before and after each output
@@ -916,21 +918,6 @@ static bool run_case(World& w, int i) {
   return strcmp(synced, "ok") == 0 && strcmp(after, "ok") == 0;
 }
 
-static void print_mapped_nccl(void) {
-  FILE* maps = fopen("/proc/self/maps", "r");
-  char line[4096], last[4096] = "";
-  while (maps && fgets(line, sizeof line, maps)) {
-    char* path = strchr(line, '/');
-    if (!path || !strstr(path, "libnccl") || strcmp(path, last) == 0) continue;
-    strcpy(last, path);
-    printf("# mapped: %s", path);
-  }
-  if (maps) fclose(maps);
-  int version = 0;
-  ncclGetVersion(&version);
-  printf("# ncclGetVersion %d\n", version);
-}
-
 static int worker(int first, int last) {
   signal(SIGALRM, on_alarm);
   alarm(120);  // the set-up
@@ -950,7 +937,7 @@ static int worker(int first, int last) {
   }
   SETUP(cudaSetDevice(0));
   w.zeros = calloc(1, 1 << 20);
-  print_mapped_nccl();
+  print_mapped_nccl("# ");
   alarm(0);
   for (int i = first; i <= last; i++) {
     if (CASES[i].alone && i != first) break;  // an alone case starts a worker of its own

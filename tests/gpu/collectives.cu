@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "cuda_check.h"
+#include "mapped_nccl.h"
 #include "matrix.h"
 
 #define MAX_LOCAL 16
@@ -362,22 +363,6 @@ static void drive(Rank* rs, int nl, Tally* tally) {
   for (int k = 0; k < nl; k++) free_rank(&rs[k]);
 }
 
-// Which libnccl files this process has mapped: the proof of what served the calls.
-static void print_mapped_nccl(void) {
-  FILE* maps = fopen("/proc/self/maps", "r");
-  char line[4096], last[4096] = "";
-  while (maps && fgets(line, sizeof line, maps)) {
-    char* path = strchr(line, '/');
-    if (!path || !strstr(path, "libnccl") || strcmp(path, last) == 0) continue;
-    strcpy(last, path);
-    printf("mapped: %s", path);
-  }
-  if (maps) fclose(maps);
-  int version = 0;
-  ncclGetVersion(&version);
-  printf("ncclGetVersion: %d\n", version);
-}
-
 // --- Ways of making the communicators ---
 
 static void init_rank_comm(Rank* R, ncclUniqueId id, int n, int r) {
@@ -413,7 +398,7 @@ static void proc_main(int r, int n, const char* id_path, Tally* tally) {
   }
   Rank R;
   init_rank_comm(&R, id, n, r);
-  if (r == 0) print_mapped_nccl();
+  if (r == 0) print_mapped_nccl("");
   drive(&R, 1, tally);
 }
 
@@ -493,7 +478,7 @@ static Tally launch_threads(int n) {
     pthread_join(threads[r], NULL);
     tally_add(&total, &args[r].tally);
   }
-  print_mapped_nccl();
+  print_mapped_nccl("");
   return total;
 }
 
@@ -515,7 +500,7 @@ static Tally launch_single_thread(int n) {
     }
     NCCL_CHECK(ncclGroupEnd());
   }
-  print_mapped_nccl();
+  print_mapped_nccl("");
   Tally total = {0, 0, 0, 0, 0};
   drive(rs, n, &total);
   return total;
