@@ -15,7 +15,7 @@ use super::program::{self, Arch, kernel_name};
 use super::types::{Algorithm, DataType, Op};
 use crate::log::log_info;
 
-// BUILT_IN: [(architecture, its packed cubins)], and BUILT_WITH_NVRTC, from the build script.
+// BUILT_IN: [(architecture, its packed cubins)], written by the build script (build/kernels.rs).
 include!(concat!(env!("OUT_DIR"), "/built_in_kernels.rs"));
 
 /// Every kernel of one device: `[algorithm][type][op]`, `None` where the algorithm does not
@@ -169,7 +169,7 @@ pub fn compile_with_nvrtc(arch: Arch) -> Result<Vec<Vec<u8>>, String> {
     Ok(cubins)
 }
 
-fn compile_each_type(arch: (i32, i32)) -> Result<Vec<Vec<u8>>, String> {
+fn compile_each_type(arch: Arch) -> Result<Vec<Vec<u8>>, String> {
     std::thread::scope(|scope| {
         let jobs: Vec<_> = DataType::ALL
             .iter()
@@ -184,7 +184,7 @@ fn compile_each_type(arch: (i32, i32)) -> Result<Vec<Vec<u8>>, String> {
     })
 }
 
-fn cached_cubin(dtype: DataType, arch: (i32, i32)) -> Result<Vec<u8>, String> {
+fn cached_cubin(dtype: DataType, arch: Arch) -> Result<Vec<u8>, String> {
     let options = program::options(dtype, arch);
     let key = program::fingerprint([options.as_slice()], program::nvrtc_version());
     let path = cache_dir().map(|dir| dir.join(format!("all_reduce-{key:016x}.cubin")));
@@ -204,6 +204,7 @@ fn cached_cubin(dtype: DataType, arch: (i32, i32)) -> Result<Vec<u8>, String> {
     Ok(cubin)
 }
 
+/// Where the kernels compiled at run time are kept.
 fn cache_dir() -> Option<PathBuf> {
     program::cache_dir("kernels")
 }
