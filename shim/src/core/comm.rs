@@ -8,7 +8,8 @@ use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
 use super::cuda::{
-    self, Cuda, CudaError, Device, DevicePtr, GaveUp, HostControl, IpcMapping, StreamOrder,
+    self, Cuda, CudaError, Device, DeviceBuffer, DevicePtr, GaveUp, HostControl, IpcMapping,
+    StreamOrder,
 };
 use super::kernels::Kernels;
 use super::policy::{self, CommFacts, MAX_RANKS, Plan};
@@ -49,8 +50,9 @@ pub struct CoreComm {
     kernels: Arc<Kernels>,
     peers: Peers,
     half_bytes: u64,
-    /// This rank's own allocation.
-    buffer: DevicePtr,
+    /// This rank's own allocation: held to be freed when dropped (the kernels reach it
+    /// through `peers`).
+    _buffer: DeviceBuffer,
     /// Peers' allocations mapped through CUDA IPC: held only to be unmapped when dropped.
     _opened: Vec<IpcMapping>,
     /// The other ranks' GPUs where every rank is in this process (the direct kernel reads and
@@ -72,7 +74,7 @@ unsafe impl Sync for CoreComm {}
 pub struct Parts {
     pub device: Device,
     pub kernels: Arc<Kernels>,
-    pub buffer: DevicePtr,
+    pub buffer: DeviceBuffer,
     pub half_bytes: u64,
     pub control: HostControl,
     /// Launch with programmatic stream serialization (see all_reduce.cu).
@@ -98,7 +100,7 @@ impl CoreComm {
             kernels: parts.kernels,
             peers: Peers::from_bases(bases),
             half_bytes: parts.half_bytes,
-            buffer: parts.buffer,
+            _buffer: parts.buffer,
             _opened: opened,
             peer_devices,
             control: parts.control,
@@ -199,8 +201,9 @@ impl CoreComm {
     /// Frees everything once our kernels are done (the device is synchronised, on a thread of
     /// its own so that we can stop waiting). `abort` first tells waiting kernels to give up
     /// (ncclCommAbort); a plain destroy raises it only after waiting a while, and if the device
-    /// still does not finish, the buffers are left allocated rather than pulled from under it.
-    pub fn release(self, abort: bool) {
+    /// still does not finish, the buffers are left allocated rather than pulled from under it
+    /// (false).
+    pub fn release(self, abort: bool) -> bool {
         if abort {
             self.control.raise_abort();
         }
@@ -215,13 +218,11 @@ impl CoreComm {
             finished.recv_timeout(Duration::from_secs(10))
         });
         if finished.is_err() {
+            // Kernels may still use them: the buffers, mappings and control block stay.
             std::mem::forget(self);
-            return;
+            return false;
         }
-        let Ok(_context) = self.device.enter() else {
-            return;
-        };
-        cuda::free(self.buffer);
-        // The peers' mappings are unmapped as `self` drops.
+        // Our buffer, the peers' mappings and the control block are freed as `self` drops.
+        true
     }
 }

@@ -4,7 +4,7 @@
 
 use std::ffi::{c_int, c_uint, c_void};
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use super::limits::MAX_RANKS;
 
@@ -322,15 +322,51 @@ impl Drop for ContextGuard {
 
 pub type DevicePtr = sys::CUdeviceptr;
 
-/// Device memory of the current context.
-pub fn alloc(bytes: usize) -> Cuda<DevicePtr> {
-    // SAFETY: plain allocation in the current context.
-    unsafe { result::malloc_sync(bytes) }.named("cuMemAlloc")
+/// Device memory of one GPU, freed (in its context) when dropped; leak it with `mem::forget`
+/// where a kernel may still use it.
+pub struct DeviceBuffer {
+    pub pointer: DevicePtr,
+    device: Device,
 }
 
-pub fn free(pointer: DevicePtr) {
-    // SAFETY: memory from `alloc`, no longer used by any kernel.
-    let _ = unsafe { result::free_sync(pointer) };
+impl DeviceBuffer {
+    pub fn alloc(device: Device, bytes: usize) -> Cuda<DeviceBuffer> {
+        let _context = device.enter()?;
+        // SAFETY: plain allocation in the device's context.
+        let pointer = unsafe { result::malloc_sync(bytes) }.named("cuMemAlloc")?;
+        LIVE.buffers.fetch_add(1, Ordering::Relaxed);
+        Ok(DeviceBuffer { pointer, device })
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        LIVE.buffers.fetch_sub(1, Ordering::Relaxed);
+        if let Ok(_context) = self.device.enter() {
+            // SAFETY: allocated by `alloc`, no longer used by any kernel.
+            let _ = unsafe { result::free_sync(self.pointer) };
+        }
+    }
+}
+
+/// How many of the core's device buffers and peer mappings this process holds: what the leak
+/// test reads in the log at every release.
+struct Live {
+    buffers: AtomicUsize,
+    mappings: AtomicUsize,
+}
+
+static LIVE: Live = Live {
+    buffers: AtomicUsize::new(0),
+    mappings: AtomicUsize::new(0),
+};
+
+/// (device buffers, peer mappings) open in this process now.
+pub fn live_resources() -> (usize, usize) {
+    (
+        LIVE.buffers.load(Ordering::Relaxed),
+        LIVE.mappings.load(Ordering::Relaxed),
+    )
 }
 
 pub fn zero(pointer: DevicePtr, bytes: usize) -> Cuda<()> {
@@ -386,12 +422,14 @@ impl IpcMapping {
                 sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as c_uint,
             )
         })?;
+        LIVE.mappings.fetch_add(1, Ordering::Relaxed);
         Ok(IpcMapping { pointer, device })
     }
 }
 
 impl Drop for IpcMapping {
     fn drop(&mut self) {
+        LIVE.mappings.fetch_sub(1, Ordering::Relaxed);
         if let Ok(_context) = self.device.enter() {
             // SAFETY: mapped by `open` in this context, and no longer used.
             let _ = unsafe { sys::cuIpcCloseMemHandle(self.pointer) };
@@ -474,18 +512,33 @@ impl Drop for HostControl {
     }
 }
 
-pub fn stream_create() -> Cuda<sys::CUstream> {
-    result::stream::create(result::stream::StreamKind::NonBlocking).named("cuStreamCreate")
+/// A stream of ours on one GPU (non-blocking), destroyed when dropped.
+pub struct OwnedStream {
+    pub stream: sys::CUstream,
+    device: Device,
 }
 
-pub fn stream_synchronize(stream: sys::CUstream) -> Cuda<()> {
-    // SAFETY: a stream of ours.
-    unsafe { result::stream::synchronize(stream) }.named("cuStreamSynchronize")
+impl OwnedStream {
+    pub fn create(device: Device) -> Cuda<OwnedStream> {
+        let _context = device.enter()?;
+        let stream = result::stream::create(result::stream::StreamKind::NonBlocking)
+            .named("cuStreamCreate")?;
+        Ok(OwnedStream { stream, device })
+    }
+
+    pub fn synchronize(&self) -> Cuda<()> {
+        // SAFETY: our stream, alive while `self` is.
+        unsafe { result::stream::synchronize(self.stream) }.named("cuStreamSynchronize")
+    }
 }
 
-pub fn stream_destroy(stream: sys::CUstream) {
-    // SAFETY: a stream of ours with no work left.
-    let _ = unsafe { result::stream::destroy(stream) };
+impl Drop for OwnedStream {
+    fn drop(&mut self) {
+        if let Ok(_context) = self.device.enter() {
+            // SAFETY: our stream; work left on it completes before its resources go.
+            let _ = unsafe { result::stream::destroy(self.stream) };
+        }
+    }
 }
 
 /// Whether `stream` is being captured into a CUDA graph (no for a stream the driver refuses).

@@ -299,7 +299,20 @@ fn release(comm: ncclComm_t, mut core: std::sync::Arc<comm::CoreComm>, abort: bo
     // The watcher holds a communicator for a moment each second: wait for it, not for a call.
     for _ in 0..100 {
         match std::sync::Arc::try_unwrap(core) {
-            Ok(core) => return core.release(abort),
+            Ok(core) => {
+                let freed = core.release(abort);
+                let (buffers, mappings) = cuda::live_resources();
+                if freed {
+                    log_info!(
+                        "core of comm {comm:p} released; the core holds {buffers} device buffers and {mappings} peer mappings in this process"
+                    );
+                } else {
+                    log_warn!(
+                        "comm {comm:p}: the GPU did not finish within 20 s of its release: its core buffers are kept"
+                    );
+                }
+                return;
+            }
             Err(shared) => core = shared,
         }
         std::thread::sleep(std::time::Duration::from_millis(1));

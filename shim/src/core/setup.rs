@@ -9,7 +9,9 @@ use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use super::comm::{CoreComm, FLAGS_BYTES, Parts};
-use super::cuda::{self, Cuda, Device, DevicePtr, HostControl, IpcMapping, StreamOrder};
+use super::cuda::{
+    self, Cuda, Device, DeviceBuffer, DevicePtr, HostControl, IpcMapping, OwnedStream, StreamOrder,
+};
 use super::policy::{
     self, CommFacts, INBOX_BYTES, MAX_RANKS, SENTINEL_INBOX_BYTES, STAGING_HALF_BYTES,
 };
@@ -87,10 +89,11 @@ struct Candidate {
     why_not: Option<String>,
 }
 
+/// Where a rank's records pass through the real NCCL's all-gather; freed when dropped.
 struct Exchange {
     device: Device,
-    buffer: DevicePtr,
-    stream: cuda::Stream,
+    buffer: DeviceBuffer,
+    stream: OwnedStream,
 }
 
 /// What a rank opened of its peers' buffers, for a yes verdict.
@@ -145,13 +148,7 @@ pub fn set_up(comms: &[ncclComm_t], blocking: bool) {
             .is_some_and(|v| v.chunks(4).all(|c| c[0] == 1));
         finish(candidate, mapped, everyone, started);
     }
-    for candidate in &mut candidates {
-        if let Some(exchange) = candidate.exchange.take() {
-            let _context = exchange.device.enter();
-            cuda::free(exchange.buffer);
-            cuda::stream_destroy(exchange.stream);
-        }
-    }
+    // The exchange buffers and streams are freed as `candidates` drops.
 }
 
 /// Whether this process can use CUDA at all. The real NCCL needs libcuda, so this comes out the
@@ -234,22 +231,19 @@ fn prepare(comm: ncclComm_t, blocking: bool) -> Candidate {
 
 fn exchange_space(ordinal: i32, nranks: usize) -> Cuda<Exchange> {
     let device = Device::open(ordinal)?;
-    let _context = device.enter()?;
     let bytes = nranks.max(1) * RECORD_BYTES;
-    let buffer = cuda::alloc(bytes)?;
+    let buffer = DeviceBuffer::alloc(device, bytes)?;
     // Zeroed, so that every byte read back is one written (compute-sanitizer's initcheck does
     // not see NCCL's kernels write it).
-    match cuda::zero(buffer, bytes).and_then(|()| cuda::stream_create()) {
-        Ok(stream) => Ok(Exchange {
-            device,
-            buffer,
-            stream,
-        }),
-        Err(e) => {
-            cuda::free(buffer);
-            Err(e)
-        }
+    {
+        let _context = device.enter()?;
+        cuda::zero(buffer.pointer, bytes)?;
     }
+    Ok(Exchange {
+        device,
+        buffer,
+        stream: OwnedStream::create(device)?,
+    })
 }
 
 /// Kernels, buffer and control block of this rank.
@@ -266,8 +260,9 @@ fn own_parts(device: Device) -> Result<Parts, String> {
     let half_bytes = STAGING_HALF_BYTES as u64;
     let inbox = FLAGS_BYTES + policy::staging_bytes(STAGING_HALF_BYTES);
     let sentinel_inbox = inbox + INBOX_BYTES;
-    let buffer = cuda::alloc(sentinel_inbox + SENTINEL_INBOX_BYTES).map_err(|e| e.to_string())?;
-    let rest = || -> Cuda<(HostControl, StreamOrder)> {
+    let buffer = DeviceBuffer::alloc(device, sentinel_inbox + SENTINEL_INBOX_BYTES)
+        .map_err(|e| e.to_string())?;
+    let rest = |buffer: DevicePtr| -> Cuda<(HostControl, StreamOrder)> {
         // Flags, epochs and the low-latency inboxes start at zero: no epoch is zero.
         cuda::zero(buffer, FLAGS_BYTES)?;
         cuda::zero(buffer + inbox as u64, INBOX_BYTES)?;
@@ -276,21 +271,16 @@ fn own_parts(device: Device) -> Result<Parts, String> {
         let control = HostControl::new(policy::settings().wait_limit_s)?;
         Ok((control, StreamOrder::new()?))
     };
-    match rest() {
-        Ok((control, order)) => Ok(Parts {
-            device,
-            kernels,
-            buffer,
-            half_bytes,
-            control,
-            early_launch: early_launch(),
-            order,
-        }),
-        Err(e) => {
-            cuda::free(buffer);
-            Err(e.to_string())
-        }
-    }
+    let (control, order) = rest(buffer.pointer).map_err(|e| e.to_string())?;
+    Ok(Parts {
+        device,
+        kernels,
+        buffer,
+        half_bytes,
+        control,
+        early_launch: early_launch(),
+        order,
+    })
 }
 
 /// Why the core must stay off where the user told NCCL not to use peer-to-peer between GPUs
@@ -321,7 +311,7 @@ fn own_record(candidate: &Candidate) -> Record {
     let pci_bus_id = exchange.device.pci_bus_id();
     let ipc = {
         let _context = exchange.device.enter();
-        cuda::ipc_handle(parts.buffer)
+        cuda::ipc_handle(parts.buffer.pointer)
     };
     let (Ok(pci_bus_id), Ok(ipc)) = (pci_bus_id, ipc) else {
         return Record::not_ready();
@@ -333,7 +323,7 @@ fn own_record(candidate: &Candidate) -> Record {
         host: identity::host(),
         process: identity::process(),
         settings: settings_key(parts.half_bytes),
-        buffer: parts.buffer,
+        buffer: parts.buffer.pointer,
         device: exchange.device.ordinal,
         resident_blocks: parts.kernels.two_shot_resident_blocks,
         pci_bus_id,
@@ -372,7 +362,7 @@ fn all_gather(candidates: &[Candidate], payloads: &[Vec<u8>]) -> Vec<Option<Vec<
         .map(|(c, payload)| {
             c.exchange.as_ref().is_some_and(|x| {
                 let _context = x.device.enter();
-                cuda::copy_to_device(x.buffer + (c.rank * len) as u64, payload).is_ok()
+                cuda::copy_to_device(x.buffer.pointer + (c.rank * len) as u64, payload).is_ok()
             })
         })
         .collect();
@@ -389,9 +379,10 @@ fn all_gather(candidates: &[Candidate], payloads: &[Vec<u8>]) -> Vec<Option<Vec<
         for c in issued() {
             let x = c.exchange.as_ref().unwrap();
             let _context = x.device.enter();
-            let recv = x.buffer as *mut c_void;
-            let send = (x.buffer + (c.rank * len) as u64) as *const c_void;
-            real::ncclAllGather(send, recv, len, ncclUint8, c.comm, x.stream as cudaStream_t);
+            let recv = x.buffer.pointer as *mut c_void;
+            let send = (x.buffer.pointer + (c.rank * len) as u64) as *const c_void;
+            let stream = x.stream.stream as cudaStream_t;
+            real::ncclAllGather(send, recv, len, ncclUint8, c.comm, stream);
         }
         real::ncclGroupEnd()
     };
@@ -413,9 +404,9 @@ fn all_gather(candidates: &[Candidate], payloads: &[Vec<u8>]) -> Vec<Option<Vec<
                 return None;
             }
             let _context = x.device.enter().ok()?;
-            cuda::stream_synchronize(x.stream).ok()?;
+            x.stream.synchronize().ok()?;
             let mut all = vec![0u8; c.nranks * len];
-            cuda::copy_to_host(&mut all, x.buffer).ok()?;
+            cuda::copy_to_host(&mut all, x.buffer.pointer).ok()?;
             Some(all)
         })
         .collect()
@@ -447,7 +438,7 @@ fn map_peers(candidate: &Candidate, gathered: &[u8]) -> Result<Mapped, String> {
     };
     for (r, record) in records.iter().enumerate() {
         let base = if r == candidate.rank {
-            parts.buffer
+            parts.buffer.pointer
         } else if record.process == me.process {
             let peer = Device::open(record.device).map_err(|e| e.to_string())?;
             if !parts
@@ -550,12 +541,8 @@ fn finish(
                 candidate.comm,
                 candidate.rank
             );
-            // The peers' buffers this rank mapped are unmapped as `mapped` drops.
-            drop(mapped);
-            if let Some(parts) = parts {
-                let _context = parts.device.enter();
-                cuda::free(parts.buffer);
-            }
+            // The peers' buffers this rank mapped, and its own, are freed as they drop.
+            drop((mapped, parts));
         }
     }
 }
