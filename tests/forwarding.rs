@@ -297,3 +297,45 @@ fn nccl_debug_file_keeps_the_warnings_of_ncclshim() {
         "{log}"
     );
 }
+
+/// A process that forks after its first NCCL call: the child's lines (the shim's and the real
+/// NCCL's) go to the child's own file where `NCCL_DEBUG_FILE` has `%p`, not to the parent's.
+#[test]
+fn nccl_debug_file_follows_a_forked_child() {
+    let dir = scratch("forwarding-debug-file-fork");
+    let client = build_clients("fork_client.c", "2.27.7", "2.27.7", &dir).through_shim;
+    let logs = dir.join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    let pattern = logs.join("nccl.%p.log");
+    let real = real_library("2.26.5");
+    let out = stdout_of(&run(
+        &client,
+        &[],
+        &[
+            ("NCCLSHIM_REAL_NCCL", real.to_str().unwrap()),
+            ("NCCL_DEBUG", "WARN"),
+            ("NCCL_DEBUG_FILE", pattern.to_str().unwrap()),
+        ],
+    ));
+    let pid_of = |who: &str| -> String {
+        out.lines()
+            .find_map(|l| l.strip_prefix(&format!("{who} ")))
+            .and_then(|rest| rest.split(':').next())
+            .unwrap_or_else(|| panic!("no {who} line:\n{out}"))
+            .to_string()
+    };
+    let log_of = |pid: &str| {
+        std::fs::read_to_string(logs.join(format!("nccl.{pid}.log")))
+            .unwrap_or_else(|e| panic!("the log of process {pid}: {e}\n{out}"))
+    };
+    let (parent, child) = (log_of(&pid_of("parent")), log_of(&pid_of("child")));
+    let shrink_warning = "ncclCommShrink is not available";
+    assert!(
+        child.contains(shrink_warning) && child.contains("CommCount : comm argument is NULL"),
+        "the child's file:\n{child}"
+    );
+    assert!(
+        parent.contains("[ncclshim] NCCL WARN") && !parent.contains(shrink_warning),
+        "the parent's file:\n{parent}"
+    );
+}

@@ -48,6 +48,8 @@ impl Level {
 struct Logger {
     level: Level,
     host: String,
+    /// `NCCL_DEBUG_FILE` as set, to name the file again in a forked child.
+    file_pattern: Option<String>,
     sink: Mutex<Sink>,
 }
 
@@ -62,14 +64,13 @@ fn logger() -> &'static Logger {
     LOGGER.get_or_init(|| {
         let level = Level::from_setting(std::env::var("NCCL_DEBUG").ok().as_deref());
         let host = host_name();
-        let file = std::env::var("NCCL_DEBUG_FILE")
+        let file_pattern = std::env::var("NCCL_DEBUG_FILE")
             .ok()
             .filter(|f| !f.is_empty());
-        // The real NCCL opens the file only where it logs more than its version.
+        let opened = file_pattern
+            .as_deref()
+            .and_then(|pattern| DebugFile::open_for_process(pattern, &host, level));
         let shared = level > Level::Version;
-        let opened = file
-            .map(|f| debug_file_name(&f, &host, std::process::id()))
-            .and_then(|name| DebugFile::open(Path::new(&name), shared).ok());
         let sink = match opened {
             Some(file) => {
                 if shared {
@@ -83,6 +84,7 @@ fn logger() -> &'static Logger {
         Logger {
             level,
             host,
+            file_pattern,
             sink: Mutex::new(sink),
         }
     })
@@ -117,6 +119,8 @@ const KEPT_BYTES: usize = 64 << 10;
 /// `NCCL_DEBUG_FILE`, opened by us to append, and shared with the real NCCL.
 struct DebugFile {
     file: File,
+    /// The process it was named for (`%p`): a forked child opens its own, as the real NCCL does.
+    pid: u32,
     /// Whether the real NCCL opens the file too (it does where `NCCL_DEBUG` is above VERSION).
     shared: bool,
     /// Whether the real NCCL's descriptor of the file has been found (and made to append).
@@ -126,13 +130,23 @@ struct DebugFile {
 }
 
 impl DebugFile {
-    fn open(path: &Path, shared: bool) -> std::io::Result<DebugFile> {
+    /// The file `pattern` names for this process; `None` where it cannot be opened.
+    fn open_for_process(pattern: &str, host: &str, level: Level) -> Option<DebugFile> {
+        let pid = std::process::id();
+        let name = debug_file_name(pattern, host, pid);
+        // The real NCCL opens the file only where it logs more than its version.
+        let shared = level > Level::Version;
+        DebugFile::open(Path::new(&name), pid, shared).ok()
+    }
+
+    fn open(path: &Path, pid: u32, shared: bool) -> std::io::Result<DebugFile> {
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(path)?;
         Ok(DebugFile {
             file,
+            pid,
             shared,
             nccl_has_it: false,
             before_nccl: Vec::new(),
@@ -290,7 +304,16 @@ pub fn write(level: Level, always: bool, message: fmt::Arguments) {
     );
     if let Ok(mut sink) = l.sink.lock() {
         match &mut *sink {
-            Sink::File(file) => file.write_line(line.as_bytes()),
+            Sink::File(file) => {
+                // A forked child's lines go to its own file (`%p`), where its NCCL writes.
+                if file.pid != std::process::id()
+                    && let Some(pattern) = &l.file_pattern
+                    && let Some(own) = DebugFile::open_for_process(pattern, &l.host, l.level)
+                {
+                    *file = own;
+                }
+                file.write_line(line.as_bytes())
+            }
             Sink::Stdout => {
                 let mut out = std::io::stdout().lock();
                 let _ = out.write_all(line.as_bytes());
@@ -362,7 +385,7 @@ mod tests {
     fn lines_of_ours_survive_the_real_nccl_opening_the_file_after_them() {
         let scratch = crate::locate::Scratch::new("log-after");
         let path = scratch.0.join("nccl.log");
-        let mut ours = DebugFile::open(&path, true).unwrap();
+        let mut ours = DebugFile::open(&path, std::process::id(), true).unwrap();
         ours.write_line(b"shim 1\n");
         let mut nccl = nccl_opens(&path);
         nccl.write_all(b"nccl 1\n").unwrap();
@@ -381,7 +404,7 @@ mod tests {
     fn lines_of_ours_come_back_at_exit_when_none_follows() {
         let scratch = crate::locate::Scratch::new("log-exit");
         let path = scratch.0.join("nccl.log");
-        let mut ours = DebugFile::open(&path, true).unwrap();
+        let mut ours = DebugFile::open(&path, std::process::id(), true).unwrap();
         ours.write_line(b"shim 1\n");
         let mut nccl = nccl_opens(&path);
         nccl.write_all(b"nccl 1\n").unwrap();
@@ -397,7 +420,7 @@ mod tests {
         let path = scratch.0.join("nccl.log");
         let mut nccl = nccl_opens(&path);
         nccl.write_all(b"nccl 1\n").unwrap();
-        let mut ours = DebugFile::open(&path, true).unwrap();
+        let mut ours = DebugFile::open(&path, std::process::id(), true).unwrap();
         ours.write_line(b"shim 1\n");
         nccl.write_all(b"nccl 2\n").unwrap();
         ours.write_line(b"shim 2\n");
