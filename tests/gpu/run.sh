@@ -2,7 +2,7 @@
 # The GPU suite, on a machine with NVIDIA GPUs, nvcc and PyTorch (no Rust needed): compiles the
 # C/CUDA programs, runs the correctness matrix, the PyTorch checks and the side-by-side
 # benchmark through ncclshim, and writes logs and OUTDIR/summary.txt.
-#   run.sh OUTDIR [collectives] [torch] [bench] [launch] [floor] [sanitizer] [waitlimit] [nccltests] [badinput]  (default: the first three)
+#   run.sh OUTDIR [collectives] [torch] [bench] [launch] [floor] [sanitizer] [waitlimit] [nccltests] [badinput] [faults]  (default: the first three)
 # It runs from the folder `make gpu-bundle` makes (the shim in shim/lib beside this script).
 # Environment (all optional):
 #   GPU_COUNTS  GPU counts to run on (default "2 4", less those the machine lacks)
@@ -20,7 +20,7 @@
 #   FLOOR_ARGS     more arguments for the floor, e.g. "--sizes 8M,16M"
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
-[ $# -ge 1 ] || { echo "usage: $0 OUTDIR [collectives] [torch] [bench] [launch] [floor] [sanitizer] [waitlimit] [nccltests] [badinput]" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "usage: $0 OUTDIR [collectives] [torch] [bench] [launch] [floor] [sanitizer] [waitlimit] [nccltests] [badinput] [faults]" >&2; exit 2; }
 mkdir -p "$1" && out=$(cd "$1" && pwd) && shift
 suites=${*:-collectives torch bench}
 
@@ -349,6 +349,49 @@ bad_input_suite() {
   grep -h '^- FAIL' "$out/bad-input.md" | sed 's/^/  /' | tee -a "$summary"
 }
 
+# --- Faults (faults.cu, 2 GPUs): an abort while a kernel waits, destroy after revoke, two streams
+# of one communicator, a rank killed mid-loop, and create/all-reduce/destroy cycles with the
+# resources they leave printed and checked flat. Every all-reduce on the core; its wait limit far
+# above the cases' deadlines, so that an abort, not the limit, ends each wait ---
+faults_suite() {
+  local n=$1 dir=$out/faults t=$SECONDS
+  if [ "$n" != 2 ]; then
+    verdict "faults $n GPUs SKIP" 0 "faults drives 2 GPUs"
+    return
+  fi
+  mkdir -p "$dir"
+  $nvcc "${flags[@]}" "$here/faults.cu" -o "$out/bin/faults" -L"$shim_lib" -lnccl -ldl \
+    >"$out/build-faults.log" 2>&1 || { verdict "faults" 1 "build failed: build-faults.log"; return; }
+  local shim_env=(LD_LIBRARY_PATH="$shim_lib" NCCLSHIM_REAL_NCCL="$real" NCCLSHIM_FORCE=core NCCLSHIM_TIMEOUT=600)
+  local case
+  for case in abort-while-waiting destroy-after-revoke two-streams kill-rank; do
+    local log=$dir/$case.log t1=$SECONDS
+    env "${shim_env[@]}" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT timeout 300 "$out/bin/faults" "$case" >"$log" 2>&1
+    local status=$? core
+    core=$(core_counts "$log")
+    shim_used "$log" && [ "${core%/*}" -gt 0 ] || status=1
+    verdict "faults $case" $status "$(grep -h "^\(PASS\|FAIL\|SKIP\) $case" "$log" | cut -d' ' -f3- | cut -c1-220); core on/off: $core; $((SECONDS - t1)) s"
+  done
+  # The leak cycles: NCCL logs little (ENV), the shim its release lines, which faults reads back.
+  # Communicators split from one made first (the core set up and released each cycle) for up to
+  # FAULTS_LEAK_BUDGET seconds; made by NCCL's whole init (half a second each) for a minute.
+  for case in leak-split-one-process leak-split-procs leak-one-process leak-procs; do
+    local log=$dir/$case.log t1=$SECONDS budget=${FAULTS_LEAK_BUDGET:-240}
+    [[ $case == *split* ]] || budget=${FAULTS_INIT_LEAK_BUDGET:-60}
+    rm -f "$dir/$case".*.debug
+    env "${shim_env[@]}" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=ENV NCCL_DEBUG_FILE="$dir/$case.%p.debug" \
+      timeout $((budget + 300)) "$out/bin/faults" "$case" --cycles 10000 --budget "$budget" >"$log" 2>&1
+    local status=$? on
+    on=$(cat "$dir/$case".*.debug 2>/dev/null | grep -c 'core on for comm')
+    [ "$on" -gt 0 ] || status=1
+    verdict "faults $case" $status "$(grep -h "^\(PASS\|FAIL\) $case" "$log" | cut -d' ' -f3- | cut -c1-200); core on for $on comms; $((SECONDS - t1)) s"
+    grep -h '^STATS' "$log" | sed 's/^STATS /  /' | tee -a "$summary"
+    # The debug files are large: keep their last lines only.
+    for f in "$dir/$case".*.debug; do [ -f "$f" ] && tail -200 "$f" >"$f.tail" && rm -f "$f"; done
+  done
+  echo "  faults: $((SECONDS - t)) s" | tee -a "$summary"
+}
+
 for n in $counts; do
   for suite in $suites; do
     case $suite in
@@ -361,6 +404,7 @@ for n in $counts; do
       waitlimit) wait_limit_suite "$n" ;;
       nccltests) nccl_tests_suite "$n" ;;
       badinput) bad_input_suite "$n" ;;
+      faults) faults_suite "$n" ;;
       *) echo "unknown suite $suite" >&2; exit 2 ;;
     esac
   done
