@@ -43,11 +43,18 @@ pub fn expand(spec: &Spec, paths: &[PathBuf], input: &ApiInput) -> TokenStream {
             }
         }
     });
+    let operations: Vec<&Function> = spec
+        .functions
+        .iter()
+        .filter(|f| f.operation().is_some())
+        .collect();
+    let operation_names: Vec<&str> = operations.iter().map(|f| f.name.as_str()).collect();
     let exports = spec.functions.iter().flat_map(|f| {
         let profiling = format_ident!("p{}", f.ident);
+        let kind = operations.iter().position(|o| o.name == f.name);
         [
-            export(f, &f.ident, runtime, router),
-            export(f, &profiling, runtime, router),
+            export(f, &f.ident, kind, runtime, router),
+            export(f, &profiling, kind, runtime, router),
         ]
     });
 
@@ -85,6 +92,9 @@ pub fn expand(spec: &Spec, paths: &[PathBuf], input: &ApiInput) -> TokenStream {
         pub const ABI_VERSION_CODE: i32 = #version_code;
         /// Every function exported, without its `pncclX` twin.
         pub const ABI_FUNCTIONS: &[&str] = &[#(#names),*];
+        /// The operations on a communicator's stream (collectives, sends, receives), which the
+        /// shim describes call by call; a call's `Operation::kind` is its index here.
+        pub const OPERATIONS: &[&str] = &[#(#operation_names),*];
 
         /// The real NCCL's functions, each looked up once; `None` where the real library lacks it.
         #[allow(non_snake_case)]
@@ -205,23 +215,58 @@ fn forwarder(f: &Function, runtime: &syn::Path) -> TokenStream {
     }
 }
 
+/// `kind`: the function's index in `OPERATIONS`, for an operation on a communicator's stream,
+/// whose every outermost call is described to `runtime::operation_done` once it returns.
 fn export(
     f: &Function,
     export_name: &syn::Ident,
+    kind: Option<usize>,
     runtime: &syn::Path,
     router: &syn::Path,
 ) -> TokenStream {
     let (ident, params, args, ret) = (&f.ident, params(f), args(f), ret(f));
     let name = export_name.to_string();
     let panicked = failure_value(f, quote! { #runtime::panicked(#name) });
+    let routed = quote! {
+        // SAFETY: the C caller's arguments, passed on unchanged.
+        unsafe { <#router as Route>::#ident(#(#args),*) }
+    };
+    let routed = match (kind, f.operation()) {
+        (Some(kind), Some(o)) => {
+            let (comm, count, datatype) = (&o.comm.ident, &o.count.ident, &o.datatype.ident);
+            let op = o.op.map_or(quote! { -1 }, |p| {
+                let p = &p.ident;
+                quote! { #p as i64 }
+            });
+            let root = o.root.map_or(quote! { -1 }, |p| {
+                let p = &p.ident;
+                quote! { #p as i64 }
+            });
+            quote! {{
+                let result = #routed;
+                #runtime::operation_done(
+                    &#runtime::Operation {
+                        kind: #kind as u8,
+                        comm: #comm as usize,
+                        count: #count as u64,
+                        datatype: #datatype as i64,
+                        op: #op,
+                        root: #root,
+                    },
+                    result,
+                );
+                result
+            }}
+        }
+        _ => routed,
+    };
     quote! {
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn #export_name(#(#params),*) #ret {
             let outcome = ::std::panic::catch_unwind(::std::panic::AssertUnwindSafe(|| {
                 let inside = #runtime::Reentry::enter();
                 if inside.outermost() {
-                    // SAFETY: the C caller's arguments, passed on unchanged.
-                    unsafe { <#router as Route>::#ident(#(#args),*) }
+                    #routed
                 } else {
                     // Already inside the shim on this thread: straight to the real NCCL.
                     // SAFETY: as above.

@@ -3,6 +3,7 @@
 //! it, and forwarded to the real NCCL, loaded at first use, everywhere else.
 
 pub mod api;
+mod calls;
 pub mod core;
 mod error_strings;
 mod identity;

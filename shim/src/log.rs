@@ -70,15 +70,8 @@ fn logger() -> &'static Logger {
         let opened = file_pattern
             .as_deref()
             .and_then(|pattern| DebugFile::open_for_process(pattern, &host, level));
-        let shared = level > Level::Version;
         let sink = match opened {
-            Some(file) => {
-                if shared {
-                    // SAFETY: `at_exit` is an `extern "C" fn()` that never unwinds.
-                    unsafe { atexit(at_exit) };
-                }
-                Sink::File(file)
-            }
+            Some(file) => Sink::File(file),
             None => Sink::Stdout,
         };
         Logger {
@@ -91,8 +84,9 @@ fn logger() -> &'static Logger {
 }
 
 /// At exit, writes again the lines of ours that the real NCCL's opening of the file emptied away
-/// after our last line.
-extern "C" fn at_exit() {
+/// after our last line (nothing where we never logged to a file).
+#[ctor::dtor]
+fn at_exit() {
     let _ = std::panic::catch_unwind(|| {
         if let Some(logger) = LOGGER.get()
             && let Ok(mut sink) = logger.sink.lock()
@@ -104,7 +98,6 @@ extern "C" fn at_exit() {
 }
 
 unsafe extern "C" {
-    fn atexit(callback: extern "C" fn()) -> c_int;
     fn fcntl(fd: c_int, command: c_int, ...) -> c_int;
 }
 const F_GETFL: c_int = 3;
@@ -112,6 +105,20 @@ const F_SETFL: c_int = 4;
 const O_ACCMODE: c_int = 0o3;
 const O_RDONLY: c_int = 0;
 const O_APPEND: c_int = 0o2000;
+
+/// Adds `flags` (e.g. O_NONBLOCK) to a descriptor's status flags.
+///
+/// # Safety
+/// `fd` is an open descriptor of this process.
+pub(crate) unsafe fn set_flags(fd: c_int, flags: c_int) {
+    // SAFETY: F_GETFL and F_SETFL on the caller's descriptor.
+    unsafe {
+        let old = fcntl(fd, F_GETFL);
+        if old >= 0 {
+            fcntl(fd, F_SETFL, old | flags);
+        }
+    }
+}
 
 /// Most bytes of ours kept to be written again (about a hundred lines; we write a few).
 const KEPT_BYTES: usize = 64 << 10;
@@ -215,7 +222,7 @@ fn other_writers(file: &File) -> Vec<c_int> {
 
 /// NCCL's expansion of `NCCL_DEBUG_FILE`: `%h` is the host name, `%p` the process id, `%%` a
 /// `%`; any other `%x` stays as it is.
-fn debug_file_name(pattern: &str, host: &str, pid: u32) -> String {
+pub(crate) fn debug_file_name(pattern: &str, host: &str, pid: u32) -> String {
     let mut name = String::with_capacity(pattern.len() + host.len());
     let mut chars = pattern.chars();
     while let Some(c) = chars.next() {
@@ -239,7 +246,7 @@ fn debug_file_name(pattern: &str, host: &str, pid: u32) -> String {
 
 /// The host name as NCCL's log lines and file names have it: up to the first `.`, with `%` and
 /// `/` made `-`.
-fn host_name() -> String {
+pub(crate) fn host_name() -> String {
     let full =
         std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_else(|_| "localhost".into());
     log_host_name(full.trim())

@@ -6,7 +6,7 @@ use std::ffi::{c_char, c_int, c_void};
 
 use crate::api::ffi::*;
 use crate::api::{Route, if_exported, real, real_functions};
-use crate::{core, error_strings, runtime};
+use crate::{calls, core, error_strings, runtime};
 
 pub struct Router;
 
@@ -250,12 +250,14 @@ impl Route for Router {
 
     unsafe fn ncclCommDestroy(comm: ncclComm_t) -> ncclResult_t {
         core::destroyed(comm, false);
+        calls::comm_destroyed(comm);
         // SAFETY: the caller's handle.
         unsafe { real::ncclCommDestroy(comm) }
     }
 
     unsafe fn ncclCommAbort(comm: ncclComm_t) -> ncclResult_t {
         core::destroyed(comm, true);
+        calls::comm_destroyed(comm);
         // SAFETY: the caller's handle.
         unsafe { real::ncclCommAbort(comm) }
     }

@@ -13,6 +13,8 @@ use crate::api::ffi::{ncclInternalError, ncclInvalidUsage, ncclResult_t, ncclSys
 use crate::log::log_warn;
 use crate::real_nccl::{RealState, real_nccl, real_nccl_state};
 
+pub use crate::calls::{Operation, operation_done};
+
 thread_local! {
     static DEPTH: Cell<u32> = const { Cell::new(0) };
 }

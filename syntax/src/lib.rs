@@ -5,6 +5,7 @@
 mod compare;
 mod declarations;
 mod model;
+mod operation;
 mod parse;
 mod types;
 mod union;
@@ -13,6 +14,7 @@ pub use compare::same_signature;
 pub use model::{
     Alias, Constant, Field, Function, Param, Record, RecordKind, Returns, Spec, Version,
 };
+pub use operation::OperationParams;
 pub use parse::{parse_spec, parse_spec_file};
 pub use types::{readable_type, type_to_string, without_paths};
 pub use union::union_of;

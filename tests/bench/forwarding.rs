@@ -1,20 +1,35 @@
 //! Microbenchmark: the cost of one forwarded call. Calls `ncclGetErrorString` and
 //! `ncclGetVersion` through ncclshim and directly into the real NCCL 2.27.7, in one process,
 //! interleaved, and prints the time per call of each and the difference (the shim's overhead).
+//! Then the same for operations (`ncclAllGather`, `ncclAllReduce` on a made-up communicator),
+//! which the shim also records (counts and flight recorder), with a stand-in for the real NCCL
+//! whose operations return at once (tests/c/fake_operations_nccl.c): once without and once with
+//! the trace (`NCCLSHIM_TRACE`), each in a process of its own.
 //!   make microbench
 
-use std::ffi::{c_char, c_int};
+use std::ffi::{c_char, c_int, c_void};
 use std::hint::black_box;
 use std::time::Instant;
 
 use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
-use ncclshim_tests::{real_library, shim_library};
+use ncclshim_tests::{compile_c, real_library, real_nccl, scratch, shim_library};
 
 const CALLS: u32 = 20_000_000;
 const ROUNDS: usize = 9;
 
 type GetErrorString = unsafe extern "C" fn(u32) -> *const c_char;
 type GetVersion = unsafe extern "C" fn(*mut c_int) -> u32;
+type AllGather =
+    unsafe extern "C" fn(*const c_void, *mut c_void, usize, u32, *mut c_void, *mut c_void) -> u32;
+type AllReduce = unsafe extern "C" fn(
+    *const c_void,
+    *mut c_void,
+    usize,
+    u32,
+    u32,
+    *mut c_void,
+    *mut c_void,
+) -> u32;
 
 fn open(path: &std::path::Path) -> Library {
     // SAFETY: NCCL and ncclshim are ordinary shared libraries without load-time requirements.
@@ -45,6 +60,75 @@ fn compare(name: &str, mut direct: impl FnMut(u32), mut through_shim: impl FnMut
 }
 
 fn main() {
+    if let Some(fake) = std::env::args().nth(1).filter(|a| a != "--bench") {
+        return operations(std::path::Path::new(&fake));
+    }
+    calls();
+    // Operations, each setting in a process of its own (the shim reads them once).
+    let dir = scratch("microbench-operations");
+    let fake = compile_c(
+        "fake_operations_nccl.c",
+        &real_nccl("2.27.7").join("include"),
+        &dir.join("libfake_operations_nccl.so"),
+        &["-shared", "-fPIC"],
+    );
+    let trace = dir.join("trace.%p.jsonl");
+    for (setting, env) in [
+        ("trace off", vec![]),
+        (
+            "NCCLSHIM_TRACE",
+            vec![("NCCLSHIM_TRACE", trace.to_str().unwrap())],
+        ),
+    ] {
+        println!("\noperations, {setting}:");
+        let status = std::process::Command::new(std::env::current_exe().unwrap())
+            .arg(&fake)
+            .env("NCCLSHIM_REAL_NCCL", &fake)
+            .envs(env)
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Operations through the shim against the stand-in called directly.
+fn operations(fake_path: &std::path::Path) {
+    let fake = open(fake_path);
+    let shim = open(&shim_library("2.27.7"));
+    // SAFETY: both libraries export these with NCCL's signatures.
+    let (fake_gather, shim_gather, fake_reduce, shim_reduce) = unsafe {
+        (
+            *fake.get::<AllGather>("ncclAllGather").unwrap(),
+            *shim.get::<AllGather>("ncclAllGather").unwrap(),
+            *fake.get::<AllReduce>("ncclAllReduce").unwrap(),
+            *shim.get::<AllReduce>("ncclAllReduce").unwrap(),
+        )
+    };
+    let (comm, buffer) = (0x1000 as *mut c_void, 0x40 as *mut c_void);
+    // SAFETY (every call below): the stand-in reads none of its arguments.
+    compare(
+        "ncclAllGather",
+        |n| {
+            black_box(unsafe { fake_gather(buffer, buffer, n as usize, 7, comm, buffer) });
+        },
+        |n| {
+            black_box(unsafe { shim_gather(buffer, buffer, n as usize, 7, comm, buffer) });
+        },
+    );
+    compare(
+        "ncclAllReduce",
+        |n| {
+            black_box(unsafe { fake_reduce(buffer, buffer, n as usize, 7, 0, comm, buffer) });
+        },
+        |n| {
+            black_box(unsafe { shim_reduce(buffer, buffer, n as usize, 7, 0, comm, buffer) });
+        },
+    );
+}
+
+/// Plain forwarded calls against the real NCCL.
+fn calls() {
     let real_path = real_library("2.27.7");
     // SAFETY: set before any other thread exists; the shim reads it when it first loads.
     unsafe { std::env::set_var("NCCLSHIM_REAL_NCCL", &real_path) };

@@ -185,6 +185,7 @@ impl CoreComm {
                 self.device.ordinal,
                 policy::settings().wait_limit_s
             );
+            crate::calls::dump(comm, "a wait of the core gave up");
         }
         true
     }

@@ -218,6 +218,8 @@ pub fn all_reduce(
     };
     let stream = call.stream as cuda::Stream;
     if group::inside() {
+        let captured = cuda::capturing(stream);
+        let algorithm = plan.algorithm;
         let queued = group::queue(group::Queued {
             core,
             plan,
@@ -225,9 +227,11 @@ pub fn all_reduce(
             recv: call.recv,
             count: call.count,
             stream,
-            captured: cuda::capturing(stream),
+            captured,
         });
-        if queued.is_err() {
+        if queued.is_ok() {
+            crate::calls::ran_on_core(algorithm, Some(captured));
+        } else {
             log_warn!(
                 "Streams given to a communicator within a NCCL group must either be all uncaptured or all captured by the same graph."
             );
@@ -236,7 +240,11 @@ pub fn all_reduce(
         return ncclSuccess;
     }
     match core.launch_all_reduce(&plan, call.send, call.recv, call.count, stream) {
-        Ok(()) => ncclSuccess,
+        Ok(()) => {
+            let captured = crate::calls::wants_capture_state().then(|| cuda::capturing(stream));
+            crate::calls::ran_on_core(plan.algorithm, captured);
+            ncclSuccess
+        }
         Err(e) => {
             log_warn!(
                 "all-reduce on GPU {} could not be launched: {e}",

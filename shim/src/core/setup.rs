@@ -499,6 +499,10 @@ fn finish(
     started: Instant,
 ) {
     let parts = candidate.parts.take();
+    let device = candidate.exchange.as_ref().map_or(-1, |x| x.device.ordinal);
+    let on = parts.is_some() && mapped.is_ok() && everyone;
+    let (rank, nranks) = (candidate.rank as i32, candidate.nranks as i32);
+    crate::calls::core_decided(candidate.comm, on, rank, nranks, device);
     match (parts, mapped, everyone) {
         (Some(parts), Ok(mapped), true) => {
             let settings = policy::settings();

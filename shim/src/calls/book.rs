@@ -1,0 +1,371 @@
+//! The book of every communicator's operations: per operation and size band, the calls and bytes
+//! routed (by algorithm) and forwarded, and the last `RING` calls (the flight recorder). A fixed
+//! table of atomics: recording takes no lock and allocates nothing. A destroyed communicator's
+//! page stays for the exit summary until its slot is needed again.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicI32, AtomicI64, AtomicU8, AtomicU64, AtomicUsize, Ordering};
+
+use crate::api::OPERATIONS;
+use crate::core::types::Algorithm;
+
+/// Communicators kept at once (alive, or destroyed and not yet overwritten).
+const SLOTS: usize = 256;
+/// Slots looked at from a communicator's hash before giving up.
+const PROBES: usize = 16;
+/// Calls kept per communicator by the flight recorder.
+pub const RING: usize = 64;
+/// Operations a spec may have (2.31 has 20, with its ncclXConfig variants).
+pub const MAX_KINDS: usize = 24;
+const _: () = assert!(OPERATIONS.len() <= MAX_KINDS);
+/// How a call went: 0 forwarded to NCCL, 1 + the algorithm where the core ran it.
+pub const WAYS: usize = 1 + Algorithm::ALL.len();
+
+/// Size bands of the summary: a call's bytes below each bound, the last open-ended.
+pub const BAND_BOUNDS: [u64; 5] = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20];
+pub const BANDS: usize = BAND_BOUNDS.len() + 1;
+
+pub fn band(bytes: u64) -> usize {
+    BAND_BOUNDS
+        .iter()
+        .position(|&bound| bytes < bound)
+        .unwrap_or(BAND_BOUNDS.len())
+}
+
+const EMPTY: u8 = 0;
+const CLAIMING: u8 = 1;
+const LIVE: u8 = 2;
+const DESTROYED: u8 = 3;
+
+/// One call, as the flight recorder keeps it. `stamp` is 1 + its sequence number once the rest
+/// is written (0: never written), so that a reader sees whole entries only.
+struct Entry {
+    stamp: AtomicU64,
+    /// kind | way << 8 | result << 16 | captured << 24 (captured: 0 unknown, 1 no, 2 yes).
+    what: AtomicU64,
+    count: AtomicU64,
+    bytes: AtomicU64,
+    datatype: AtomicI64,
+    op: AtomicI64,
+    root: AtomicI64,
+    /// Microseconds since the epoch.
+    at_us: AtomicU64,
+}
+
+impl Entry {
+    const fn new() -> Entry {
+        Entry {
+            stamp: AtomicU64::new(0),
+            what: AtomicU64::new(0),
+            count: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            datatype: AtomicI64::new(0),
+            op: AtomicI64::new(0),
+            root: AtomicI64::new(0),
+            at_us: AtomicU64::new(0),
+        }
+    }
+}
+
+type Counters = [[[AtomicU64; WAYS]; BANDS]; MAX_KINDS];
+
+const fn counters() -> Counters {
+    [const { [const { [const { AtomicU64::new(0) }; WAYS] }; BANDS] }; MAX_KINDS]
+}
+
+/// One communicator's page.
+pub struct Page {
+    comm: AtomicUsize,
+    state: AtomicU8,
+    rank: AtomicI32,
+    nranks: AtomicI32,
+    device: AtomicI32,
+    /// 0 not known, 1 the core serves it, 2 it does not.
+    core: AtomicU8,
+    /// The next call's sequence number (the calls recorded so far).
+    next_seq: AtomicU64,
+    calls: Counters,
+    bytes: Counters,
+    ring: [Entry; RING],
+}
+
+impl Page {
+    const fn new() -> Page {
+        Page {
+            comm: AtomicUsize::new(0),
+            state: AtomicU8::new(EMPTY),
+            rank: AtomicI32::new(-1),
+            nranks: AtomicI32::new(-1),
+            device: AtomicI32::new(-1),
+            core: AtomicU8::new(0),
+            next_seq: AtomicU64::new(0),
+            calls: counters(),
+            bytes: counters(),
+            ring: [const { Entry::new() }; RING],
+        }
+    }
+
+    /// Empties a page for another communicator (its claimer alone writes it).
+    fn reset(&self) {
+        for (calls, bytes) in self.calls.iter().flatten().zip(self.bytes.iter().flatten()) {
+            for (c, b) in calls.iter().zip(bytes) {
+                c.store(0, Ordering::Relaxed);
+                b.store(0, Ordering::Relaxed);
+            }
+        }
+        for entry in &self.ring {
+            entry.stamp.store(0, Ordering::Relaxed);
+        }
+        self.next_seq.store(0, Ordering::Relaxed);
+        self.core.store(0, Ordering::Relaxed);
+        for field in [&self.rank, &self.nranks, &self.device] {
+            field.store(-1, Ordering::Relaxed);
+        }
+    }
+
+    pub fn comm(&self) -> usize {
+        self.comm.load(Ordering::Relaxed)
+    }
+
+    pub fn destroyed(&self) -> bool {
+        self.state.load(Ordering::Acquire) == DESTROYED
+    }
+
+    /// (rank, ranks, GPU), -1 where NCCL did not say.
+    pub fn identity(&self) -> (i32, i32, i32) {
+        (
+            self.rank.load(Ordering::Relaxed),
+            self.nranks.load(Ordering::Relaxed),
+            self.device.load(Ordering::Relaxed),
+        )
+    }
+
+    pub fn set_identity(&self, rank: i32, nranks: i32, device: i32) {
+        self.rank.store(rank, Ordering::Relaxed);
+        self.nranks.store(nranks, Ordering::Relaxed);
+        self.device.store(device, Ordering::Relaxed);
+    }
+
+    /// Whether the core serves this communicator: `None` where it was never decided.
+    pub fn core(&self) -> Option<bool> {
+        match self.core.load(Ordering::Relaxed) {
+            1 => Some(true),
+            2 => Some(false),
+            _ => None,
+        }
+    }
+
+    pub fn calls_recorded(&self) -> u64 {
+        self.next_seq.load(Ordering::Relaxed)
+    }
+
+    /// (calls, bytes) of operation `kind`, size band `band`, gone `way`.
+    pub fn tally(&self, kind: usize, band: usize, way: usize) -> (u64, u64) {
+        (
+            self.calls[kind][band][way].load(Ordering::Relaxed),
+            self.bytes[kind][band][way].load(Ordering::Relaxed),
+        )
+    }
+
+    /// Counts one call and keeps it in the ring; returns its sequence number. One thread at a
+    /// time uses a communicator (NCCL's rule), so plain loads and stores count: a program that
+    /// breaks the rule loses counts, nothing else.
+    pub fn record(&self, call: &Recorded) -> u64 {
+        let add = |counter: &AtomicU64, n: u64| {
+            counter.store(counter.load(Ordering::Relaxed) + n, Ordering::Relaxed)
+        };
+        let seq = self.next_seq.load(Ordering::Relaxed);
+        add(&self.next_seq, 1);
+        let kind = (call.kind as usize).min(MAX_KINDS - 1);
+        let (band, way) = (band(call.bytes), (call.way as usize).min(WAYS - 1));
+        add(&self.calls[kind][band][way], 1);
+        add(&self.bytes[kind][band][way], call.bytes);
+        let entry = &self.ring[seq as usize % RING];
+        entry.stamp.store(0, Ordering::Relaxed);
+        let what = call.kind as u64
+            | (call.way as u64) << 8
+            | (call.result as u64 & 0xff) << 16
+            | (call.captured as u64) << 24;
+        entry.what.store(what, Ordering::Relaxed);
+        entry.count.store(call.count, Ordering::Relaxed);
+        entry.bytes.store(call.bytes, Ordering::Relaxed);
+        entry.datatype.store(call.datatype, Ordering::Relaxed);
+        entry.op.store(call.op, Ordering::Relaxed);
+        entry.root.store(call.root, Ordering::Relaxed);
+        entry.at_us.store(call.at_us, Ordering::Relaxed);
+        entry.stamp.store(seq + 1, Ordering::Release);
+        seq
+    }
+
+    /// The calls the ring holds, oldest first, with their sequence numbers.
+    pub fn last_calls(&self) -> Vec<(u64, Recorded)> {
+        let mut calls: Vec<(u64, Recorded)> = self
+            .ring
+            .iter()
+            .filter_map(|entry| {
+                let stamp = entry.stamp.load(Ordering::Acquire);
+                let what = entry.what.load(Ordering::Relaxed);
+                let call = Recorded {
+                    kind: what as u8,
+                    way: (what >> 8) as u8,
+                    result: (what >> 16) as u8 as u32,
+                    captured: (what >> 24) as u8,
+                    count: entry.count.load(Ordering::Relaxed),
+                    bytes: entry.bytes.load(Ordering::Relaxed),
+                    datatype: entry.datatype.load(Ordering::Relaxed),
+                    op: entry.op.load(Ordering::Relaxed),
+                    root: entry.root.load(Ordering::Relaxed),
+                    at_us: entry.at_us.load(Ordering::Relaxed),
+                };
+                // Rewritten while read: left out.
+                (stamp != 0 && entry.stamp.load(Ordering::Acquire) == stamp)
+                    .then(|| (stamp - 1, call))
+            })
+            .collect();
+        calls.sort_by_key(|(seq, _)| *seq);
+        calls
+    }
+}
+
+/// One call as recorded.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Recorded {
+    /// Its index in `OPERATIONS`.
+    pub kind: u8,
+    /// 0 forwarded, 1 + the core's algorithm.
+    pub way: u8,
+    pub result: u32,
+    /// 0 not known, 1 not captured, 2 captured into a CUDA graph.
+    pub captured: u8,
+    pub count: u64,
+    pub bytes: u64,
+    pub datatype: i64,
+    pub op: i64,
+    pub root: i64,
+    pub at_us: u64,
+}
+
+static PAGES: [Page; SLOTS] = [const { Page::new() }; SLOTS];
+
+fn home(comm: usize) -> usize {
+    // Handles are heap pointers: their low bits say little.
+    ((comm >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) % SLOTS
+}
+
+fn probe(comm: usize) -> impl Iterator<Item = &'static Page> {
+    let start = home(comm);
+    (0..PROBES).map(move |i| &PAGES[(start + i) % SLOTS])
+}
+
+/// The page of a live communicator, if it has one.
+pub fn find(comm: usize) -> Option<&'static Page> {
+    probe(comm).find(|page| page.comm() == comm && page.state.load(Ordering::Acquire) == LIVE)
+}
+
+/// The page of `comm`, claimed now if it has none (an empty slot, else the destroyed
+/// communicator's page nearest its home); `None` where every slot near it is a live
+/// communicator's. `fresh` runs once on a page just claimed. Claims (once per communicator) are
+/// made one at a time, so that two threads' first calls on one communicator share one page.
+pub fn find_or_claim(comm: usize, fresh: impl FnOnce(&Page)) -> Option<&'static Page> {
+    static CLAIMING_ONE: Mutex<()> = Mutex::new(());
+    if let Some(page) = find(comm) {
+        return Some(page);
+    }
+    let _one_at_a_time = CLAIMING_ONE.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(page) = find(comm) {
+        return Some(page);
+    }
+    let page = [EMPTY, DESTROYED]
+        .into_iter()
+        .find_map(|wanted| probe(comm).find(|p| p.state.load(Ordering::Acquire) == wanted))?;
+    page.state.store(CLAIMING, Ordering::Release);
+    page.reset();
+    page.comm.store(comm, Ordering::Relaxed);
+    fresh(page);
+    page.state.store(LIVE, Ordering::Release);
+    Some(page)
+}
+
+/// The communicator is gone: its page stays, for the summary, until its slot is needed.
+pub fn destroyed(comm: usize) {
+    if let Some(page) = find(comm) {
+        page.state.store(DESTROYED, Ordering::Release);
+    }
+}
+
+/// Whether the core serves `comm`, as its set-up decided.
+pub fn set_core(page: &Page, on: bool) {
+    page.core.store(if on { 1 } else { 2 }, Ordering::Relaxed);
+}
+
+/// Every page with something to say (a live or destroyed communicator), in slot order.
+pub fn pages() -> impl Iterator<Item = &'static Page> {
+    PAGES.iter().filter(|page| {
+        let state = page.state.load(Ordering::Acquire);
+        state == LIVE || state == DESTROYED
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(kind: u8, way: u8, bytes: u64) -> Recorded {
+        Recorded {
+            kind,
+            way,
+            result: 0,
+            captured: 0,
+            count: bytes / 4,
+            bytes,
+            datatype: 7,
+            op: 0,
+            root: -1,
+            at_us: 1,
+        }
+    }
+
+    #[test]
+    fn bands_split_at_their_bounds() {
+        assert_eq!(band(0), 0);
+        assert_eq!(band((4 << 10) - 1), 0);
+        assert_eq!(band(4 << 10), 1);
+        assert_eq!(band(1 << 20), 3);
+        assert_eq!(band(1 << 30), BANDS - 1);
+    }
+
+    #[test]
+    fn a_page_counts_its_calls_and_keeps_the_last_ones() {
+        let comm = 0x5100_0000;
+        let page = find_or_claim(comm, |p| p.set_identity(1, 2, 1)).unwrap();
+        for i in 0..(RING as u64 + 10) {
+            assert_eq!(page.record(&call(0, (i % 2) as u8, 1 << 20)), i);
+        }
+        assert_eq!(page.tally(0, band(1 << 20), 0), (37, 37 << 20));
+        assert_eq!(page.tally(0, band(1 << 20), 1), (37, 37 << 20));
+        let last = page.last_calls();
+        assert_eq!(last.len(), RING);
+        assert_eq!(last.first().unwrap().0, 10, "the oldest kept");
+        assert_eq!(last.last().unwrap().0, RING as u64 + 9);
+        assert_eq!(page.identity(), (1, 2, 1));
+
+        // Destroyed, the page stays for the summary; the same handle made again starts anew.
+        destroyed(comm);
+        assert!(find(comm).is_none());
+        assert!(pages().any(|p| p.comm() == comm && p.destroyed()));
+        let again = find_or_claim(comm, |_| ()).unwrap();
+        assert_eq!(again.calls_recorded(), 0);
+    }
+
+    #[test]
+    fn destroyed_pages_are_taken_again_when_the_table_is_full() {
+        // Many communicators hashed anywhere: each destroyed after use, none lost for want of
+        // a slot.
+        for i in 0..(4 * SLOTS) {
+            let comm = 0x6000_0000 + (i << 12);
+            let page = find_or_claim(comm, |_| ()).expect("a slot");
+            page.record(&call(1, 0, 64));
+            destroyed(comm);
+        }
+    }
+}

@@ -1,0 +1,297 @@
+//! `NCCLSHIM_TRACE=path` (`%h` host, `%p` process id, as in `NCCL_DEBUG_FILE`): one JSON line
+//! per call of an operation, with the fields of NCCL Inspector's records where they mean the
+//! same (`id`, `rank`, `n_ranks`, `coll`, `coll_sn`, `coll_msg_size_bytes`) and ours (`count`,
+//! `dtype`, `red_op`, `root`, `path`, `algo`, `captured`, `result`, `ts_us`). A call only puts
+//! its record into a fixed queue (no lock, no allocation); a thread of ours writes the file.
+//! Where calls outrun the writer, the queue's overflow is dropped and counted in the last line.
+
+use std::fmt::Write as _;
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use super::book::{Page, Recorded};
+use super::{kind_name, op_name, settings, type_name};
+use crate::core::types::Algorithm;
+
+/// Records the queue holds (a power of two).
+const QUEUE: usize = 1 << 15;
+
+/// One queued record; `stamp` is 1 + its position once written.
+struct Slot {
+    stamp: AtomicUsize,
+    comm: AtomicUsize,
+    identity: AtomicI64,
+    seq: AtomicU64,
+    what: AtomicU64,
+    count: AtomicU64,
+    bytes: AtomicU64,
+    datatype: AtomicI64,
+    op: AtomicI64,
+    root: AtomicI64,
+    at_us: AtomicU64,
+}
+
+static SLOTS: [Slot; QUEUE] = [const {
+    Slot {
+        stamp: AtomicUsize::new(0),
+        comm: AtomicUsize::new(0),
+        identity: AtomicI64::new(0),
+        seq: AtomicU64::new(0),
+        what: AtomicU64::new(0),
+        count: AtomicU64::new(0),
+        bytes: AtomicU64::new(0),
+        datatype: AtomicI64::new(0),
+        op: AtomicI64::new(0),
+        root: AtomicI64::new(0),
+        at_us: AtomicU64::new(0),
+    }
+}; QUEUE];
+
+/// Positions handed out to calls, and written out by the writer.
+static HEAD: AtomicUsize = AtomicUsize::new(0);
+static TAIL: AtomicUsize = AtomicUsize::new(0);
+static DROPPED: AtomicU64 = AtomicU64::new(0);
+/// The writer thread runs (in this process).
+static STARTED: AtomicBool = AtomicBool::new(false);
+/// Asked to write what is left and stop; it says it did.
+static FINISHING: AtomicBool = AtomicBool::new(false);
+static FINISHED: AtomicBool = AtomicBool::new(false);
+/// The process the writer was started in.
+static WRITER_PID: AtomicI32 = AtomicI32::new(0);
+
+/// Queues one call's record; starts the writer at the first.
+pub fn push(page: &Page, seq: u64, call: &Recorded) {
+    if !STARTED.load(Ordering::Acquire) && !STARTED.swap(true, Ordering::AcqRel) {
+        start_writer();
+    }
+    let mut head = HEAD.load(Ordering::Relaxed);
+    loop {
+        if head.wrapping_sub(TAIL.load(Ordering::Acquire)) >= QUEUE {
+            DROPPED.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        match HEAD.compare_exchange_weak(head, head + 1, Ordering::AcqRel, Ordering::Relaxed) {
+            Ok(_) => break,
+            Err(now) => head = now,
+        }
+    }
+    let slot = &SLOTS[head % QUEUE];
+    let (rank, nranks, _) = page.identity();
+    slot.comm.store(page.comm(), Ordering::Relaxed);
+    slot.identity.store(
+        (rank as i64) << 32 | (nranks as u32 as i64),
+        Ordering::Relaxed,
+    );
+    slot.seq.store(seq, Ordering::Relaxed);
+    let what = call.kind as u64 | (call.way as u64) << 8 | (call.captured as u64) << 16;
+    slot.what
+        .store(what | (call.result as u64) << 32, Ordering::Relaxed);
+    slot.count.store(call.count, Ordering::Relaxed);
+    slot.bytes.store(call.bytes, Ordering::Relaxed);
+    slot.datatype.store(call.datatype, Ordering::Relaxed);
+    slot.op.store(call.op, Ordering::Relaxed);
+    slot.root.store(call.root, Ordering::Relaxed);
+    slot.at_us.store(call.at_us, Ordering::Relaxed);
+    slot.stamp.store(head + 1, Ordering::Release);
+}
+
+unsafe extern "C" {
+    fn pthread_atfork(
+        prepare: Option<extern "C" fn()>,
+        parent: Option<extern "C" fn()>,
+        child: Option<extern "C" fn()>,
+    ) -> i32;
+}
+
+/// In a forked child: no writer runs there; its calls start one of its own (its own file, by
+/// `%p`), and what its parent had queued is the parent's to write.
+extern "C" fn after_fork_in_child() {
+    TAIL.store(HEAD.load(Ordering::Relaxed), Ordering::Relaxed);
+    for flag in [&STARTED, &FINISHING, &FINISHED] {
+        flag.store(false, Ordering::Relaxed);
+    }
+    WRITER_PID.store(0, Ordering::Relaxed);
+}
+
+fn start_writer() {
+    static ATFORK: std::sync::Once = std::sync::Once::new();
+    // SAFETY: a handler that only stores to atomics.
+    ATFORK.call_once(|| unsafe {
+        pthread_atfork(None, None, Some(after_fork_in_child));
+    });
+    let Some(pattern) = settings().trace.as_deref() else {
+        return;
+    };
+    let pid = std::process::id();
+    let path = crate::log::debug_file_name(pattern, &crate::log::host_name(), pid);
+    let file = match std::fs::File::create(&path) {
+        Ok(file) => file,
+        Err(e) => {
+            crate::log::log_warn!("NCCLSHIM_TRACE: cannot write {path}: {e}; no trace");
+            return;
+        }
+    };
+    crate::log::log_info!("NCCLSHIM_TRACE: writing every operation's calls to {path}");
+    let spawned = std::thread::Builder::new()
+        .name("ncclshim-trace".into())
+        .spawn(move || write_until_finished(std::io::BufWriter::new(file)));
+    match spawned {
+        Ok(_) => WRITER_PID.store(pid as i32, Ordering::Release),
+        Err(_) => crate::log::log_warn!("NCCLSHIM_TRACE: no thread to write {path}; no trace"),
+    }
+}
+
+fn write_until_finished(mut out: std::io::BufWriter<std::fs::File>) {
+    let mut line = String::new();
+    loop {
+        let finishing = FINISHING.load(Ordering::Acquire);
+        let mut wrote = false;
+        while let Some(record) = next_record() {
+            line.clear();
+            json_line(&mut line, &record);
+            let _ = out.write_all(line.as_bytes());
+            wrote = true;
+        }
+        if wrote {
+            let _ = out.flush();
+        }
+        if finishing {
+            let dropped = DROPPED.load(Ordering::Relaxed);
+            if dropped > 0 {
+                let _ = writeln!(out, "{{\"dropped\":{dropped}}}");
+            }
+            let _ = out.flush();
+            FINISHED.store(true, Ordering::Release);
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The record at the tail, once its call has written it all.
+fn next_record() -> Option<Queued> {
+    let tail = TAIL.load(Ordering::Relaxed);
+    if tail == HEAD.load(Ordering::Acquire) {
+        return None;
+    }
+    let slot = &SLOTS[tail % QUEUE];
+    if slot.stamp.load(Ordering::Acquire) != tail + 1 {
+        return None; // handed out, still being written
+    }
+    let what = slot.what.load(Ordering::Relaxed);
+    let identity = slot.identity.load(Ordering::Relaxed);
+    let record = Queued {
+        comm: slot.comm.load(Ordering::Relaxed),
+        rank: (identity >> 32) as i32,
+        nranks: identity as i32,
+        seq: slot.seq.load(Ordering::Relaxed),
+        call: Recorded {
+            kind: what as u8,
+            way: (what >> 8) as u8,
+            captured: (what >> 16) as u8,
+            result: (what >> 32) as u32,
+            count: slot.count.load(Ordering::Relaxed),
+            bytes: slot.bytes.load(Ordering::Relaxed),
+            datatype: slot.datatype.load(Ordering::Relaxed),
+            op: slot.op.load(Ordering::Relaxed),
+            root: slot.root.load(Ordering::Relaxed),
+            at_us: slot.at_us.load(Ordering::Relaxed),
+        },
+    };
+    TAIL.store(tail + 1, Ordering::Release);
+    Some(record)
+}
+
+struct Queued {
+    comm: usize,
+    rank: i32,
+    nranks: i32,
+    seq: u64,
+    call: Recorded,
+}
+
+fn json_line(line: &mut String, r: &Queued) {
+    let c = &r.call;
+    let algorithm = Algorithm::ALL.get((c.way as usize).wrapping_sub(1));
+    let _ = writeln!(
+        line,
+        "{{\"id\":\"{:#x}\",\"rank\":{},\"n_ranks\":{},\"coll\":\"{}\",\"coll_sn\":{},\"coll_msg_size_bytes\":{},\"count\":{},\"dtype\":\"{}\",\"red_op\":\"{}\",\"root\":{},\"path\":\"{}\",\"algo\":{},\"captured\":{},\"result\":{},\"ts_us\":{}}}",
+        r.comm,
+        r.rank,
+        r.nranks,
+        kind_name(c.kind),
+        r.seq,
+        c.bytes,
+        c.count,
+        type_name(c.datatype),
+        op_name(c.op),
+        c.root,
+        if algorithm.is_some() {
+            "routed"
+        } else {
+            "forwarded"
+        },
+        algorithm.map_or("null".into(), |a| format!("\"{}\"", a.name())),
+        match c.captured {
+            1 => "false",
+            2 => "true",
+            _ => "null",
+        },
+        c.result,
+        c.at_us
+    );
+}
+
+/// At exit: the writer writes what is queued and stops (a second at most).
+pub fn finish() {
+    if WRITER_PID.load(Ordering::Acquire) as u32 != std::process::id() {
+        return;
+    }
+    FINISHING.store(true, Ordering::Release);
+    let start = Instant::now();
+    while !FINISHED.load(Ordering::Acquire) && start.elapsed() < Duration::from_secs(1) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_trace_line_is_one_json_object() {
+        let mut line = String::new();
+        let record = Queued {
+            comm: 0xabc0,
+            rank: 1,
+            nranks: 2,
+            seq: 7,
+            call: Recorded {
+                kind: 0,
+                way: 1 + Algorithm::Direct as u8,
+                result: 0,
+                captured: 2,
+                count: 256,
+                bytes: 1024,
+                datatype: 7,
+                op: 0,
+                root: -1,
+                at_us: 1_700_000_000_000_000,
+            },
+        };
+        json_line(&mut line, &record);
+        assert!(line.ends_with("}\n") && line.matches('\n').count() == 1);
+        for field in [
+            "\"id\":\"0xabc0\"",
+            "\"rank\":1,\"n_ranks\":2",
+            "\"coll_sn\":7",
+            "\"coll_msg_size_bytes\":1024",
+            "\"dtype\":\"float\"",
+            "\"red_op\":\"sum\"",
+            "\"path\":\"routed\",\"algo\":\"direct\",\"captured\":true",
+        ] {
+            assert!(line.contains(field), "{field} in {line}");
+        }
+    }
+}

@@ -1,0 +1,50 @@
+/* Calls operations on made-up communicators (through the shim, on fake_operations_nccl.c as the
+ * real NCCL) for the tests of what the shim records: on comm 0x1000 (rank 0) 100 float
+ * all-reduces of 1 KiB, 5 all-gathers of 8 MiB of bytes, a broadcast from root 1, a send to and
+ * a receive from peer 1, then it is destroyed; 4 threads, each on a communicator of its own
+ * (0x2000 to 0x5000, as NCCL wants), 5000 all-reduces each; with "fork", a child process makes
+ * 10 all-reduces on comm 0x6000;
+ * with "signal", the process raises SIGUSR1 and waits a moment. Prints "done" at the end. */
+#include <nccl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define COMM(n) ((ncclComm_t)(uintptr_t)(n))
+
+static void* all_reduces(void* comm) {
+  for (int i = 0; i < 5000; i++) ncclAllReduce((void*)16, (void*)16, 8, ncclInt64, ncclMax, (ncclComm_t)comm, NULL);
+  return NULL;
+}
+
+int main(int argc, char** argv) {
+  int fork_child = argc > 1 && !strcmp(argv[1], "fork");
+  int signal_self = argc > 1 && !strcmp(argv[1], "signal");
+  for (int i = 0; i < 100; i++) ncclAllReduce((void*)16, (void*)16, 256, ncclFloat, ncclSum, COMM(0x1000), NULL);
+  for (int i = 0; i < 5; i++) ncclAllGather((void*)16, (void*)16, 8 << 20, ncclUint8, COMM(0x1000), NULL);
+  ncclBroadcast((void*)16, (void*)16, 4, ncclBfloat16, 1, COMM(0x1000), NULL);
+  ncclSend((void*)16, 2, ncclDouble, 1, COMM(0x1000), NULL);
+  ncclRecv((void*)16, 2, ncclDouble, 1, COMM(0x1000), NULL);
+  pthread_t threads[4];
+  for (int t = 0; t < 4; t++) pthread_create(&threads[t], NULL, all_reduces, COMM(0x2000 + 0x1000 * t));
+  for (int t = 0; t < 4; t++) pthread_join(threads[t], NULL);
+  if (signal_self) {
+    raise(SIGUSR1);
+    usleep(300000);
+  }
+  ncclCommDestroy(COMM(0x1000));
+  if (fork_child) {
+    pid_t child = fork();
+    if (child == 0) {
+      for (int i = 0; i < 10; i++) ncclAllReduce((void*)16, (void*)16, 1, ncclInt32, ncclSum, COMM(0x6000), NULL);
+      return 0;
+    }
+    waitpid(child, NULL, 0);
+  }
+  printf("done\n");
+  return 0;
+}

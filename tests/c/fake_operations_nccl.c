@@ -1,0 +1,62 @@
+/* A stand-in for the real NCCL whose operations succeed without a GPU, for tests of what the
+ * shim records of each call (summary, trace, flight recorder). Communicators are made-up
+ * handles: rank = handle / 0x1000 - 1 (so 0x1000 is rank 0), 2 ranks, GPU 0. */
+#include <nccl.h>
+#include <stdint.h>
+
+ncclResult_t ncclGetVersion(int* version) {
+  *version = NCCL_VERSION_CODE;
+  return ncclSuccess;
+}
+const char* ncclGetErrorString(ncclResult_t result) { return result ? "fake error" : "no error"; }
+const char* ncclGetLastError(ncclComm_t comm) {
+  (void)comm;
+  return "";
+}
+ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
+  *rank = (int)((uintptr_t)comm / 0x1000) - 1;
+  return ncclSuccess;
+}
+ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
+  (void)comm;
+  *count = 2;
+  return ncclSuccess;
+}
+ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device) {
+  (void)comm;
+  *device = 0;
+  return ncclSuccess;
+}
+ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+  (void)comm;
+  return ncclSuccess;
+}
+ncclResult_t ncclAllReduce(const void* s, void* r, size_t n, ncclDataType_t t, ncclRedOp_t op, ncclComm_t c,
+                           cudaStream_t st) {
+  (void)s, (void)r, (void)n, (void)t, (void)op, (void)c, (void)st;
+  return ncclSuccess;
+}
+ncclResult_t ncclAllGather(const void* s, void* r, size_t n, ncclDataType_t t, ncclComm_t c, cudaStream_t st) {
+  (void)s, (void)r, (void)n, (void)t, (void)c, (void)st;
+  return ncclSuccess;
+}
+ncclResult_t ncclBroadcast(const void* s, void* r, size_t n, ncclDataType_t t, int root, ncclComm_t c,
+                           cudaStream_t st) {
+  (void)s, (void)r, (void)n, (void)t, (void)root, (void)c, (void)st;
+  return ncclSuccess;
+}
+ncclResult_t ncclSend(const void* s, size_t n, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t st) {
+  (void)s, (void)n, (void)t, (void)peer, (void)c, (void)st;
+  return ncclSuccess;
+}
+ncclResult_t ncclRecv(void* r, size_t n, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t st) {
+  (void)r, (void)n, (void)t, (void)peer, (void)c, (void)st;
+  return ncclSuccess;
+}
+/* Asked by the shim before it sets up its core for a communicator (which it then declines here:
+ * no GPU). */
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* state) {
+  (void)comm;
+  *state = ncclSuccess;
+  return ncclSuccess;
+}

@@ -1,0 +1,186 @@
+//! What the shim records of each call of an operation, seen from outside: the exit summary
+//! (`NCCLSHIM_SUMMARY=1`), the trace (`NCCLSHIM_TRACE`) and the flight recorder
+//! (`NCCLSHIM_DUMP_ON_SIGNAL=1`), with a C client calling through the shim into a stand-in for
+//! the real NCCL whose operations succeed without a GPU (tests/c/fake_operations_nccl.c).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use ncclshim_tests::{compile_c, link_shim, real_nccl, run, scratch, stdout_of};
+
+/// The client and the stand-in, built in `dir`.
+fn built(dir: &Path) -> (PathBuf, PathBuf) {
+    let include = real_nccl("2.27.7").join("include");
+    let fake = compile_c(
+        "fake_operations_nccl.c",
+        &include,
+        &dir.join("libfake_operations_nccl.so"),
+        &["-shared", "-fPIC"],
+    );
+    let client = compile_c(
+        "calls_client.c",
+        &include,
+        &dir.join("calls_client"),
+        &link_shim(),
+    );
+    (client, fake)
+}
+
+#[test]
+fn the_exit_summary_counts_every_call_by_operation_and_size() {
+    let dir = scratch("calls-summary");
+    let (client, fake) = built(&dir);
+    let out = stdout_of(&run(
+        &client,
+        &[],
+        &[
+            ("NCCLSHIM_REAL_NCCL", fake.to_str().unwrap()),
+            ("NCCLSHIM_SUMMARY", "1"),
+        ],
+    ));
+    let summary: Vec<&str> = out
+        .lines()
+        .filter_map(|l| l.split_once("NCCL INFO summary: ").map(|(_, s)| s))
+        .collect();
+    let expected = [
+        "comm 0x1000 rank 0/2 on GPU 0 (destroyed): the core never set up; 108 calls",
+        "comm 0x1000 rank 0  AllReduce < 4 KiB: 100 calls, 100 KiB: forwarded 100",
+        "comm 0x1000 rank 0  Broadcast < 4 KiB: 1 calls, 8 B: forwarded 1",
+        "comm 0x1000 rank 0  AllGather 1 MiB - 16 MiB: 5 calls, 40 MiB: forwarded 5",
+        "comm 0x1000 rank 0  Send < 4 KiB: 1 calls, 16 B: forwarded 1",
+        "comm 0x1000 rank 0  Recv < 4 KiB: 1 calls, 16 B: forwarded 1",
+    ];
+    let threads: Vec<String> = (2..=5)
+        .flat_map(|n| {
+            [
+                format!("comm {n:#x}000 rank {}/2 on GPU 0: the core never set up; 5000 calls", n - 1),
+                format!("comm {n:#x}000 rank {}  AllReduce < 4 KiB: 5000 calls, 312.5 KiB: forwarded 5000", n - 1),
+            ]
+        })
+        .collect();
+    for line in expected
+        .iter()
+        .copied()
+        .chain(threads.iter().map(String::as_str))
+    {
+        assert!(summary.contains(&line), "{line:?} not in\n{out}");
+    }
+    assert_eq!(summary.len(), expected.len() + threads.len(), "{out}");
+    assert!(
+        out.trim_end().ends_with("done") || out.contains("done\n"),
+        "{out}"
+    );
+}
+
+/// The JSON lines of a trace file: (comm, sequence number, operation, bytes) of each.
+fn trace_records(path: &Path) -> Vec<(String, u64, String, u64)> {
+    let text = std::fs::read_to_string(path).unwrap();
+    let field = |line: &str, name: &str| -> String {
+        let at = line
+            .find(&format!("\"{name}\":"))
+            .unwrap_or_else(|| panic!("{name} in {line}"));
+        let rest = &line[at + name.len() + 3..];
+        rest[..rest.find([',', '}']).unwrap()]
+            .trim_matches('"')
+            .to_string()
+    };
+    text.lines()
+        .map(|line| {
+            assert!(line.starts_with('{') && line.ends_with('}'), "{line}");
+            assert!(!line.contains("dropped"), "{line}");
+            (
+                field(line, "id"),
+                field(line, "coll_sn").parse().unwrap(),
+                field(line, "coll"),
+                field(line, "coll_msg_size_bytes").parse().unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn the_trace_has_one_line_per_call_in_each_processs_own_file() {
+    let dir = scratch("calls-trace");
+    let (client, fake) = built(&dir);
+    let traces = dir.join("traces");
+    let _ = std::fs::remove_dir_all(&traces);
+    std::fs::create_dir_all(&traces).unwrap();
+    let pattern = traces.join("trace.%p.jsonl");
+    let out = stdout_of(&run(
+        &client,
+        &["fork"],
+        &[
+            ("NCCLSHIM_REAL_NCCL", fake.to_str().unwrap()),
+            ("NCCLSHIM_TRACE", pattern.to_str().unwrap()),
+        ],
+    ));
+    assert!(out.contains("done"), "{out}");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&traces)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort_by_key(|f| std::fs::metadata(f).unwrap().len());
+    assert_eq!(files.len(), 2, "the parent's and the child's: {files:?}");
+    // The child: its own 10 calls, numbered from 0.
+    let child = trace_records(&files[0]);
+    assert_eq!(child.len(), 10);
+    assert!(
+        child
+            .iter()
+            .enumerate()
+            .all(|(i, r)| r.0 == "0x6000" && r.1 == i as u64 && r.3 == 4)
+    );
+    // The parent: every call, each communicator's numbered 0.. without a gap.
+    let parent = trace_records(&files[1]);
+    let mut by_comm: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for (comm, seq, _, _) in &parent {
+        by_comm.entry(comm.clone()).or_default().push(*seq);
+    }
+    for (comm, calls) in [
+        ("0x1000", 108),
+        ("0x2000", 5000),
+        ("0x3000", 5000),
+        ("0x4000", 5000),
+        ("0x5000", 5000),
+    ] {
+        let mut seqs = by_comm.remove(comm).unwrap_or_default();
+        seqs.sort();
+        assert_eq!(seqs, (0..calls).collect::<Vec<u64>>(), "{comm}");
+    }
+    assert!(by_comm.is_empty(), "{by_comm:?}");
+    let gathers: Vec<_> = parent.iter().filter(|r| r.2 == "AllGather").collect();
+    assert_eq!(gathers.len(), 5);
+    assert!(gathers.iter().all(|r| r.3 == 8 << 20));
+}
+
+#[test]
+fn sigusr1_writes_the_flight_recorder() {
+    let dir = scratch("calls-signal");
+    let (client, fake) = built(&dir);
+    let out = stdout_of(&run(
+        &client,
+        &["signal"],
+        &[
+            ("NCCLSHIM_REAL_NCCL", fake.to_str().unwrap()),
+            ("NCCLSHIM_DUMP_ON_SIGNAL", "1"),
+            ("NCCL_DEBUG", "WARN"),
+        ],
+    ));
+    assert!(
+        out.contains("flight recorder (SIGUSR1): comm 0x1000 rank 0/2 on GPU 0: 108 calls made, the last 64 follow"),
+        "{out}"
+    );
+    assert!(
+        out.contains("flight recorder: comm 0x1000 rank 0 #107 Recv 16 B (2 x double) op - root 1 forwarded result 0"),
+        "{out}"
+    );
+    assert!(
+        out.contains("flight recorder (SIGUSR1): comm 0x2000 rank 1/2"),
+        "{out}"
+    );
+    assert_eq!(
+        out.matches("flight recorder: comm 0x1000 ").count(),
+        64,
+        "{out}"
+    );
+}
