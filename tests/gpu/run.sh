@@ -2,7 +2,7 @@
 # The GPU suite, on a machine with NVIDIA GPUs, nvcc and PyTorch (no Rust needed): compiles the
 # C/CUDA programs, runs the correctness matrix, the PyTorch checks and the side-by-side
 # benchmark through ncclshim, and writes logs and OUTDIR/summary.txt.
-#   run.sh OUTDIR [collectives] [torch] [bench] [launch] [floor] [sanitizer] [waitlimit] [nccltests] [badinput] [faults]  (default: the first three)
+#   run.sh OUTDIR [collectives] [torch] [bench] [launch] [floor] [sanitizer] [waitlimit] [nccltests] [badinput] [faults] [observe]  (default: the first three)
 # It runs from the folder `make gpu-bundle` makes (the shim in shim/lib beside this script).
 # Environment (all optional):
 #   GPU_COUNTS  GPU counts to run on (default "2 4", less those the machine lacks)
@@ -20,7 +20,7 @@
 #   FLOOR_ARGS     more arguments for the floor, e.g. "--sizes 8M,16M"
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
-[ $# -ge 1 ] || { echo "usage: $0 OUTDIR [collectives] [torch] [bench] [launch] [floor] [sanitizer] [waitlimit] [nccltests] [badinput] [faults]" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "usage: $0 OUTDIR [collectives] [torch] [bench] [launch] [floor] [sanitizer] [waitlimit] [nccltests] [badinput] [faults] [observe]" >&2; exit 2; }
 mkdir -p "$1" && out=$(cd "$1" && pwd) && shift
 suites=${*:-collectives torch bench}
 
@@ -392,6 +392,26 @@ faults_suite() {
   echo "  faults: $((SECONDS - t)) s" | tee -a "$summary"
 }
 
+# --- What the shim says it did (observe): the correctness matrix once more, one thread per GPU
+# with split communicators (one process: its ranks' rank processes end with _exit, which skips
+# what runs at exit), with the exit summary and the trace on: the summary must count the core's
+# calls, the trace (trace_check.py) must number every communicator's calls without a gap and
+# drop none ---
+observe_suite() {
+  local n=$1 dir=$out/observe-$n t=$SECONDS
+  rm -rf "$dir" && mkdir -p "$dir"
+  env LD_LIBRARY_PATH="$shim_lib" NCCLSHIM_REAL_NCCL="$real" NCCLSHIM_SUMMARY=1 \
+    NCCLSHIM_TRACE="$dir/trace.%p.jsonl" NCCL_DEBUG=WARN timeout "$step_timeout" \
+    "$out/bin/collectives" --ngpus "$n" --launch threads --split --matrix quick --max-bytes 0 \
+    --timeout "$((step_timeout - 10))" >"$dir/collectives.log" 2>&1
+  local status=$? routed check
+  routed=$(grep -c 'NCCL INFO summary: .* AllReduce .*core ' "$dir/collectives.log")
+  grep -q '^#wrong 0' "$dir/collectives.log" && [ "$routed" -gt 0 ] || status=1
+  check=$($python "$here/trace_check.py" "$dir"/trace.*.jsonl 2>&1) || status=1
+  verdict "observe $n GPUs" $status "$(grep -h '^#wrong' "$dir/collectives.log" | tail -1); summary lines of routed all-reduces: $routed; trace: $check; $((SECONDS - t)) s"
+  grep -h 'NCCL INFO summary: .*rank 0 ' "$dir/collectives.log" | sed 's/^.*NCCL INFO /  /' | head -12 | tee -a "$summary"
+}
+
 for n in $counts; do
   for suite in $suites; do
     case $suite in
@@ -405,6 +425,7 @@ for n in $counts; do
       nccltests) nccl_tests_suite "$n" ;;
       badinput) bad_input_suite "$n" ;;
       faults) faults_suite "$n" ;;
+      observe) observe_suite "$n" ;;
       *) echo "unknown suite $suite" >&2; exit 2 ;;
     esac
   done
