@@ -2,7 +2,7 @@
 # The GPU suite, on a machine with NVIDIA GPUs, nvcc and PyTorch (no Rust needed): compiles the
 # C/CUDA programs, runs the correctness matrix, the PyTorch checks and the side-by-side
 # benchmark through ncclshim, and writes logs and OUTDIR/summary.txt.
-#   run.sh OUTDIR [collectives] [torch] [bench] [launch] [floor] [sanitizer] [waitlimit] [nccltests] [badinput] [faults] [observe]  (default: the first three)
+#   run.sh OUTDIR [collectives] [torch] [bench] [launch] [floor] [sanitizer] [waitlimit] [nccltests] [badinput] [faults] [observe] [netplugin]  (default: the first three)
 # It runs from the folder `make gpu-bundle` makes (the shim in shim/lib beside this script).
 # Environment (all optional):
 #   GPU_COUNTS  GPU counts to run on (default "2 4", less those the machine lacks)
@@ -20,7 +20,7 @@
 #   FLOOR_ARGS     more arguments for the floor, e.g. "--sizes 8M,16M"
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
-[ $# -ge 1 ] || { echo "usage: $0 OUTDIR [collectives] [torch] [bench] [launch] [floor] [sanitizer] [waitlimit] [nccltests] [badinput] [faults] [observe]" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "usage: $0 OUTDIR [collectives] [torch] [bench] [launch] [floor] [sanitizer] [waitlimit] [nccltests] [badinput] [faults] [observe] [netplugin]" >&2; exit 2; }
 mkdir -p "$1" && out=$(cd "$1" && pwd) && shift
 suites=${*:-collectives torch bench}
 
@@ -392,6 +392,39 @@ faults_suite() {
   echo "  faults: $((SECONDS - t)) s" | tee -a "$summary"
 }
 
+# --- NCCL's network plugins behind the shim (netplugin): a TCP plugin of ours
+# (net_socket_plugin.c), the correctness matrix one process per GPU through it with peer-to-peer
+# and shared memory off, under NCCL alone and under the shim: 0 wrong in both, NCCL's log names
+# the plugin in both ("NET/Plugin: Loaded net plugin shimtest", "Using network shimtest"), and the
+# core stays off (NCCL_P2P_DISABLE) ---
+net_plugin_suite() {
+  local n=$1 dir=$out/netplugin-$n t=$SECONDS
+  mkdir -p "$dir"
+  local plugin=$out/bin/libnccl-net-shimtest.so
+  cc -O2 -shared -fPIC -I"$here" "$here/net_socket_plugin.c" -o "$plugin" >"$out/build-net_plugin.log" 2>&1 ||
+    { verdict "netplugin $n GPUs" 1 "build failed: build-net_plugin.log"; return; }
+  local lib
+  for lib in nccl shim; do
+    local log=$dir/$lib.log libdir=$shim_lib t1=$SECONDS
+    [ "$lib" = nccl ] && libdir=$(dirname "$real")
+    env LD_LIBRARY_PATH="$libdir" NCCLSHIM_REAL_NCCL="$real" NCCL_NET_PLUGIN="$plugin" \
+      NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET \
+      timeout "$step_timeout" "$out/bin/collectives" --ngpus "$n" --launch procs --matrix quick \
+      --max-bytes 0 --timeout "$((step_timeout - 10))" >"$log" 2>&1
+    local status=$? loaded used core
+    loaded=$(grep -c 'NET/Plugin: Loaded net plugin shimtest' "$log")
+    used=$(grep -c 'Using network shimtest' "$log")
+    core=$(core_counts "$log")
+    grep -q '^#wrong 0' "$log" && [ "$loaded" -gt 0 ] && [ "$used" -gt 0 ] || status=1
+    if [ "$lib" = shim ]; then
+      shim_used "$log" && [ "${core%/*}" = 0 ] || status=1
+    else
+      ! shim_used "$log" || status=1
+    fi
+    verdict "netplugin $n GPUs $lib" $status "$(grep -h '^#wrong' "$log" | tail -1); plugin loaded in $loaded and used by $used communicators; core on/off: $core; $((SECONDS - t1)) s"
+  done
+}
+
 # --- What the shim says it did (observe): the correctness matrix once more, one thread per GPU
 # with split communicators (one process: its ranks' rank processes end with _exit, which skips
 # what runs at exit), with the exit summary and the trace on: the summary must count the core's
@@ -426,6 +459,7 @@ for n in $counts; do
       badinput) bad_input_suite "$n" ;;
       faults) faults_suite "$n" ;;
       observe) observe_suite "$n" ;;
+      netplugin) net_plugin_suite "$n" ;;
       *) echo "unknown suite $suite" >&2; exit 2 ;;
     esac
   done
