@@ -36,8 +36,8 @@ BUILT_ABI := $(if $(filter all,$(NCCL_VERSION)),the ABI of every NCCL from $(fir
 PREFIX ?= /usr/local
 
 help:
-	@echo "make build [NCCL_VERSION=2.27.7|X.Y.Z|all]  the library in build/lib, headers in build/include"
-	@echo "make install [PREFIX=/usr/local]           build/ into PREFIX/lib and PREFIX/include, as NCCL's packages lay them out"
+	@echo "make build [NCCL_VERSION=2.27.7|X.Y.Z|all]  the library in build/lib, headers in build/include, the ncclshim command in build/bin"
+	@echo "make install [PREFIX=/usr/local]           build/ into PREFIX/lib, PREFIX/include and PREFIX/bin, as NCCL's packages lay them out"
 	@echo "make test                                  the whole CPU suite (installs what it needs: apt, PyPI; needs root)"
 	@echo "make spec NCCL_VERSION=X.Y.Z | NCCL_H=...  a spec from a release's headers; make specs: every one again"
 	@echo "make spec-diff FROM=2.27.7 TO=2.28.9       what changed between two releases' APIs"
@@ -49,23 +49,25 @@ build:
 	@command -v $(CARGO) >/dev/null || { echo "make build needs Rust (cargo): https://rustup.rs"; exit 1; }
 	@echo "building the shim; its CUDA kernels are compiled ahead of time, which takes minutes the first time (cached under $${NCCLSHIM_CACHE:-~/.cache/ncclshim})"
 	$(WITH_NVRTC) NCCL_VERSION=$(NCCL_VERSION) REAL_NCCL_LIB=$(REAL_NCCL_LIB) \
-	  $(CARGO) build --release --locked -p ncclshim
+	  $(CARGO) build --release --locked -p ncclshim -p ncclshim-cli
 	@header_dir=$$($(FETCH) $(HEADERS_VERSION))/include && \
-	  rm -rf $(BUILD)/lib $(BUILD)/include && mkdir -p $(BUILD)/lib $(BUILD)/include && \
+	  rm -rf $(BUILD)/lib $(BUILD)/include $(BUILD)/bin && mkdir -p $(BUILD)/lib $(BUILD)/include $(BUILD)/bin && \
+	  cp $(TARGET_DIR)/release/ncclshim $(BUILD)/bin/ncclshim && \
 	  cp $(TARGET_DIR)/release/libnccl.so $(BUILD)/lib/libnccl.so.$(NCCL_VERSION) && \
 	  ln -s libnccl.so.$(NCCL_VERSION) $(BUILD)/lib/libnccl.so.2 && \
 	  ln -s libnccl.so.2 $(BUILD)/lib/libnccl.so && \
 	  cp -r $$header_dir/. $(BUILD)/include/ && rm -f $(BUILD)/include/__init__.py
 	@echo "built $(BUILD)/lib/libnccl.so.$(NCCL_VERSION) ($(BUILT_ABI), headers of $(HEADERS_VERSION))"
 
-# The built library and headers under PREFIX: lib/libnccl.so.<version> with the links
+# The built library, headers and command under PREFIX: lib/libnccl.so.<version> with the links
 # libnccl.so.2 and libnccl.so, include/nccl.h (and nccl_device/ from 2.28 on).
 install:
 	@[ -e $(BUILD)/lib/libnccl.so.2 ] || { echo "nothing built in $(BUILD): make build first"; exit 1; }
-	install -d $(PREFIX)/lib $(PREFIX)/include
+	install -d $(PREFIX)/lib $(PREFIX)/include $(PREFIX)/bin
 	cp -P $(BUILD)/lib/libnccl.so* $(PREFIX)/lib/
+	cp $(BUILD)/bin/ncclshim $(PREFIX)/bin/
 	cp -r $(BUILD)/include/. $(PREFIX)/include/
-	@echo "installed $$(readlink -f $(PREFIX)/lib/libnccl.so.2) and its headers under $(PREFIX)"
+	@echo "installed $$(readlink -f $(PREFIX)/lib/libnccl.so.2), its headers and bin/ncclshim under $(PREFIX)"
 
 # What the tests need beyond Rust: gcc, libclang (bindgen; libclang-cpp, which comes with llvm,
 # is not it: gen/has-libclang.sh), NVIDIA's libraries from PyPI.

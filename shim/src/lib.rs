@@ -6,7 +6,7 @@ pub mod api;
 mod calls;
 pub mod core;
 mod error_strings;
-mod identity;
+pub mod identity;
 pub mod locate;
 mod log;
 mod real_nccl;

@@ -1,0 +1,279 @@
+//! `ncclshim doctor`: whether a job can use the shim on this machine, each check one line
+//! ("ok", "warn" or "FAIL", a FAIL with its fix), a verdict last. Without a GPU it says so and
+//! checks the rest: the exit status fails only for what a job cannot do without.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use nccl::core::{kernels, policy};
+
+use crate::gpus::{self, Machine};
+use crate::libraries;
+
+#[derive(Default)]
+struct Report {
+    failures: usize,
+    warnings: usize,
+}
+
+impl Report {
+    fn section(&self, title: &str) {
+        println!("\n{title}");
+    }
+    fn ok(&self, text: impl AsRef<str>) {
+        println!("  ok    {}", text.as_ref());
+    }
+    fn warn(&mut self, text: impl AsRef<str>) {
+        self.warnings += 1;
+        println!("  warn  {}", text.as_ref());
+    }
+    fn fail(&mut self, text: impl AsRef<str>, fix: impl AsRef<str>) {
+        self.failures += 1;
+        println!("  FAIL  {}\n        fix: {}", text.as_ref(), fix.as_ref());
+    }
+    fn note(&self, text: impl AsRef<str>) {
+        println!("        {}", text.as_ref());
+    }
+}
+
+pub fn run(shim: Option<PathBuf>) -> ExitCode {
+    let mut report = Report::default();
+    let abi = check_libraries(&mut report, shim);
+    let machine = check_gpus(&mut report);
+    check_core(&mut report, machine.as_ref());
+    check_routing(&report, machine.as_ref());
+    println!();
+    let verdict = if report.failures > 0 {
+        format!(
+            "{} problem(s) a job cannot run with: see FAIL above",
+            report.failures
+        )
+    } else {
+        format!(
+            "ready{}{}",
+            abi.map_or(String::new(), |v| format!(" (NCCL {v} ABI)")),
+            if report.warnings > 0 {
+                format!(", {} warning(s)", report.warnings)
+            } else {
+                String::new()
+            }
+        )
+    };
+    println!("verdict: {verdict}");
+    if report.failures > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// The shim and the real NCCL; returns the ABI the shim exports.
+fn check_libraries(report: &mut Report, shim: Option<PathBuf>) -> Option<String> {
+    report.section("Libraries");
+    let abi = match libraries::find_shim(shim) {
+        Ok(path) => {
+            let abi = libraries::shim_abi(&path);
+            report.ok(format!(
+                "the shim: {} (exports the NCCL {} ABI)",
+                path.display(),
+                abi.as_deref().unwrap_or("?")
+            ));
+            abi
+        }
+        Err(e) => {
+            let (problem, fix) = e.split_once("; fix: ").unwrap_or((&e, "make build"));
+            report.fail(problem, fix);
+            None
+        }
+    };
+    match libraries::find_real() {
+        Ok(found) => match libraries::nccl_version(&found.path) {
+            Ok(version) => {
+                report.ok(format!(
+                    "the real NCCL: {} ({version}), found by {}",
+                    found.path.display(),
+                    found.origin
+                ));
+                if let Some(abi) = &abi
+                    && libraries::version_key(&version) < libraries::version_key(abi)
+                {
+                    report.warn(format!(
+                        "the real NCCL {version} is older than the ABI exported ({abi}): functions it lacks answer ncclInvalidUsage"
+                    ));
+                }
+            }
+            Err(e) => report.fail(
+                format!(
+                    "the real NCCL at {} does not load: {e}",
+                    found.path.display()
+                ),
+                "set NCCLSHIM_REAL_NCCL to a working libnccl.so.2",
+            ),
+        },
+        Err(not_found) => report.fail(
+            format!("no real NCCL found ({not_found})"),
+            nccl::locate::HOW_TO_GET_NCCL,
+        ),
+    }
+    abi
+}
+
+fn check_gpus(report: &mut Report) -> Option<Machine> {
+    report.section("GPUs");
+    let machine = match gpus::machine() {
+        Ok(machine) if !machine.gpus.is_empty() => machine,
+        Ok(_) => {
+            report.warn("no GPU: the core cannot be checked here");
+            return None;
+        }
+        Err(e) => {
+            report.warn(format!("{e}: no GPU to check here"));
+            return None;
+        }
+    };
+    report.ok(format!(
+        "CUDA driver {}, {} GPU(s)",
+        libraries::version_text(machine.driver_version).trim_end_matches(".0"),
+        machine.gpus.len()
+    ));
+    for gpu in &machine.gpus {
+        report.note(format!(
+            "GPU {}: {}, sm_{}{}, {} GiB",
+            gpu.ordinal,
+            gpu.name,
+            gpu.arch.0,
+            gpu.arch.1,
+            gpu.memory_bytes >> 30
+        ));
+    }
+    if machine.gpus.len() > 1 {
+        report.note("peer access (rank of the link, 0 the best; - none):");
+        let header: String = (0..machine.gpus.len()).map(|b| format!("{b:>5}")).collect();
+        report.note(format!("      {header}"));
+        for (a, row) in machine.peers.iter().enumerate() {
+            let cells: String = row
+                .iter()
+                .map(|cell| match cell {
+                    None => format!("{:>5}", "x"),
+                    Some((true, rank)) => format!("{rank:>5}"),
+                    Some((false, _)) => format!("{:>5}", "-"),
+                })
+                .collect();
+            report.note(format!("GPU {a:>2}{cells}"));
+        }
+    }
+    Some(machine)
+}
+
+/// Whether the core would serve a job on this machine's GPUs, and if not, why.
+fn check_core(report: &mut Report, machine: Option<&Machine>) {
+    report.section("The core (all-reduce over NVLink)");
+    let settings = policy::settings();
+    if !settings.enabled {
+        report.warn("NCCLSHIM_CORE=0 or NCCLSHIM_FORCE=nccl: every call forwards to NCCL");
+        return;
+    }
+    let env = |name: &str| {
+        std::env::var(name)
+            .ok()
+            .map(|v| v.trim().to_ascii_uppercase())
+    };
+    if env("NCCL_P2P_DISABLE").is_some_and(|v| !v.is_empty() && v != "0")
+        || env("NCCL_P2P_LEVEL").is_some_and(|v| v == "LOC" || v == "0")
+    {
+        report.warn("NCCL_P2P_DISABLE or NCCL_P2P_LEVEL forbid peer-to-peer: the core stays off");
+    }
+    let built_in = kernels::built_in_archs();
+    report.ok(format!(
+        "kernels built in for {}",
+        built_in
+            .iter()
+            .map(|(major, minor)| format!("sm_{major}{minor}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+    let Some(machine) = machine else {
+        report.note("no GPU here: whether the core serves a job is decided on the GPU machine");
+        return;
+    };
+    let mut usable = 0;
+    for gpu in &machine.gpus {
+        let (major, minor) = gpu.arch;
+        if major < 9 {
+            report.warn(format!(
+                "GPU {}: sm_{major}{minor}: the core needs sm_90 or newer; its calls forward",
+                gpu.ordinal
+            ));
+            continue;
+        }
+        if built_in.iter().any(|&(m, n)| m == major && n <= minor) {
+            report.ok(format!(
+                "GPU {}: sm_{major}{minor}: kernels built in",
+                gpu.ordinal
+            ));
+        } else {
+            match nccl::core::nvrtc_load() {
+                Ok(()) => report.warn(format!(
+                    "GPU {}: sm_{major}{minor} has no built-in kernels: NVRTC compiles them at the first job (about a minute, then cached)",
+                    gpu.ordinal
+                )),
+                Err(e) => {
+                    report.warn(format!(
+                        "GPU {}: sm_{major}{minor} has no built-in kernels and NVRTC is not found ({e}): its calls forward",
+                        gpu.ordinal
+                    ));
+                    continue;
+                }
+            }
+        }
+        usable += 1;
+    }
+    let all_pairs = machine
+        .peers
+        .iter()
+        .flatten()
+        .all(|cell| cell.is_none_or(|(access, _)| access));
+    match (usable, all_pairs) {
+        (0 | 1, _) => report.warn("fewer than 2 GPUs the core can use: every call forwards"),
+        (n, true) => report.ok(format!("a job on these {n} GPUs gets the core")),
+        (_, false) => {
+            report.warn("some GPU pairs have no peer access: communicators spanning them forward")
+        }
+    }
+}
+
+/// Which calls the core takes, by size, for a job on this machine's GPUs (2 without a GPU).
+fn check_routing(report: &Report, machine: Option<&Machine>) {
+    let nranks = machine.map_or(2, |m| m.gpus.len().max(2));
+    report.section(&format!(
+        "Routing for {nranks} ranks (this environment's NCCLSHIM_* settings)"
+    ));
+    let settings = policy::settings();
+    let size = |bytes: usize| match bytes {
+        0 => "none".to_string(),
+        b if b >= 1 << 20 => format!("{} MiB", b >> 20),
+        b if b >= 1 << 10 => format!("{} KiB", b >> 10),
+        b => format!("{b} B"),
+    };
+    report.note(format!(
+        "all-reduce: sentinel up to {} (floating point), low-latency up to {}, one-shot up to {}",
+        size(settings.sentinel_max(nranks)),
+        size(settings.ll_max(nranks)),
+        size(settings.one_shot_max(nranks))
+    ));
+    for (label, single_process) in [
+        ("one process driving every GPU", true),
+        ("one process per GPU", false),
+    ] {
+        report.note(format!(
+            "all-reduce, {label}: {} two-shot up to {}, NCCL above",
+            if settings.uses_direct(single_process) {
+                "direct"
+            } else {
+                "staged"
+            },
+            size(settings.all_reduce_max(nranks, single_process))
+        ));
+    }
+    report.note("every other operation: forwarded to NCCL");
+}

@@ -1,0 +1,72 @@
+//! `ncclshim`: what a user runs to see whether a machine is ready for the shim (`doctor`), to
+//! run a program with the shim in front (`run -- CMD ...`), and to sum up trace files
+//! (`trace FILES...`).
+
+mod doctor;
+mod gpus;
+mod libraries;
+mod run;
+mod trace;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "ncclshim",
+    version,
+    about = "ncclshim: a drop-in libnccl.so.2 in front of NVIDIA's NCCL"
+)]
+struct Cli {
+    /// The shim's libnccl.so.2 (default: $NCCLSHIM_LIB, else ../lib/libnccl.so.2 beside this
+    /// program, as `make build` and `make install` lay them out)
+    #[arg(long, global = true)]
+    shim: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Checks this machine: the real NCCL the shim would use, the GPUs, the core's kernels and
+    /// routing. Exits 1 if something a job needs is missing, saying how to fix it.
+    Doctor,
+    /// Runs a command with the shim in front (LD_PRELOAD) and the real NCCL named
+    /// (NCCLSHIM_REAL_NCCL): `ncclshim run -- torchrun ...`
+    Run {
+        /// Say nothing before running the command
+        #[arg(long, short)]
+        quiet: bool,
+        /// The command and its arguments
+        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+        command: Vec<std::ffi::OsString>,
+    },
+    /// Sums up trace files (NCCLSHIM_TRACE): per operation and size band the calls, the share
+    /// the core ran, and per file (process) where each communicator's calls stopped
+    Trace {
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
+}
+
+unsafe extern "C" {
+    fn signal(signum: i32, handler: usize) -> usize;
+}
+const SIGPIPE: i32 = 13;
+const SIG_DFL: usize = 0;
+
+fn main() -> ExitCode {
+    // Output into a closed pipe (`ncclshim doctor | head`) ends the program quietly, as other
+    // command-line programs do, instead of panicking.
+    // SAFETY: restores the default action of a signal, before any thread exists.
+    unsafe { signal(SIGPIPE, SIG_DFL) };
+    let cli = Cli::parse();
+    let shim = cli.shim;
+    match cli.command {
+        Command::Doctor => doctor::run(shim),
+        Command::Run { quiet, command } => run::run(shim, quiet, command),
+        Command::Trace { files } => trace::run(&files),
+    }
+}

@@ -1,0 +1,147 @@
+//! `ncclshim trace FILES...`: a summary of trace files (NCCLSHIM_TRACE, one per process): per
+//! operation and size band the calls, bytes and the share the core ran; then, per file, where
+//! each communicator's calls stopped (its last sequence number), the first thing to look at when
+//! a job hangs: the rank whose communicator stopped earliest is the one the others wait for.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// The fields of one trace line this summary reads.
+struct Call {
+    comm: String,
+    rank: i64,
+    nranks: i64,
+    coll: String,
+    seq: u64,
+    bytes: u64,
+    routed: bool,
+}
+
+/// A field of a trace line (one flat JSON object, as the shim writes it).
+fn field<'a>(line: &'a str, name: &str) -> Option<&'a str> {
+    let at = line.find(&format!("\"{name}\":"))? + name.len() + 3;
+    let rest = &line[at..];
+    let end = if let Some(quoted) = rest.strip_prefix('"') {
+        return quoted.find('"').map(|e| &quoted[..e]);
+    } else {
+        rest.find([',', '}'])?
+    };
+    Some(&rest[..end])
+}
+
+fn parse(line: &str) -> Option<Call> {
+    Some(Call {
+        comm: field(line, "id")?.to_string(),
+        rank: field(line, "rank")?.parse().ok()?,
+        nranks: field(line, "n_ranks")?.parse().ok()?,
+        coll: field(line, "coll")?.to_string(),
+        seq: field(line, "coll_sn")?.parse().ok()?,
+        bytes: field(line, "coll_msg_size_bytes")?.parse().ok()?,
+        routed: field(line, "path")? == "routed",
+    })
+}
+
+const BANDS: [(u64, &str); 6] = [
+    (4 << 10, "< 4 KiB"),
+    (64 << 10, "4 KiB - 64 KiB"),
+    (1 << 20, "64 KiB - 1 MiB"),
+    (16 << 20, "1 MiB - 16 MiB"),
+    (256 << 20, "16 MiB - 256 MiB"),
+    (u64::MAX, ">= 256 MiB"),
+];
+
+/// Per communicator of one file: (rank, ranks, calls made).
+type Stops = BTreeMap<String, (i64, i64, u64)>;
+
+#[derive(Default)]
+struct Tally {
+    calls: u64,
+    routed: u64,
+    bytes: u64,
+}
+
+pub fn run(files: &[PathBuf]) -> ExitCode {
+    let mut tallies: BTreeMap<(String, usize), Tally> = BTreeMap::new();
+    let mut stops: Vec<(String, Stops)> = Vec::new();
+    let (mut unread, mut dropped) = (0, 0u64);
+    for file in files {
+        let text = match std::fs::read_to_string(file) {
+            Ok(text) => text,
+            Err(e) => {
+                eprintln!("ncclshim trace: {}: {e}", file.display());
+                return ExitCode::FAILURE;
+            }
+        };
+        let mut last = Stops::new();
+        for line in text.lines() {
+            if let Some(n) = field(line, "dropped") {
+                dropped += n.parse::<u64>().unwrap_or(0);
+                continue;
+            }
+            let Some(call) = parse(line) else {
+                unread += 1;
+                continue;
+            };
+            let band = BANDS
+                .iter()
+                .position(|(bound, _)| call.bytes < *bound)
+                .unwrap_or(5);
+            let tally = tallies.entry((call.coll.clone(), band)).or_default();
+            tally.calls += 1;
+            tally.routed += call.routed as u64;
+            tally.bytes += call.bytes;
+            let stop = last.entry(call.comm).or_insert((call.rank, call.nranks, 0));
+            stop.2 = stop.2.max(call.seq + 1);
+        }
+        stops.push((file.display().to_string(), last));
+    }
+    println!(
+        "{:<14} {:<18} {:>10} {:>8} {:>14}",
+        "operation", "size", "calls", "routed", "bytes"
+    );
+    for ((coll, band), t) in &tallies {
+        println!(
+            "{coll:<14} {:<18} {:>10} {:>7.0}% {:>14}",
+            BANDS[*band].1,
+            t.calls,
+            100.0 * t.routed as f64 / t.calls as f64,
+            t.bytes
+        );
+    }
+    println!("\nwhere each communicator's calls stop (calls made), per file:");
+    for (file, last) in &stops {
+        println!("  {file}");
+        for (comm, (rank, nranks, calls)) in last {
+            println!("    comm {comm} rank {rank}/{nranks}: {calls} calls");
+        }
+    }
+    if dropped > 0 {
+        println!("\n{dropped} calls were dropped from the traces (the writer fell behind)");
+    }
+    if unread > 0 {
+        eprintln!("ncclshim trace: {unread} lines were not trace records");
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_trace_line_is_read() {
+        let line = r#"{"id":"0x1000","rank":1,"n_ranks":2,"coll":"AllReduce","coll_sn":7,"coll_msg_size_bytes":1024,"count":256,"dtype":"float","red_op":"sum","root":-1,"path":"routed","algo":"one_shot","captured":null,"result":0,"ts_us":1}"#;
+        let call = parse(line).unwrap();
+        assert_eq!(
+            (call.comm.as_str(), call.rank, call.nranks),
+            ("0x1000", 1, 2)
+        );
+        assert_eq!(
+            (call.coll.as_str(), call.seq, call.bytes, call.routed),
+            ("AllReduce", 7, 1024, true)
+        );
+        assert!(parse(r#"{"dropped":3}"#).is_none());
+    }
+}

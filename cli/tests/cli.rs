@@ -1,0 +1,146 @@
+//! The `ncclshim` command, run as users run it: `doctor` with and without a real NCCL to find,
+//! `run` with the shim in front, `trace` on trace files.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use ncclshim_tests::{real_library, scratch, shim_library};
+
+fn ncclshim(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_ncclshim"));
+    command
+        .args(args)
+        .env_remove("NCCLSHIM_REAL_NCCL")
+        .env_remove("LD_PRELOAD");
+    command.envs(env.iter().copied());
+    command.output().unwrap()
+}
+
+fn text(output: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+fn shim() -> String {
+    shim_library("2.27.7").to_str().unwrap().to_string()
+}
+
+#[test]
+fn doctor_names_the_libraries_and_passes_without_a_gpu() {
+    let real = real_library("2.27.7");
+    let out = ncclshim(
+        &["--shim", &shim(), "doctor"],
+        &[("NCCLSHIM_REAL_NCCL", real.to_str().unwrap())],
+    );
+    let said = text(&out);
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains("exports the NCCL 2.27.7 ABI"), "{said}");
+    assert!(
+        said.contains(&format!(
+            "the real NCCL: {} (2.27.7), found by NCCLSHIM_REAL_NCCL",
+            real.display()
+        )),
+        "{said}"
+    );
+    assert!(said.contains("kernels built in for sm_90"), "{said}");
+    assert!(
+        said.contains("all-reduce, one process per GPU: staged two-shot up to 32 MiB"),
+        "{said}"
+    );
+    assert!(
+        said.lines().last().unwrap().starts_with("verdict: ready"),
+        "{said}"
+    );
+}
+
+#[test]
+fn doctor_fails_with_the_fix_when_no_real_nccl_is_found() {
+    let out = ncclshim(
+        &["--shim", &shim(), "doctor"],
+        &[("NCCLSHIM_REAL_NCCL", "/nonexistent/libnccl.so.2")],
+    );
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains("FAIL  no real NCCL found"), "{said}");
+    assert!(said.contains("fix: Set NCCLSHIM_REAL_NCCL"), "{said}");
+    // A shim that is not one: the fix names --shim.
+    let out = ncclshim(&["--shim", "/bin/sh", "doctor"], &[]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out).contains("is not ncclshim"), "{}", text(&out));
+}
+
+#[test]
+fn run_puts_the_shim_in_front_and_passes_the_exit_status_on() {
+    let real = real_library("2.27.7");
+    let out = ncclshim(
+        &[
+            "--shim",
+            &shim(),
+            "run",
+            "--",
+            "sh",
+            "-c",
+            "echo \"$LD_PRELOAD|$NCCLSHIM_REAL_NCCL\"; exit 7",
+        ],
+        &[
+            ("NCCLSHIM_REAL_NCCL", real.to_str().unwrap()),
+            ("LD_PRELOAD", "/lib/other.so"),
+        ],
+    );
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(7), "{said}");
+    let shim_file = Path::new(&shim()).canonicalize().unwrap();
+    assert!(
+        said.contains(&format!(
+            "{}:/lib/other.so|{}",
+            shim_file.display(),
+            real.display()
+        )),
+        "{said}"
+    );
+}
+
+#[test]
+fn trace_sums_up_trace_files() {
+    let dir = scratch("cli-trace");
+    let line = |comm: &str, rank: i32, seq: u64, bytes: u64, path: &str| {
+        format!(
+            "{{\"id\":\"{comm}\",\"rank\":{rank},\"n_ranks\":2,\"coll\":\"AllReduce\",\"coll_sn\":{seq},\"coll_msg_size_bytes\":{bytes},\"count\":1,\"dtype\":\"float\",\"red_op\":\"sum\",\"root\":-1,\"path\":\"{path}\",\"algo\":null,\"captured\":null,\"result\":0,\"ts_us\":1}}\n"
+        )
+    };
+    let rank0: String = (0..10)
+        .map(|s| line("0xa0", 0, s, 1024, "routed"))
+        .collect();
+    let rank1: String = (0..7)
+        .map(|s| {
+            line(
+                "0xb0",
+                1,
+                s,
+                1024,
+                if s % 2 == 0 { "routed" } else { "forwarded" },
+            )
+        })
+        .collect();
+    let (a, b) = (dir.join("trace.1.jsonl"), dir.join("trace.2.jsonl"));
+    std::fs::write(&a, rank0).unwrap();
+    std::fs::write(&b, rank1).unwrap();
+    let out = ncclshim(&["trace", a.to_str().unwrap(), b.to_str().unwrap()], &[]);
+    let said = text(&out);
+    assert!(out.status.success(), "{said}");
+    let row = said.lines().find(|l| l.starts_with("AllReduce")).unwrap();
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(
+        cells,
+        ["AllReduce", "<", "4", "KiB", "17", "82%", "17408"],
+        "{said}"
+    );
+    assert!(
+        said.contains("comm 0xa0 rank 0/2: 10 calls")
+            && said.contains("comm 0xb0 rank 1/2: 7 calls"),
+        "{said}"
+    );
+}
