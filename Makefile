@@ -31,13 +31,14 @@ TEST_NCCL_VERSIONS := 2.27.7 2.26.5 2.28.9 $(NEWEST_SPEC)
 HEADERS_VERSION := $(if $(filter all,$(NCCL_VERSION)),$(NEWEST_SPEC),$(NCCL_VERSION))
 BUILT_ABI := $(if $(filter all,$(NCCL_VERSION)),the ABI of every NCCL from $(firstword $(SPEC_VERSIONS)) to $(NEWEST_SPEC),NCCL $(NCCL_VERSION) ABI)
 
-.PHONY: help build install test lint unit-tests integration-tests spec specs spec-diff microbench \
+.PHONY: help build install wheel test lint unit-tests integration-tests spec specs spec-diff microbench \
   deps-test clean
 PREFIX ?= /usr/local
 
 help:
 	@echo "make build [NCCL_VERSION=2.27.7|X.Y.Z|all]  the library in build/lib, headers in build/include, the ncclshim command in build/bin"
 	@echo "make install [PREFIX=/usr/local]           build/ into PREFIX/lib, PREFIX/include and PREFIX/bin, as NCCL's packages lay them out"
+	@echo "make wheel                                 dist/ncclshim-*.whl: pip install it (extras cu12, cu13: NVIDIA's NCCL)"
 	@echo "make test                                  the whole CPU suite (installs what it needs: apt, PyPI; needs root)"
 	@echo "make spec NCCL_VERSION=X.Y.Z | NCCL_H=...  a spec from a release's headers; make specs: every one again"
 	@echo "make spec-diff FROM=2.27.7 TO=2.28.9       what changed between two releases' APIs"
@@ -69,20 +70,37 @@ install:
 	cp -r $(BUILD)/include/. $(PREFIX)/include/
 	@echo "installed $$(readlink -f $(PREFIX)/lib/libnccl.so.2), its headers and bin/ncclshim under $(PREFIX)"
 
+# A Python wheel: the build for every NCCL version (its own target and build folders) and the
+# ncclshim command; `pip install dist/ncclshim-*.whl` (or `ncclshim[cu12]`, `ncclshim[cu13]`
+# for NVIDIA's NCCL as well).
+WHEEL_BUILD := $(CURDIR)/target/wheel-build
+wheel:
+	CARGO_TARGET_DIR=$(CURDIR)/target/wheel $(MAKE) --no-print-directory build NCCL_VERSION=all \
+	  BUILD=$(WHEEL_BUILD)
+	strip --strip-debug $(WHEEL_BUILD)/lib/libnccl.so.all $(WHEEL_BUILD)/bin/ncclshim
+	@python3 gen/make-wheel.py --lib $(WHEEL_BUILD)/lib/libnccl.so.all --bin $(WHEEL_BUILD)/bin/ncclshim \
+	  --version $$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml) \
+	  --abi "the API of every NCCL from $(firstword $(SPEC_VERSIONS)) to $(NEWEST_SPEC)" --out $(CURDIR)/dist
+
 # What the tests need beyond Rust: gcc, libclang (bindgen; libclang-cpp, which comes with llvm,
 # is not it: gen/has-libclang.sh), NVIDIA's libraries from PyPI.
 deps-test:
 	@command -v gcc >/dev/null && gen/has-libclang.sh || { \
 	  echo "installing gcc and libclang-dev"; apt-get update -qq >/dev/null && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc libclang-dev >/dev/null; }
+	@# The wheel's test installs it into a virtual environment (Debian keeps venv apart).
+	@python3 -c 'import ensurepip, venv' 2>/dev/null || { \
+	  echo "installing python3-venv"; apt-get update -qq >/dev/null && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null; }
 	@for v in $(TEST_NCCL_VERSIONS); do $(FETCH) $$v >/dev/null; done
 
 lint:
 	$(CARGO) fmt --all -- --check
 	$(WITH_NVRTC) $(CARGO) clippy --locked --workspace --all-targets -- -D warnings
 
-test: build deps-test lint gpu-check
+test: build wheel deps-test lint gpu-check
 	$(WITH_NVRTC) NCCLSHIM_BUILD=$(BUILD) NCCLSHIM_CACHE=$${NCCLSHIM_CACHE:-$$HOME/.cache/ncclshim} \
+	  NCCLSHIM_WHEEL_DIR=$(CURDIR)/dist \
 	  $(CARGO) test --locked --workspace --all-targets
 
 # A spec from a release's headers (nccl.h, and nccl_device.h beside it from 2.28 on): given, or

@@ -73,12 +73,18 @@ fn check_libraries(report: &mut Report, shim: Option<PathBuf>) -> Option<String>
     let abi = match libraries::find_shim(shim) {
         Ok(path) => {
             let abi = libraries::shim_abi(&path);
-            report.ok(format!(
-                "the shim: {} (exports the NCCL {} ABI)",
-                path.display(),
-                abi.as_deref().unwrap_or("?")
-            ));
-            abi
+            match abi.as_deref() {
+                Some("all") => report.ok(format!(
+                    "the shim: {} (exports the API of every NCCL version with a spec)",
+                    path.display()
+                )),
+                other => report.ok(format!(
+                    "the shim: {} (exports the NCCL {} ABI)",
+                    path.display(),
+                    other.unwrap_or("?")
+                )),
+            }
+            abi.filter(|v| v != "all")
         }
         Err(e) => {
             let (problem, fix) = e.split_once("; fix: ").unwrap_or((&e, "make build"));
@@ -184,14 +190,20 @@ fn check_core(report: &mut Report, machine: Option<&Machine>) {
         report.warn("NCCL_P2P_DISABLE or NCCL_P2P_LEVEL forbid peer-to-peer: the core stays off");
     }
     let built_in = kernels::built_in_archs();
-    report.ok(format!(
-        "kernels built in for {}",
-        built_in
-            .iter()
-            .map(|(major, minor)| format!("sm_{major}{minor}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    ));
+    if built_in.is_empty() {
+        report.warn(
+            "no kernels built in (a build without NVRTC): every GPU compiles them at first use",
+        );
+    } else {
+        report.ok(format!(
+            "kernels built in for {}",
+            built_in
+                .iter()
+                .map(|(major, minor)| format!("sm_{major}{minor}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
     let Some(machine) = machine else {
         report.note("no GPU here: whether the core serves a job is decided on the GPU machine");
         return;

@@ -8,11 +8,43 @@ use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
 use nccl::identity::is_ncclshim;
 use nccl::locate::{self, Found, NotFound, SearchEnv};
 
-/// The shim's library: `--shim`, `$NCCLSHIM_LIB`, or `../lib/libnccl.so.2` beside this program.
+/// The prefix this program is installed under (`PREFIX/bin/ncclshim`): a build folder, an
+/// installation, or a Python environment.
+fn own_prefix() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?.canonicalize().ok()?;
+    Some(exe.parent()?.parent()?.to_path_buf())
+}
+
+/// The search environment of the shim, with this program's prefix searched first as a Python
+/// environment (where `pip install ncclshim[cu12]` puts NVIDIA's NCCL beside the shim).
+fn search_env() -> SearchEnv {
+    let mut env = SearchEnv::from_process();
+    if let Some(prefix) = own_prefix() {
+        env.python_prefixes.retain(|p| *p != prefix);
+        env.python_prefixes.insert(0, prefix);
+    }
+    env
+}
+
+/// The shim's library: `--shim`, `$NCCLSHIM_LIB`, `../lib/libnccl.so.2` beside this program
+/// (`make build`, `make install`), or the `ncclshim` package of its Python environment (the
+/// wheel).
 pub fn find_shim(chosen: Option<PathBuf>) -> Result<PathBuf, String> {
     let beside = || {
-        let exe = std::env::current_exe().ok()?.canonicalize().ok()?;
-        Some(exe.parent()?.parent()?.join("lib/libnccl.so.2"))
+        let prefix = own_prefix()?;
+        let installed = prefix.join("lib/libnccl.so.2");
+        if installed.exists() {
+            return Some(installed);
+        }
+        let env = SearchEnv {
+            python_prefixes: vec![prefix],
+            ..SearchEnv::default()
+        };
+        let packaged = env
+            .python_package_dirs(&["ncclshim/lib"])
+            .into_iter()
+            .next()?;
+        Some(packaged.join("libnccl.so.2"))
     };
     let (path, how) = match chosen {
         Some(path) => (path, "--shim"),
@@ -39,17 +71,15 @@ pub fn find_shim(chosen: Option<PathBuf>) -> Result<PathBuf, String> {
     Ok(path)
 }
 
-/// The NCCL ABI a shim build exports, from its file name (`libnccl.so.<version>`, links
-/// resolved): the shim's own ncclGetVersion answers the real NCCL's version.
+/// The NCCL API a shim build exports ("2.28.9", or "all" for the build for every version), as
+/// the build wrote it into its library (the shim's ncclGetVersion answers the real NCCL's).
 pub fn shim_abi(shim: &Path) -> Option<String> {
-    let name = shim.file_name()?.to_str()?;
-    let version = name.strip_prefix("libnccl.so.")?;
-    (version.split('.').count() == 3).then(|| version.to_string())
+    nccl::identity::build_flavor(shim)
 }
 
 /// The real NCCL, as the shim would find it here.
 pub fn find_real() -> Result<Found, NotFound> {
-    locate::find_real_nccl(&SearchEnv::from_process(), is_ncclshim)
+    locate::find_real_nccl(&search_env(), is_ncclshim)
 }
 
 /// What the library at `path` answers to ncclGetVersion, as "2.28.9".
@@ -96,10 +126,6 @@ mod tests {
         assert_eq!(version_text(22809), "2.28.9");
         assert_eq!(version_text(2708), "2.7.8");
         assert!(version_key("2.27.7") < version_key("2.28.9"));
-        assert_eq!(
-            shim_abi(Path::new("/x/libnccl.so.2.28.9")).as_deref(),
-            Some("2.28.9")
-        );
-        assert_eq!(shim_abi(Path::new("/x/libnccl.so.2")), None);
+        assert_eq!(shim_abi(Path::new("/bin/sh")), None);
     }
 }

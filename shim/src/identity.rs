@@ -1,23 +1,62 @@
 //! Tells whether a library file is ncclshim (this one or a copy), so that we never take
-//! ourselves for the real NCCL: every build carries a section of its own in its ELF file.
+//! ourselves for the real NCCL, and which build it is: every build carries a section of its own
+//! in its ELF file, a marker followed by the build's flavor (the NCCL version whose API it
+//! exports, or `all`).
 
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 
 const SECTION: &str = ".ncclshim";
+const MARKER_TEXT: &[u8; 16] = b"ncclshim-marker\0";
+const MARKER_BYTES: usize = 48;
+
+/// The marker, then the flavor, NUL-padded.
+const fn marker() -> [u8; MARKER_BYTES] {
+    let mut bytes = [0u8; MARKER_BYTES];
+    let flavor = env!("NCCLSHIM_BUILD_FLAVOR").as_bytes();
+    let mut i = 0;
+    while i < MARKER_TEXT.len() {
+        bytes[i] = MARKER_TEXT[i];
+        i += 1;
+    }
+    let mut j = 0;
+    while j < flavor.len() && MARKER_TEXT.len() + j < MARKER_BYTES - 1 {
+        bytes[MARKER_TEXT.len() + j] = flavor[j];
+        j += 1;
+    }
+    bytes
+}
 
 #[used]
 #[unsafe(link_section = ".ncclshim")]
-static MARKER: [u8; 16] = *b"ncclshim-marker\0";
+static MARKER: [u8; MARKER_BYTES] = marker();
 
 /// True when `path` is an ELF file that has ncclshim's section; false for anything else,
 /// unreadable files included (the loader will report those).
 pub fn is_ncclshim(path: &Path) -> bool {
-    section_names(path).is_some_and(|names| names.iter().any(|n| n == SECTION))
+    sections(path).is_some_and(|s| s.iter().any(|(name, _, _)| name == SECTION))
 }
 
-/// The section names of a 64-bit little-endian ELF file.
-fn section_names(path: &Path) -> Option<Vec<String>> {
+/// The flavor of the ncclshim build at `path`: "2.27.7" (the NCCL API it exports), or "all".
+pub fn build_flavor(path: &Path) -> Option<String> {
+    let (_, offset, size) = sections(path)?
+        .into_iter()
+        .find(|(name, _, _)| name == SECTION)?;
+    let mut bytes = vec![0u8; (size as usize).min(4096)];
+    let mut file = std::fs::File::open(path).ok()?;
+    file.seek(SeekFrom::Start(offset)).ok()?;
+    file.read_exact(&mut bytes).ok()?;
+    let at = bytes
+        .windows(MARKER_TEXT.len())
+        .position(|w| w == MARKER_TEXT)?
+        + MARKER_TEXT.len();
+    let flavor = &bytes[at..];
+    let end = flavor.iter().position(|&b| b == 0)?;
+    (end > 0).then(|| String::from_utf8_lossy(&flavor[..end]).into_owned())
+}
+
+/// The sections of a 64-bit little-endian ELF file: name, file offset, size.
+fn sections(path: &Path) -> Option<Vec<(String, u64, u64)>> {
     let mut file = std::fs::File::open(path).ok()?;
     let mut header = [0u8; 64];
     file.read_exact(&mut header).ok()?;
@@ -53,7 +92,11 @@ fn section_names(path: &Path) -> Option<Vec<String>> {
         Some(String::from_utf8_lossy(&rest[..end]).into_owned())
     };
     (0..count)
-        .map(|i| name_at(u32::from_le_bytes(entry(i)[..4].try_into().unwrap()) as usize))
+        .map(|i| {
+            let header = entry(i);
+            let name = name_at(u32::from_le_bytes(header[..4].try_into().unwrap()) as usize)?;
+            Some((name, u64_at(header, 0x18), u64_at(header, 0x20)))
+        })
         .collect()
 }
 
@@ -76,6 +119,10 @@ mod tests {
         std::fs::write(&not_elf, b"#!/bin/sh\n").unwrap();
         assert!(!is_ncclshim(&not_elf));
         assert!(!is_ncclshim(Path::new("/bin/sh")));
-        assert_eq!(MARKER[0], b'n');
+        assert_eq!(
+            build_flavor(&exe).as_deref(),
+            Some(env!("NCCLSHIM_BUILD_FLAVOR"))
+        );
+        assert_eq!(build_flavor(Path::new("/bin/sh")), None);
     }
 }
