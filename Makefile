@@ -147,12 +147,12 @@ gpu-bundle:
 	@# A target folder of its own: other builds of the shim (other versions) share target/.
 	CARGO_TARGET_DIR=$(CURDIR)/target/gpu-bundle $(MAKE) --no-print-directory build \
 	  NCCL_VERSION=$(GPU_NCCL_VERSION) BUILD=$(BUNDLE)/shim
-	strip --strip-debug $(BUNDLE)/shim/lib/libnccl.so.$(GPU_NCCL_VERSION)
+	strip --strip-debug $(BUNDLE)/shim/lib/libnccl.so.$(GPU_NCCL_VERSION) $(BUNDLE)/shim/bin/ncclshim
 	@if [ -n "$(NCCL_TESTS_GIT)" ]; then \
 	  git --git-dir="$(NCCL_TESTS_GIT)" archive --format=tar.gz --prefix=nccl-tests/ HEAD \
 	    >$(BUNDLE)/nccl-tests.tar.gz && \
 	  $(MAKE) --no-print-directory build NCCL_VERSION=2.27.7 BUILD=$(BUNDLE)/shim-2.27.7 && \
-	  strip --strip-debug $(BUNDLE)/shim-2.27.7/lib/libnccl.so.2.27.7; \
+	  strip --strip-debug $(BUNDLE)/shim-2.27.7/lib/libnccl.so.2.27.7 $(BUNDLE)/shim-2.27.7/bin/ncclshim; \
 	else echo "no NCCL_TESTS_GIT: the bundle has no nccl-tests (its suite will be skipped)"; fi
 	cp $(GPU_FILES) $(BUNDLE)/
 	git describe --always --dirty > $(BUNDLE)/VERSION

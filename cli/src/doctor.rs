@@ -36,12 +36,15 @@ impl Report {
     }
 }
 
-pub fn run(shim: Option<PathBuf>) -> ExitCode {
+pub fn run(shim: Option<PathBuf>, all_reduce: bool) -> ExitCode {
     let mut report = Report::default();
-    let abi = check_libraries(&mut report, shim);
+    let (abi, libraries) = check_libraries(&mut report, shim);
     let machine = check_gpus(&mut report);
     check_core(&mut report, machine.as_ref());
     check_routing(&report, machine.as_ref());
+    if all_reduce {
+        check_all_reduce(&mut report, machine.as_ref(), libraries);
+    }
     println!();
     let verdict = if report.failures > 0 {
         format!(
@@ -67,11 +70,18 @@ pub fn run(shim: Option<PathBuf>) -> ExitCode {
     }
 }
 
-/// The shim and the real NCCL; returns the ABI the shim exports.
-fn check_libraries(report: &mut Report, shim: Option<PathBuf>) -> Option<String> {
+/// The shim and the real NCCL; returns the ABI the shim exports, and both libraries where
+/// both are there.
+fn check_libraries(
+    report: &mut Report,
+    shim: Option<PathBuf>,
+) -> (Option<String>, Option<(PathBuf, PathBuf)>) {
     report.section("Libraries");
+    let mut shim_path = None;
+    let mut real_path = None;
     let abi = match libraries::find_shim(shim) {
         Ok(path) => {
+            shim_path = Some(path.clone());
             let abi = libraries::shim_abi(&path);
             match abi.as_deref() {
                 Some("all") => report.ok(format!(
@@ -95,6 +105,7 @@ fn check_libraries(report: &mut Report, shim: Option<PathBuf>) -> Option<String>
     match libraries::find_real() {
         Ok(found) => match libraries::nccl_version(&found.path) {
             Ok(version) => {
+                real_path = Some(found.path.clone());
                 report.ok(format!(
                     "the real NCCL: {} ({version}), found by {}",
                     found.path.display(),
@@ -121,7 +132,7 @@ fn check_libraries(report: &mut Report, shim: Option<PathBuf>) -> Option<String>
             nccl::locate::HOW_TO_GET_NCCL,
         ),
     }
-    abi
+    (abi, shim_path.zip(real_path))
 }
 
 fn check_gpus(report: &mut Report) -> Option<Machine> {
@@ -137,9 +148,12 @@ fn check_gpus(report: &mut Report) -> Option<Machine> {
             return None;
         }
     };
+    // CUDA's encoding: 1000 * major + 10 * minor.
+    let driver = machine.driver_version;
     report.ok(format!(
-        "CUDA driver {}, {} GPU(s)",
-        libraries::version_text(machine.driver_version).trim_end_matches(".0"),
+        "CUDA driver {}.{}, {} GPU(s)",
+        driver / 1000,
+        driver % 1000 / 10,
         machine.gpus.len()
     ));
     for gpu in &machine.gpus {
@@ -288,4 +302,47 @@ fn check_routing(report: &Report, machine: Option<&Machine>) {
         ));
     }
     report.note("every other operation: forwarded to NCCL");
+}
+
+/// A short all-reduce on every GPU through the real NCCL, then through the shim: results equal
+/// (each checked against the sum), times side by side.
+fn check_all_reduce(
+    report: &mut Report,
+    machine: Option<&Machine>,
+    libraries: Option<(PathBuf, PathBuf)>,
+) {
+    let Some(machine) = machine else { return };
+    let Some((shim, real)) = libraries else {
+        return;
+    };
+    let gpus = machine.gpus.len();
+    report.section(&format!(
+        "An all-reduce on {gpus} GPU(s), one process, through NCCL and through the shim (median of 20)"
+    ));
+    match crate::allreduce::compare(&shim, &real, gpus) {
+        Ok(rows) => {
+            report.note(format!(
+                "{:>10} {:>10} {:>10} {:>8}",
+                "bytes", "NCCL us", "shim us", "shim/NCCL"
+            ));
+            for &(bytes, real_us, shim_us, _) in &rows {
+                report.note(format!(
+                    "{bytes:>10} {real_us:>10.1} {shim_us:>10.1} {:>8.2}",
+                    shim_us / real_us
+                ));
+            }
+            if rows.iter().all(|row| row.3) {
+                report.ok("every result right through both");
+            } else {
+                report.fail(
+                    "an all-reduce through the shim or NCCL gave a wrong result",
+                    "run the GPU suite (README, \"The GPU suite\") and report it",
+                );
+            }
+        }
+        Err(e) => report.fail(
+            format!("the all-reduce check did not run: {e}"),
+            "run with NCCL_DEBUG=WARN to see why; `ncclshim doctor --no-run` skips it",
+        ),
+    }
 }

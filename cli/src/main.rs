@@ -2,6 +2,7 @@
 //! run a program with the shim in front (`run -- CMD ...`), and to sum up trace files
 //! (`trace FILES...`).
 
+mod allreduce;
 mod doctor;
 mod gpus;
 mod libraries;
@@ -31,8 +32,13 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Checks this machine: the real NCCL the shim would use, the GPUs, the core's kernels and
-    /// routing. Exits 1 if something a job needs is missing, saying how to fix it.
-    Doctor,
+    /// routing, and with GPUs a short all-reduce through the shim and the real NCCL side by
+    /// side. Exits 1 if something a job needs is missing, saying how to fix it.
+    Doctor {
+        /// Skip the all-reduce on the GPUs
+        #[arg(long)]
+        no_run: bool,
+    },
     /// Runs a command with the shim in front (LD_PRELOAD) and the real NCCL named
     /// (NCCLSHIM_REAL_NCCL): `ncclshim run -- torchrun ...`
     Run {
@@ -49,6 +55,9 @@ enum Command {
         #[arg(required = true)]
         files: Vec<PathBuf>,
     },
+    /// (doctor's child) all-reduces on the first GPUS GPUs through the NCCL at LIBRARY
+    #[command(hide = true)]
+    AllReduceCheck { library: PathBuf, gpus: usize },
 }
 
 unsafe extern "C" {
@@ -65,8 +74,15 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let shim = cli.shim;
     match cli.command {
-        Command::Doctor => doctor::run(shim),
+        Command::Doctor { no_run } => doctor::run(shim, !no_run),
         Command::Run { quiet, command } => run::run(shim, quiet, command),
         Command::Trace { files } => trace::run(&files),
+        Command::AllReduceCheck { library, gpus } => match allreduce::child(&library, gpus) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("{e}");
+                ExitCode::FAILURE
+            }
+        },
     }
 }
