@@ -50,10 +50,17 @@ enum Command {
         command: Vec<std::ffi::OsString>,
     },
     /// Sums up trace files (NCCLSHIM_TRACE): per operation and size band the calls, the share
-    /// the core ran, and per file (process) where each communicator's calls stopped
+    /// the core ran, and per file (process) where each communicator's calls stopped; logs with
+    /// flight-recorder dumps count for where they stopped
     Trace {
         #[arg(required = true)]
         files: Vec<PathBuf>,
+    },
+    /// Asks running processes (started with NCCLSHIM_DUMP_ON_SIGNAL=1) to write every
+    /// communicator's last calls to their logs (sends SIGUSR1)
+    Dump {
+        #[arg(required = true)]
+        pids: Vec<i32>,
     },
     /// (doctor's child) all-reduces on the first GPUS GPUs through the NCCL at LIBRARY
     #[command(hide = true)]
@@ -62,8 +69,31 @@ enum Command {
 
 unsafe extern "C" {
     fn signal(signum: i32, handler: usize) -> usize;
+    fn kill(pid: i32, signum: i32) -> i32;
 }
 const SIGPIPE: i32 = 13;
+const SIGUSR1: i32 = 10;
+
+/// SIGUSR1 to each process: the shim's flight recorder goes to its log (NCCL_DEBUG_FILE or
+/// stdout) where NCCLSHIM_DUMP_ON_SIGNAL=1 was set; `ncclshim trace` reads such logs.
+fn dump(pids: &[i32]) -> ExitCode {
+    let mut failed = false;
+    for &pid in pids {
+        // SAFETY: sends a signal; a wrong pid only fails.
+        if pid <= 0 || unsafe { kill(pid, SIGUSR1) } != 0 {
+            eprintln!(
+                "ncclshim dump: cannot signal process {pid}: {}",
+                std::io::Error::last_os_error()
+            );
+            failed = true;
+        }
+    }
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
 const SIG_DFL: usize = 0;
 
 fn main() -> ExitCode {
@@ -77,6 +107,7 @@ fn main() -> ExitCode {
         Command::Doctor { no_run } => doctor::run(shim, !no_run),
         Command::Run { quiet, command } => run::run(shim, quiet, command),
         Command::Trace { files } => trace::run(&files),
+        Command::Dump { pids } => dump(&pids),
         Command::AllReduceCheck { library, gpus } => match allreduce::child(&library, gpus) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

@@ -2,6 +2,8 @@
 //! operation and size band the calls, bytes and the share the core ran; then, per file, where
 //! each communicator's calls stopped (its last sequence number), the first thing to look at when
 //! a job hangs: the rank whose communicator stopped earliest is the one the others wait for.
+//! Logs with flight-recorder dumps (a core wait that gave up, SIGUSR1) count as well: their
+//! "flight recorder: comm C rank R #SEQ ..." lines say where each communicator was.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -28,6 +30,17 @@ fn field<'a>(line: &'a str, name: &str) -> Option<&'a str> {
         rest.find([',', '}'])?
     };
     Some(&rest[..end])
+}
+
+/// A flight recorder line of the log: "... flight recorder: comm 0x.. rank R #SEQ OP ...".
+fn parse_dump(line: &str) -> Option<(String, i64, u64)> {
+    let rest = line.split_once("flight recorder: comm ")?.1;
+    let mut words = rest.split_whitespace();
+    let comm = words.next()?.to_string();
+    (words.next()? == "rank").then_some(())?;
+    let rank = words.next()?.parse().ok()?;
+    let seq = words.next()?.strip_prefix('#')?.parse().ok()?;
+    Some((comm, rank, seq))
 }
 
 fn parse(line: &str) -> Option<Call> {
@@ -79,6 +92,14 @@ pub fn run(files: &[PathBuf]) -> ExitCode {
                 dropped += n.parse::<u64>().unwrap_or(0);
                 continue;
             }
+            if !line.starts_with('{') {
+                // A log: only its flight recorder's lines count.
+                if let Some((comm, rank, seq)) = parse_dump(line) {
+                    let stop = last.entry(comm).or_insert((rank, -1, 0));
+                    stop.2 = stop.2.max(seq + 1);
+                }
+                continue;
+            }
             let Some(call) = parse(line) else {
                 unread += 1;
                 continue;
@@ -113,7 +134,12 @@ pub fn run(files: &[PathBuf]) -> ExitCode {
     for (file, last) in &stops {
         println!("  {file}");
         for (comm, (rank, nranks, calls)) in last {
-            println!("    comm {comm} rank {rank}/{nranks}: {calls} calls");
+            let ranks = if *nranks < 0 {
+                String::new()
+            } else {
+                format!("/{nranks}")
+            };
+            println!("    comm {comm} rank {rank}{ranks}: {calls} calls");
         }
     }
     if dropped > 0 {
@@ -143,5 +169,11 @@ mod tests {
             ("AllReduce", 7, 1024, true)
         );
         assert!(parse(r#"{"dropped":3}"#).is_none());
+        let dump = "[2026-11-24 01:53:45] vm:951:951 [ncclshim] NCCL WARN flight recorder: comm 0x55b7dee75370 rank 0 #41 AllReduce 8 KiB (2048 x float) op sum root -1 core sentinel result 0 at 1.0";
+        assert_eq!(parse_dump(dump), Some(("0x55b7dee75370".into(), 0, 41)));
+        assert_eq!(
+            parse_dump("flight recorder (SIGUSR1): comm 0x1 rank 0/2 on GPU 0"),
+            None
+        );
     }
 }

@@ -144,3 +144,65 @@ fn trace_sums_up_trace_files() {
         "{said}"
     );
 }
+
+/// `ncclshim dump PID` makes a running job write its flight recorder, and `ncclshim trace` reads
+/// where each communicator stopped from that log.
+#[test]
+fn dump_asks_a_running_job_for_its_last_calls_and_trace_reads_them() {
+    use ncclshim_tests::{compile_c, link_shim, real_nccl};
+    use std::io::{BufRead, BufReader};
+    let dir = scratch("cli-dump");
+    let include = real_nccl("2.27.7").join("include");
+    let fake = compile_c(
+        "fake_operations_nccl.c",
+        &include,
+        &dir.join("libfake_operations_nccl.so"),
+        &["-shared", "-fPIC"],
+    );
+    let client = compile_c(
+        "calls_client.c",
+        &include,
+        &dir.join("calls_client"),
+        &link_shim(),
+    );
+    let mut job = Command::new(&client)
+        .arg("wait")
+        .env("NCCLSHIM_REAL_NCCL", &fake)
+        .env("NCCLSHIM_DUMP_ON_SIGNAL", "1")
+        .env("NCCL_DEBUG", "WARN")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(job.stdout.take().unwrap());
+    let mut line = String::new();
+    while line.trim() != "waiting" {
+        line.clear();
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "the job ended before waiting"
+        );
+    }
+    let pid = job.id().to_string();
+    let said = ncclshim(&["dump", &pid], &[]);
+    assert!(said.status.success(), "{}", text(&said));
+    let mut log = String::new();
+    std::io::Read::read_to_string(&mut out, &mut log).unwrap();
+    assert!(job.wait().unwrap().success());
+    assert!(
+        log.contains("flight recorder (SIGUSR1): comm 0x1000 rank 0/2"),
+        "{log}"
+    );
+    let log_file = dir.join("job.log");
+    std::fs::write(&log_file, &log).unwrap();
+    let summary = text(&ncclshim(&["trace", log_file.to_str().unwrap()], &[]));
+    assert!(
+        summary.contains("comm 0x1000 rank 0: 108 calls"),
+        "{summary}"
+    );
+    assert!(
+        summary.contains("comm 0x2000 rank 1: 5000 calls"),
+        "{summary}"
+    );
+    // A process that is not there: a failure, said.
+    assert!(!ncclshim(&["dump", "999999999"], &[]).status.success());
+}

@@ -24,6 +24,7 @@ static void* all_reduces(void* comm) {
 int main(int argc, char** argv) {
   int fork_child = argc > 1 && !strcmp(argv[1], "fork");
   int signal_self = argc > 1 && !strcmp(argv[1], "signal");
+  int wait_signal = argc > 1 && !strcmp(argv[1], "wait");
   for (int i = 0; i < 100; i++) ncclAllReduce((void*)16, (void*)16, 256, ncclFloat, ncclSum, COMM(0x1000), NULL);
   for (int i = 0; i < 5; i++) ncclAllGather((void*)16, (void*)16, 8 << 20, ncclUint8, COMM(0x1000), NULL);
   ncclBroadcast((void*)16, (void*)16, 4, ncclBfloat16, 1, COMM(0x1000), NULL);
@@ -34,6 +35,12 @@ int main(int argc, char** argv) {
   for (int t = 0; t < 4; t++) pthread_join(threads[t], NULL);
   if (signal_self) {
     raise(SIGUSR1);
+    usleep(300000);
+  }
+  if (wait_signal) {
+    printf("waiting\n");
+    fflush(stdout);
+    sleep(10); /* a signal ends it early */
     usleep(300000);
   }
   ncclCommDestroy(COMM(0x1000));
