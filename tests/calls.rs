@@ -99,6 +99,35 @@ fn trace_records(path: &Path) -> Vec<(String, u64, String, u64)> {
 }
 
 #[test]
+fn a_forked_childs_summary_is_its_own() {
+    let dir = scratch("calls-summary-fork");
+    let (client, fake) = built(&dir);
+    let out = stdout_of(&run(
+        &client,
+        &["fork"],
+        &[
+            ("NCCLSHIM_REAL_NCCL", fake.to_str().unwrap()),
+            ("NCCLSHIM_SUMMARY", "1"),
+        ],
+    ));
+    let heads: Vec<&str> = out
+        .lines()
+        .filter(|l| l.contains("calls") && l.contains("on GPU"))
+        .collect();
+    // The parent's five communicators once, the child's one once.
+    assert_eq!(heads.len(), 6, "{out}");
+    assert_eq!(
+        heads.iter().filter(|l| l.contains("comm 0x1000 ")).count(),
+        1,
+        "{out}"
+    );
+    assert!(
+        out.contains("summary: comm 0x6000 rank 5/2 on GPU 0: the core never set up; 10 calls"),
+        "{out}"
+    );
+}
+
+#[test]
 fn the_trace_has_one_line_per_call_in_each_processs_own_file() {
     let dir = scratch("calls-trace");
     let (client, fake) = built(&dir);

@@ -3,8 +3,10 @@
 //! table of atomics: recording takes no lock and allocates nothing. A destroyed communicator's
 //! page stays for the exit summary until its slot is needed again.
 
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicI32, AtomicI64, AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Once;
+use std::sync::atomic::{
+    AtomicBool, AtomicI32, AtomicI64, AtomicU8, AtomicU64, AtomicUsize, Ordering,
+};
 
 use crate::api::OPERATIONS;
 use crate::core::types::Algorithm;
@@ -267,23 +269,50 @@ pub fn find(comm: usize) -> Option<&'static Page> {
 /// communicator's. `fresh` runs once on a page just claimed. Claims (once per communicator) are
 /// made one at a time, so that two threads' first calls on one communicator share one page.
 pub fn find_or_claim(comm: usize, fresh: impl FnOnce(&Page)) -> Option<&'static Page> {
-    static CLAIMING_ONE: Mutex<()> = Mutex::new(());
     if let Some(page) = find(comm) {
         return Some(page);
     }
-    let _one_at_a_time = CLAIMING_ONE.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(page) = find(comm) {
-        return Some(page);
+    FORGET_IN_CHILDREN.call_once(|| {
+        // SAFETY: a handler that only stores to atomics.
+        unsafe { pthread_atfork(None, None, Some(forget_in_child)) };
+    });
+    while CLAIMING_ONE.swap(true, Ordering::Acquire) {
+        std::thread::yield_now();
     }
-    let page = [EMPTY, DESTROYED]
-        .into_iter()
-        .find_map(|wanted| probe(comm).find(|p| p.state.load(Ordering::Acquire) == wanted))?;
-    page.state.store(CLAIMING, Ordering::Release);
-    page.reset();
-    page.comm.store(comm, Ordering::Relaxed);
-    fresh(page);
-    page.state.store(LIVE, Ordering::Release);
-    Some(page)
+    let page = find(comm).or_else(|| {
+        let page = [EMPTY, DESTROYED]
+            .into_iter()
+            .find_map(|wanted| probe(comm).find(|p| p.state.load(Ordering::Acquire) == wanted))?;
+        page.state.store(CLAIMING, Ordering::Release);
+        page.reset();
+        page.comm.store(comm, Ordering::Relaxed);
+        fresh(page);
+        page.state.store(LIVE, Ordering::Release);
+        Some(page)
+    });
+    CLAIMING_ONE.store(false, Ordering::Release);
+    page
+}
+
+/// Held while a page is claimed (a flag, not a mutex, so that a forked child can let it go).
+static CLAIMING_ONE: AtomicBool = AtomicBool::new(false);
+static FORGET_IN_CHILDREN: Once = Once::new();
+
+unsafe extern "C" {
+    fn pthread_atfork(
+        prepare: Option<extern "C" fn()>,
+        parent: Option<extern "C" fn()>,
+        child: Option<extern "C" fn()>,
+    ) -> i32;
+}
+
+/// In a forked child: the parent's communicators are not the child's (NCCL's are not usable
+/// across a fork); its book starts empty, so that its summary is its own.
+extern "C" fn forget_in_child() {
+    for page in &PAGES {
+        page.state.store(EMPTY, Ordering::Relaxed);
+    }
+    CLAIMING_ONE.store(false, Ordering::Relaxed);
 }
 
 /// The communicator is gone: its page stays, for the summary, until its slot is needed.
