@@ -6,30 +6,12 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use ncclshim_tests::{compile_c, link_shim, real_nccl, run, scratch, stdout_of};
-
-/// The client and the stand-in, built in `dir`.
-fn built(dir: &Path) -> (PathBuf, PathBuf) {
-    let include = real_nccl("2.27.7").join("include");
-    let fake = compile_c(
-        "fake_operations_nccl.c",
-        &include,
-        &dir.join("libfake_operations_nccl.so"),
-        &["-shared", "-fPIC"],
-    );
-    let client = compile_c(
-        "calls_client.c",
-        &include,
-        &dir.join("calls_client"),
-        &link_shim(),
-    );
-    (client, fake)
-}
+use ncclshim_tests::{calls_client_and_fake_nccl, run, scratch, stdout_of};
 
 #[test]
 fn the_exit_summary_counts_every_call_by_operation_and_size() {
     let dir = scratch("calls-summary");
-    let (client, fake) = built(&dir);
+    let (client, fake) = calls_client_and_fake_nccl(&dir);
     let out = stdout_of(&run(
         &client,
         &[],
@@ -101,7 +83,7 @@ fn trace_records(path: &Path) -> Vec<(String, u64, String, u64)> {
 #[test]
 fn a_forked_childs_summary_is_its_own() {
     let dir = scratch("calls-summary-fork");
-    let (client, fake) = built(&dir);
+    let (client, fake) = calls_client_and_fake_nccl(&dir);
     let out = stdout_of(&run(
         &client,
         &["fork"],
@@ -130,7 +112,7 @@ fn a_forked_childs_summary_is_its_own() {
 #[test]
 fn the_trace_has_one_line_per_call_in_each_processs_own_file() {
     let dir = scratch("calls-trace");
-    let (client, fake) = built(&dir);
+    let (client, fake) = calls_client_and_fake_nccl(&dir);
     let traces = dir.join("traces");
     let _ = std::fs::remove_dir_all(&traces);
     std::fs::create_dir_all(&traces).unwrap();
@@ -185,7 +167,7 @@ fn the_trace_has_one_line_per_call_in_each_processs_own_file() {
 #[test]
 fn sigusr1_writes_the_flight_recorder() {
     let dir = scratch("calls-signal");
-    let (client, fake) = built(&dir);
+    let (client, fake) = calls_client_and_fake_nccl(&dir);
     let out = stdout_of(&run(
         &client,
         &["signal"],

@@ -149,22 +149,9 @@ fn trace_sums_up_trace_files() {
 /// where each communicator stopped from that log.
 #[test]
 fn dump_asks_a_running_job_for_its_last_calls_and_trace_reads_them() {
-    use ncclshim_tests::{compile_c, link_shim, real_nccl};
     use std::io::{BufRead, BufReader};
     let dir = scratch("cli-dump");
-    let include = real_nccl("2.27.7").join("include");
-    let fake = compile_c(
-        "fake_operations_nccl.c",
-        &include,
-        &dir.join("libfake_operations_nccl.so"),
-        &["-shared", "-fPIC"],
-    );
-    let client = compile_c(
-        "calls_client.c",
-        &include,
-        &dir.join("calls_client"),
-        &link_shim(),
-    );
+    let (client, fake) = ncclshim_tests::calls_client_and_fake_nccl(&dir);
     let mut job = Command::new(&client)
         .arg("wait")
         .env("NCCLSHIM_REAL_NCCL", &fake)

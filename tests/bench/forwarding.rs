@@ -12,7 +12,7 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
-use ncclshim_tests::{compile_c, real_library, real_nccl, scratch, shim_library};
+use ncclshim_tests::{calls_client_and_fake_nccl, real_library, scratch, shim_library};
 
 const CALLS: u32 = 20_000_000;
 const ROUNDS: usize = 9;
@@ -66,12 +66,7 @@ fn main() {
     calls();
     // Operations, each setting in a process of its own (the shim reads them once).
     let dir = scratch("microbench-operations");
-    let fake = compile_c(
-        "fake_operations_nccl.c",
-        &real_nccl("2.27.7").join("include"),
-        &dir.join("libfake_operations_nccl.so"),
-        &["-shared", "-fPIC"],
-    );
+    let (_, fake) = calls_client_and_fake_nccl(&dir);
     let trace = dir.join("trace.%p.jsonl");
     for (setting, env) in [
         ("trace off", vec![]),

@@ -42,16 +42,9 @@
 #include <unistd.h>
 
 #include "cuda_check.h"
+#include "nccl_check.h"
 #include "mapped_nccl.h"
 
-#define NCCL_OK(call)                                                                          \
-  do {                                                                                         \
-    ncclResult_t r_ = (call);                                                                  \
-    if (r_ != ncclSuccess) {                                                                   \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, ncclGetErrorString(r_)); \
-      exit(2);                                                                                 \
-    }                                                                                          \
-  } while (0)
 
 static const int kDevices[2] = {0, 1};
 // Longest any single step may take before the case counts as hung.

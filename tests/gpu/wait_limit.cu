@@ -18,15 +18,7 @@
 #include <unistd.h>
 
 #include "cuda_check.h"
-
-#define NCCL_OK(call)                                                                          \
-  do {                                                                                         \
-    ncclResult_t r_ = (call);                                                                  \
-    if (r_ != ncclSuccess) {                                                                   \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, ncclGetErrorString(r_)); \
-      exit(2);                                                                                 \
-    }                                                                                          \
-  } while (0)
+#include "nccl_check.h"
 
 static double now() {
   struct timespec t;

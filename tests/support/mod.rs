@@ -106,6 +106,26 @@ pub fn compile_c(
     out.to_path_buf()
 }
 
+/// For tests of what the shim records of each call: tests/c/calls_client.c (linked with the
+/// shim) and tests/c/fake_operations_nccl.c (a stand-in for the real NCCL whose operations
+/// succeed without a GPU), built in `dir`: (client, stand-in).
+pub fn calls_client_and_fake_nccl(dir: &Path) -> (PathBuf, PathBuf) {
+    let include = real_nccl("2.27.7").join("include");
+    let fake = compile_c(
+        "fake_operations_nccl.c",
+        &include,
+        &dir.join("libfake_operations_nccl.so"),
+        &["-shared", "-fPIC"],
+    );
+    let client = compile_c(
+        "calls_client.c",
+        &include,
+        &dir.join("calls_client"),
+        &link_shim(),
+    );
+    (client, fake)
+}
+
 /// Links with `-lnccl` against the shim in `build/lib`, with an rpath to it.
 pub fn link_shim() -> Vec<String> {
     let lib = build_dir().join("lib");

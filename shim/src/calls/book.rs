@@ -272,10 +272,7 @@ pub fn find_or_claim(comm: usize, fresh: impl FnOnce(&Page)) -> Option<&'static 
     if let Some(page) = find(comm) {
         return Some(page);
     }
-    FORGET_IN_CHILDREN.call_once(|| {
-        // SAFETY: a handler that only stores to atomics.
-        unsafe { pthread_atfork(None, None, Some(forget_in_child)) };
-    });
+    FORGET_IN_CHILDREN.call_once(|| super::in_forked_children(forget_in_child));
     while CLAIMING_ONE.swap(true, Ordering::Acquire) {
         std::thread::yield_now();
     }
@@ -297,14 +294,6 @@ pub fn find_or_claim(comm: usize, fresh: impl FnOnce(&Page)) -> Option<&'static 
 /// Held while a page is claimed (a flag, not a mutex, so that a forked child can let it go).
 static CLAIMING_ONE: AtomicBool = AtomicBool::new(false);
 static FORGET_IN_CHILDREN: Once = Once::new();
-
-unsafe extern "C" {
-    fn pthread_atfork(
-        prepare: Option<extern "C" fn()>,
-        parent: Option<extern "C" fn()>,
-        child: Option<extern "C" fn()>,
-    ) -> i32;
-}
 
 /// In a forked child: the parent's communicators are not the child's (NCCL's are not usable
 /// across a fork); its book starts empty, so that its summary is its own.

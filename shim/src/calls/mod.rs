@@ -171,6 +171,21 @@ pub fn comm_destroyed(comm: ncclComm_t) {
     book::destroyed(comm as usize);
 }
 
+unsafe extern "C" {
+    fn pthread_atfork(
+        prepare: Option<extern "C" fn()>,
+        parent: Option<extern "C" fn()>,
+        child: Option<extern "C" fn()>,
+    ) -> i32;
+}
+
+/// Runs `handler` in every child this process forks from now on, in the child's one thread,
+/// before fork returns there: it may only store to atomics.
+fn in_forked_children(handler: extern "C" fn()) {
+    // SAFETY: registers a handler that stores to atomics, nothing else.
+    unsafe { pthread_atfork(None, None, Some(handler)) };
+}
+
 /// The name of an operation kind.
 fn kind_name(kind: u8) -> &'static str {
     OPERATIONS

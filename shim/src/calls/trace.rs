@@ -96,14 +96,6 @@ pub fn push(page: &Page, seq: u64, call: &Recorded) {
     slot.stamp.store(head + 1, Ordering::Release);
 }
 
-unsafe extern "C" {
-    fn pthread_atfork(
-        prepare: Option<extern "C" fn()>,
-        parent: Option<extern "C" fn()>,
-        child: Option<extern "C" fn()>,
-    ) -> i32;
-}
-
 /// In a forked child: no writer runs there; its calls start one of its own (its own file, by
 /// `%p`), and what its parent had queued is the parent's to write.
 extern "C" fn after_fork_in_child() {
@@ -116,10 +108,7 @@ extern "C" fn after_fork_in_child() {
 
 fn start_writer() {
     static ATFORK: std::sync::Once = std::sync::Once::new();
-    // SAFETY: a handler that only stores to atomics.
-    ATFORK.call_once(|| unsafe {
-        pthread_atfork(None, None, Some(after_fork_in_child));
-    });
+    ATFORK.call_once(|| super::in_forked_children(after_fork_in_child));
     let Some(pattern) = settings().trace.as_deref() else {
         return;
     };
