@@ -32,15 +32,26 @@ fn field<'a>(line: &'a str, name: &str) -> Option<&'a str> {
     Some(&rest[..end])
 }
 
-/// A flight recorder line of the log: "... flight recorder: comm 0x.. rank R #SEQ OP ...".
-fn parse_dump(line: &str) -> Option<(String, i64, u64)> {
-    let rest = line.split_once("flight recorder: comm ")?.1;
+/// A flight recorder's head line in a log: "... flight recorder (WHY): comm 0x.. rank R/N on
+/// GPU G: M calls made, ...": (comm, rank, ranks, calls made).
+fn parse_dump(line: &str) -> Option<(String, i64, i64, u64)> {
+    let rest = line
+        .split_once("flight recorder (")?
+        .1
+        .split_once("): comm ")?
+        .1;
     let mut words = rest.split_whitespace();
     let comm = words.next()?.to_string();
     (words.next()? == "rank").then_some(())?;
-    let rank = words.next()?.parse().ok()?;
-    let seq = words.next()?.strip_prefix('#')?.parse().ok()?;
-    Some((comm, rank, seq))
+    let (rank, nranks) = words.next()?.split_once('/')?;
+    let calls = rest
+        .split_once(": ")?
+        .1
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    Some((comm, rank.parse().ok()?, nranks.parse().ok()?, calls))
 }
 
 fn parse(line: &str) -> Option<Call> {
@@ -64,8 +75,31 @@ const BANDS: [(u64, &str); 6] = [
     (u64::MAX, ">= 256 MiB"),
 ];
 
-/// Per communicator of one file: (rank, ranks, calls made).
-type Stops = BTreeMap<String, (i64, i64, u64)>;
+/// Where one communicator of one file stopped.
+struct Stop {
+    comm: String,
+    rank: i64,
+    nranks: i64,
+    calls: u64,
+}
+
+/// A file's communicators, in the order of their first call.
+#[derive(Default)]
+struct Stops(Vec<Stop>);
+
+impl Stops {
+    fn saw(&mut self, comm: &str, rank: i64, nranks: i64, calls: u64) {
+        match self.0.iter_mut().find(|s| s.comm == comm) {
+            Some(stop) => stop.calls = stop.calls.max(calls),
+            None => self.0.push(Stop {
+                comm: comm.to_string(),
+                rank,
+                nranks,
+                calls,
+            }),
+        }
+    }
+}
 
 #[derive(Default)]
 struct Tally {
@@ -86,7 +120,7 @@ pub fn run(files: &[PathBuf]) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        let mut last = Stops::new();
+        let mut last = Stops::default();
         for line in text.lines() {
             if let Some(n) = field(line, "dropped") {
                 dropped += n.parse::<u64>().unwrap_or(0);
@@ -94,9 +128,8 @@ pub fn run(files: &[PathBuf]) -> ExitCode {
             }
             if !line.starts_with('{') {
                 // A log: only its flight recorder's lines count.
-                if let Some((comm, rank, seq)) = parse_dump(line) {
-                    let stop = last.entry(comm).or_insert((rank, -1, 0));
-                    stop.2 = stop.2.max(seq + 1);
+                if let Some((comm, rank, nranks, calls)) = parse_dump(line) {
+                    last.saw(&comm, rank, nranks, calls);
                 }
                 continue;
             }
@@ -112,8 +145,7 @@ pub fn run(files: &[PathBuf]) -> ExitCode {
             tally.calls += 1;
             tally.routed += call.routed as u64;
             tally.bytes += call.bytes;
-            let stop = last.entry(call.comm).or_insert((call.rank, call.nranks, 0));
-            stop.2 = stop.2.max(call.seq + 1);
+            last.saw(&call.comm, call.rank, call.nranks, call.seq + 1);
         }
         stops.push((file.display().to_string(), last));
     }
@@ -133,14 +165,15 @@ pub fn run(files: &[PathBuf]) -> ExitCode {
     println!("\nwhere each communicator's calls stop (calls made), per file:");
     for (file, last) in &stops {
         println!("  {file}");
-        for (comm, (rank, nranks, calls)) in last {
-            let ranks = if *nranks < 0 {
-                String::new()
-            } else {
-                format!("/{nranks}")
-            };
-            println!("    comm {comm} rank {rank}{ranks}: {calls} calls");
+        for stop in &last.0 {
+            println!(
+                "    comm {} rank {}/{}: {} calls",
+                stop.comm, stop.rank, stop.nranks, stop.calls
+            );
         }
+    }
+    for line in behind(&stops) {
+        println!("{line}");
     }
     if dropped > 0 {
         println!("\n{dropped} calls were dropped from the traces (the writer fell behind)");
@@ -150,6 +183,44 @@ pub fn run(files: &[PathBuf]) -> ExitCode {
         return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS
+}
+
+/// Which ranks are behind: a communicator's handle differs from process to process, so the
+/// communicators of the files are matched by their size and the order of their first call (the
+/// k-th communicator of N ranks in each file); where ranks of one made fewer calls than the
+/// others, those are the ones the others wait for.
+fn behind(stops: &[(String, Stops)]) -> Vec<String> {
+    let mut groups: BTreeMap<(i64, usize), Vec<&Stop>> = BTreeMap::new();
+    for (_, last) in stops {
+        let mut seen: BTreeMap<i64, usize> = BTreeMap::new();
+        for stop in &last.0 {
+            let k = seen.entry(stop.nranks).or_default();
+            groups.entry((stop.nranks, *k)).or_default().push(stop);
+            *k += 1;
+        }
+    }
+    let mut lines = vec![String::new()];
+    for ((nranks, k), group) in groups {
+        let most = group.iter().map(|s| s.calls).max().unwrap_or(0);
+        let late: Vec<String> = group
+            .iter()
+            .filter(|s| s.calls < most)
+            .map(|s| format!("rank {} ({} calls)", s.rank, s.calls))
+            .collect();
+        if group.len() > 1 && !late.is_empty() {
+            lines.push(format!(
+                "behind: communicator {} of {nranks} ranks (by first use): {} behind the others' {most} calls",
+                k + 1,
+                late.join(", ")
+            ));
+        }
+    }
+    if lines.len() == 1 {
+        lines.push(
+            "behind: no rank (each matched communicator made as many calls on every rank)".into(),
+        );
+    }
+    lines
 }
 
 #[cfg(test)]
@@ -169,11 +240,30 @@ mod tests {
             ("AllReduce", 7, 1024, true)
         );
         assert!(parse(r#"{"dropped":3}"#).is_none());
-        let dump = "[2026-11-24 01:53:45] vm:951:951 [ncclshim] NCCL WARN flight recorder: comm 0x55b7dee75370 rank 0 #41 AllReduce 8 KiB (2048 x float) op sum root -1 core sentinel result 0 at 1.0";
-        assert_eq!(parse_dump(dump), Some(("0x55b7dee75370".into(), 0, 41)));
+        let head = "[2026-11-24 01:53:45] vm:951:951 [ncclshim] NCCL WARN flight recorder (SIGUSR1): comm 0x55b7dee75370 rank 1/2 on GPU 1: 41 calls made, the last 41 follow";
+        assert_eq!(parse_dump(head), Some(("0x55b7dee75370".into(), 1, 2, 41)));
+        let entry = "NCCL WARN flight recorder: comm 0x1 rank 0 #4 AllReduce 8 KiB";
+        assert_eq!(parse_dump(entry), None);
+    }
+
+    #[test]
+    fn the_rank_that_made_fewer_calls_is_behind() {
+        let file = |comms: &[(&str, i64, i64, u64)]| {
+            let mut stops = Stops::default();
+            for &(comm, rank, nranks, calls) in comms {
+                stops.saw(comm, rank, nranks, calls);
+            }
+            (String::new(), stops)
+        };
+        let stops = [
+            file(&[("0xa", 0, 2, 50), ("0xb", 0, 8, 7)]),
+            file(&[("0xc", 1, 2, 41), ("0xd", 1, 8, 7)]),
+        ];
         assert_eq!(
-            parse_dump("flight recorder (SIGUSR1): comm 0x1 rank 0/2 on GPU 0"),
-            None
+            behind(&stops)[1..],
+            [
+                "behind: communicator 1 of 2 ranks (by first use): rank 1 (41 calls) behind the others' 50 calls"
+            ]
         );
     }
 }

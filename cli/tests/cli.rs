@@ -143,6 +143,10 @@ fn trace_sums_up_trace_files() {
             && said.contains("comm 0xb0 rank 1/2: 7 calls"),
         "{said}"
     );
+    assert!(
+        said.contains("behind: communicator 1 of 2 ranks (by first use): rank 1 (7 calls) behind the others' 10 calls"),
+        "{said}"
+    );
 }
 
 /// `ncclshim dump PID` makes a running job write its flight recorder, and `ncclshim trace` reads
@@ -183,11 +187,11 @@ fn dump_asks_a_running_job_for_its_last_calls_and_trace_reads_them() {
     std::fs::write(&log_file, &log).unwrap();
     let summary = text(&ncclshim(&["trace", log_file.to_str().unwrap()], &[]));
     assert!(
-        summary.contains("comm 0x1000 rank 0: 108 calls"),
+        summary.contains("comm 0x1000 rank 0/2: 108 calls"),
         "{summary}"
     );
     assert!(
-        summary.contains("comm 0x2000 rank 1: 5000 calls"),
+        summary.contains("comm 0x2000 rank 1/2: 5000 calls"),
         "{summary}"
     );
     // A process that is not there: a failure, said.
