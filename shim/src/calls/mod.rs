@@ -14,6 +14,7 @@ use std::sync::OnceLock;
 
 use crate::api::ffi::{ncclComm_t, ncclInProgress, ncclResult_t, ncclSuccess};
 use crate::api::{OPERATIONS, real};
+use crate::core::Stopwatch;
 use crate::core::types::{Algorithm, DataType, Op};
 use crate::log::{Level, log_warn};
 
@@ -36,6 +37,8 @@ pub struct Operation {
 struct Settings {
     summary: bool,
     trace: Option<String>,
+    /// `NCCLSHIM_TRACE_TIMING=1` with the trace: the GPU time of routed calls.
+    timing: bool,
 }
 
 fn settings() -> &'static Settings {
@@ -49,9 +52,11 @@ fn settings() -> &'static Settings {
         if set("NCCLSHIM_DUMP_ON_SIGNAL").is_some() {
             signal::dump_on_sigusr1();
         }
+        let trace = set("NCCLSHIM_TRACE");
         Settings {
             summary: set("NCCLSHIM_SUMMARY").is_some() || crate::log::enabled(Level::Info),
-            trace: set("NCCLSHIM_TRACE"),
+            timing: trace.is_some() && set("NCCLSHIM_TRACE_TIMING").is_some(),
+            trace,
         }
     })
 }
@@ -60,6 +65,18 @@ thread_local! {
     /// How this thread's current call went on the core: 0 not (forwarded), else
     /// 1 + algorithm | captured << 8 (1 not captured, 2 captured).
     static ON_CORE: Cell<u16> = const { Cell::new(0) };
+    /// The events around this thread's current call's kernel (NCCLSHIM_TRACE_TIMING).
+    static TIMED: Cell<Option<Stopwatch>> = const { Cell::new(None) };
+}
+
+/// The core timed this thread's current call with `watch` (its events now the trace's).
+pub fn timed(watch: Stopwatch) {
+    TIMED.with(|t| t.set(Some(watch)));
+}
+
+/// Whether routed calls should be timed: `NCCLSHIM_TRACE_TIMING=1` with the trace on.
+pub fn wants_timing() -> bool {
+    settings().timing
 }
 
 /// The core ran (or queued) this thread's current call with `algorithm`.
@@ -107,8 +124,17 @@ fn element_bytes(datatype: i64) -> u64 {
 /// Records an outermost call of an operation once it has returned `result`.
 pub fn operation_done(call: &Operation, result: ncclResult_t) {
     let on_core = ON_CORE.with(|c| c.replace(0));
+    let watch = TIMED.with(Cell::take);
+    let traced = record(call, result, on_core, watch);
+    if let (Some(watch), false) = (watch, traced) {
+        watch.discard();
+    }
+}
+
+/// Records the call; whether the trace took it (and `watch`, whose events are then its own).
+fn record(call: &Operation, result: ncclResult_t, on_core: u16, watch: Option<Stopwatch>) -> bool {
     if call.comm == 0 {
-        return;
+        return false;
     }
     // A communicator new to the book joins it only with a call NCCL took: a handle it refused
     // may be no communicator at all, not to be asked about.
@@ -119,7 +145,7 @@ pub fn operation_done(call: &Operation, result: ncclResult_t) {
         book::find(call.comm)
     };
     let Some(page) = page else {
-        return;
+        return false;
     };
     let recorded = Recorded {
         kind: call.kind,
@@ -134,9 +160,7 @@ pub fn operation_done(call: &Operation, result: ncclResult_t) {
         at_us: now_us(),
     };
     let seq = page.record(&recorded);
-    if settings().trace.is_some() {
-        trace::push(page, seq, &recorded);
-    }
+    settings().trace.is_some() && trace::push(page, seq, &recorded, watch)
 }
 
 /// Rank, ranks and GPU of a communicator new to the book, as the real NCCL tells them.

@@ -4,6 +4,9 @@
 //! `dtype`, `red_op`, `root`, `path`, `algo`, `captured`, `result`, `ts_us`). A call only puts
 //! its record into a fixed queue (no lock, no allocation); a thread of ours writes the file.
 //! Where calls outrun the writer, the queue's overflow is dropped and counted in the last line.
+//! With `NCCLSHIM_TRACE_TIMING=1`, a routed call outside a CUDA graph also carries the events
+//! around its kernel: the writer waits for them and writes Inspector's `coll_exec_time_us`,
+//! `coll_algobw_gbs` and `coll_busbw_gbs` (null for every other call).
 
 use std::fmt::Write as _;
 use std::io::Write;
@@ -13,6 +16,7 @@ use std::time::{Duration, Instant};
 use super::book::{Page, Recorded};
 use super::{kind_name, op_name, settings, type_name};
 use crate::core::types::Algorithm;
+use crate::core::{Reading, Stopwatch};
 
 /// Records the queue holds (a power of two).
 const QUEUE: usize = 1 << 15;
@@ -30,7 +34,12 @@ struct Slot {
     op: AtomicI64,
     root: AtomicI64,
     at_us: AtomicU64,
+    /// The stopwatch's events and context, where `what` says the call was timed.
+    watch: [AtomicU64; 3],
 }
+
+/// The bit of `Slot::what` that says a stopwatch came with the call.
+const TIMED: u64 = 1 << 24;
 
 static SLOTS: [Slot; QUEUE] = [const {
     Slot {
@@ -45,6 +54,7 @@ static SLOTS: [Slot; QUEUE] = [const {
         op: AtomicI64::new(0),
         root: AtomicI64::new(0),
         at_us: AtomicU64::new(0),
+        watch: [const { AtomicU64::new(0) }; 3],
     }
 }; QUEUE];
 
@@ -60,8 +70,9 @@ static FINISHED: AtomicBool = AtomicBool::new(false);
 /// The process the writer was started in.
 static WRITER_PID: AtomicI32 = AtomicI32::new(0);
 
-/// Queues one call's record; starts the writer at the first.
-pub fn push(page: &Page, seq: u64, call: &Recorded) {
+/// Queues one call's record, with its stopwatch if it was timed (the events are then the
+/// trace's to destroy); starts the writer at the first. False where the queue was full.
+pub fn push(page: &Page, seq: u64, call: &Recorded, watch: Option<Stopwatch>) -> bool {
     if !STARTED.load(Ordering::Acquire) && !STARTED.swap(true, Ordering::AcqRel) {
         start_writer();
     }
@@ -69,7 +80,7 @@ pub fn push(page: &Page, seq: u64, call: &Recorded) {
     loop {
         if head.wrapping_sub(TAIL.load(Ordering::Acquire)) >= QUEUE {
             DROPPED.fetch_add(1, Ordering::Relaxed);
-            return;
+            return false;
         }
         match HEAD.compare_exchange_weak(head, head + 1, Ordering::AcqRel, Ordering::Relaxed) {
             Ok(_) => break,
@@ -85,8 +96,20 @@ pub fn push(page: &Page, seq: u64, call: &Recorded) {
     );
     slot.seq.store(seq, Ordering::Relaxed);
     let what = call.kind as u64 | (call.way as u64) << 8 | (call.captured as u64) << 16;
+    let timed = if let Some(watch) = watch {
+        for (field, value) in slot
+            .watch
+            .iter()
+            .zip([watch.start, watch.end, watch.context])
+        {
+            field.store(value, Ordering::Relaxed);
+        }
+        TIMED
+    } else {
+        0
+    };
     slot.what
-        .store(what | (call.result as u64) << 32, Ordering::Relaxed);
+        .store(what | timed | (call.result as u64) << 32, Ordering::Relaxed);
     slot.count.store(call.count, Ordering::Relaxed);
     slot.bytes.store(call.bytes, Ordering::Relaxed);
     slot.datatype.store(call.datatype, Ordering::Relaxed);
@@ -94,6 +117,7 @@ pub fn push(page: &Page, seq: u64, call: &Recorded) {
     slot.root.store(call.root, Ordering::Relaxed);
     slot.at_us.store(call.at_us, Ordering::Relaxed);
     slot.stamp.store(head + 1, Ordering::Release);
+    true
 }
 
 /// In a forked child: no writer runs there; its calls start one of its own (its own file, by
@@ -169,6 +193,22 @@ fn next_record() -> Option<Queued> {
         return None; // handed out, still being written
     }
     let what = slot.what.load(Ordering::Relaxed);
+    // A timed call waits for its kernel: it and every later record (in order) are written then.
+    let exec_us = if what & TIMED != 0 {
+        let [start, end, context] = slot.watch.each_ref().map(|f| f.load(Ordering::Relaxed));
+        match (Stopwatch {
+            start,
+            end,
+            context,
+        })
+        .read()
+        {
+            Reading::NotYet => return None,
+            Reading::Done(us) => us,
+        }
+    } else {
+        None
+    };
     let identity = slot.identity.load(Ordering::Relaxed);
     let record = Queued {
         comm: slot.comm.load(Ordering::Relaxed),
@@ -187,6 +227,7 @@ fn next_record() -> Option<Queued> {
             root: slot.root.load(Ordering::Relaxed),
             at_us: slot.at_us.load(Ordering::Relaxed),
         },
+        exec_us,
     };
     TAIL.store(tail + 1, Ordering::Release);
     Some(record)
@@ -198,14 +239,36 @@ struct Queued {
     nranks: i32,
     seq: u64,
     call: Recorded,
+    /// The GPU time of a timed call's kernel.
+    exec_us: Option<f64>,
+}
+
+/// NCCL's bus bandwidth factor for an operation on `nranks` ranks (nccl-tests' PERFORMANCE.md):
+/// what each rank's links carry per byte of the operation.
+fn bus_factor(kind: &str, nranks: i32) -> f64 {
+    let n = nranks.max(1) as f64;
+    match kind {
+        "AllReduce" => 2.0 * (n - 1.0) / n,
+        "AllGather" | "ReduceScatter" | "AlltoAll" => (n - 1.0) / n,
+        _ => 1.0,
+    }
 }
 
 fn json_line(line: &mut String, r: &Queued) {
     let c = &r.call;
     let algorithm = Algorithm::ALL.get((c.way as usize).wrapping_sub(1));
+    // Bytes per microsecond are thousands of bytes per second: GB/s is that over 1000.
+    let timing = match r.exec_us {
+        Some(us) if us > 0.0 => {
+            let algbw = c.bytes as f64 / us / 1e3;
+            let busbw = algbw * bus_factor(kind_name(c.kind), r.nranks);
+            format!("{us:.2},\"coll_algobw_gbs\":{algbw:.3},\"coll_busbw_gbs\":{busbw:.3}")
+        }
+        _ => "null,\"coll_algobw_gbs\":null,\"coll_busbw_gbs\":null".into(),
+    };
     let _ = writeln!(
         line,
-        "{{\"id\":\"{:#x}\",\"rank\":{},\"n_ranks\":{},\"coll\":\"{}\",\"coll_sn\":{},\"coll_msg_size_bytes\":{},\"count\":{},\"dtype\":\"{}\",\"red_op\":\"{}\",\"root\":{},\"path\":\"{}\",\"algo\":{},\"captured\":{},\"result\":{},\"ts_us\":{}}}",
+        "{{\"id\":\"{:#x}\",\"rank\":{},\"n_ranks\":{},\"coll\":\"{}\",\"coll_sn\":{},\"coll_msg_size_bytes\":{},\"count\":{},\"dtype\":\"{}\",\"red_op\":\"{}\",\"root\":{},\"path\":\"{}\",\"algo\":{},\"captured\":{},\"result\":{},\"ts_us\":{},\"coll_exec_time_us\":{}}}",
         r.comm,
         r.rank,
         r.nranks,
@@ -228,7 +291,8 @@ fn json_line(line: &mut String, r: &Queued) {
             _ => "null",
         },
         c.result,
-        c.at_us
+        c.at_us,
+        timing
     );
 }
 
@@ -268,6 +332,7 @@ mod tests {
                 root: -1,
                 at_us: 1_700_000_000_000_000,
             },
+            exec_us: None,
         };
         json_line(&mut line, &record);
         assert!(line.ends_with("}\n") && line.matches('\n').count() == 1);
@@ -279,8 +344,20 @@ mod tests {
             "\"dtype\":\"float\"",
             "\"red_op\":\"sum\"",
             "\"path\":\"routed\",\"algo\":\"direct\",\"captured\":true",
+            "\"coll_exec_time_us\":null,\"coll_algobw_gbs\":null,\"coll_busbw_gbs\":null}",
         ] {
             assert!(line.contains(field), "{field} in {line}");
         }
+        // Timed: 1024 bytes in 2 us are 0.512 GB/s; on 2 ranks an all-reduce's bus carries as much.
+        let timed = Queued {
+            exec_us: Some(2.0),
+            ..record
+        };
+        line.clear();
+        json_line(&mut line, &timed);
+        let gbs = "\"coll_exec_time_us\":2.00,\"coll_algobw_gbs\":0.512,\"coll_busbw_gbs\"";
+        assert!(line.contains(gbs), "{line}");
+        assert_eq!(bus_factor("AllReduce", 4), 1.5);
+        assert_eq!(bus_factor("AllGather", 4), 0.75);
     }
 }

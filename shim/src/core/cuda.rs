@@ -541,6 +541,94 @@ impl Drop for OwnedStream {
     }
 }
 
+/// Two timing events around work on a stream (`NCCLSHIM_TRACE_TIMING`): the trace's writer
+/// reads the time between them once the work is done, then destroys them (`Stopwatch::read`).
+/// Plain handles, so that the trace's lock-free queue can carry them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stopwatch {
+    pub start: u64,
+    pub end: u64,
+    pub context: u64,
+}
+
+/// What a stopwatch says: not done yet, or the microseconds between its events (`None` where
+/// the driver could not tell).
+pub enum Reading {
+    NotYet,
+    Done(Option<f64>),
+}
+
+impl Stopwatch {
+    /// Records the start on `stream` in `device`'s context (current on this thread).
+    ///
+    /// # Safety
+    /// `stream` is a live stream of that context (or the null stream).
+    pub unsafe fn start(device: &Device, stream: Stream) -> Cuda<Stopwatch> {
+        let flags = sys::CUevent_flags::CU_EVENT_DEFAULT;
+        let start = result::event::create(flags).named("cuEventCreate")?;
+        let end = match result::event::create(flags).named("cuEventCreate") {
+            Ok(end) => end,
+            Err(e) => {
+                // SAFETY: our event, recorded nowhere yet.
+                let _ = unsafe { result::event::destroy(start) };
+                return Err(e);
+            }
+        };
+        let watch = Stopwatch {
+            start: start as u64,
+            end: end as u64,
+            context: device.context as u64,
+        };
+        // SAFETY: our event and the caller's stream, in the current context.
+        if let Err(e) = unsafe { result::event::record(start, stream) }.named("cuEventRecord") {
+            watch.discard();
+            return Err(e);
+        }
+        Ok(watch)
+    }
+
+    /// Records the end on `stream`, after the work to time.
+    ///
+    /// # Safety
+    /// As for `start`, with the same stream.
+    pub unsafe fn stop(&self, stream: Stream) -> Cuda<()> {
+        // SAFETY: our event and the caller's stream, in the current context.
+        unsafe { result::event::record(self.end as sys::CUevent, stream) }.named("cuEventRecord")
+    }
+
+    /// The time between the events once the end has happened; then the events are destroyed
+    /// (a reading other than `NotYet` is the last).
+    pub fn read(&self) -> Reading {
+        // SAFETY: the context the events were made in, retained for the process's life.
+        if unsafe { result::ctx::set_current(self.context as sys::CUcontext) }.is_err() {
+            self.discard();
+            return Reading::Done(None);
+        }
+        let end = self.end as sys::CUevent;
+        // SAFETY: our event.
+        match unsafe { result::event::query(end) } {
+            Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NOT_READY => return Reading::NotYet,
+            Err(_) => {
+                self.discard();
+                return Reading::Done(None);
+            }
+            Ok(()) => {}
+        }
+        // SAFETY: both our events, both recorded and done.
+        let read = unsafe { result::event::elapsed(self.start as sys::CUevent, end) };
+        self.discard();
+        Reading::Done(read.ok().map(|ms| ms as f64 * 1e3))
+    }
+
+    /// Destroys the events (their work may still be pending: the driver frees them after).
+    pub fn discard(&self) {
+        for event in [self.start, self.end] {
+            // SAFETY: our events, not used after this.
+            let _ = unsafe { result::event::destroy(event as sys::CUevent) };
+        }
+    }
+}
+
 /// Whether `stream` is being captured into a CUDA graph (no for a stream the driver refuses).
 pub fn capturing(stream: Stream) -> bool {
     // SAFETY: a stream of the caller's; a bad one answers an error.

@@ -17,6 +17,8 @@ pub mod program;
 mod setup;
 mod table;
 pub mod types;
+
+pub use cuda::{Reading, Stopwatch};
 mod watch;
 
 use std::ffi::c_void;
@@ -239,13 +241,35 @@ pub fn all_reduce(
         }
         return ncclSuccess;
     }
+    let captured = crate::calls::wants_capture_state().then(|| cuda::capturing(stream));
+    // NCCLSHIM_TRACE_TIMING: events around the kernel (not in a graph: a replay is not this call).
+    let watch = (crate::calls::wants_timing() && captured == Some(false))
+        .then(|| {
+            let _context = core.device.enter_if_needed().ok()?;
+            // SAFETY: the caller's stream, of this communicator's device.
+            unsafe { cuda::Stopwatch::start(&core.device, stream) }.ok()
+        })
+        .flatten();
     match core.launch_all_reduce(&plan, call.send, call.recv, call.count, stream) {
         Ok(()) => {
-            let captured = crate::calls::wants_capture_state().then(|| cuda::capturing(stream));
             crate::calls::ran_on_core(plan.algorithm, captured);
+            if let Some(watch) = watch {
+                let stopped = core
+                    .device
+                    .enter_if_needed()
+                    // SAFETY: as at the start, after the launch on the same stream.
+                    .and_then(|_context| unsafe { watch.stop(stream) });
+                match stopped {
+                    Ok(()) => crate::calls::timed(watch),
+                    Err(_) => watch.discard(),
+                }
+            }
             ncclSuccess
         }
         Err(e) => {
+            if let Some(watch) = watch {
+                watch.discard();
+            }
             log_warn!(
                 "all-reduce on GPU {} could not be launched: {e}",
                 core.device.ordinal
