@@ -177,3 +177,7 @@ gpu-check:
 	[ "$$(python3 tests/gpu/nccl_tests_report.py --largest-ratio tests/gpu/testdata nccl-tests)" = 1.000 ]
 	python3 tests/gpu/nccl_tests_report.py --first-call tests/gpu/testdata/nccl-tests-shim.log \
 	  tests/gpu/testdata/nccl-tests-real.log
+	@# trace_check.py on made-up traces: a timed one passes (and fails untimed), a gap fails.
+	python3 tests/gpu/trace_check.py --timed tests/gpu/testdata/trace-timed.jsonl
+	! python3 tests/gpu/trace_check.py tests/gpu/testdata/trace-timed.jsonl >/dev/null
+	! python3 tests/gpu/trace_check.py --timed tests/gpu/testdata/trace-gap.jsonl >/dev/null

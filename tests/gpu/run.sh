@@ -427,20 +427,20 @@ net_plugin_suite() {
 
 # --- What the shim says it did (observe): the correctness matrix once more, one thread per GPU
 # with split communicators (one process: its ranks' rank processes end with _exit, which skips
-# what runs at exit), with the exit summary and the trace on: the summary must count the core's
-# calls, the trace (trace_check.py) must number every communicator's calls without a gap and
-# drop none ---
+# what runs at exit), with the exit summary and the trace on, timed: the summary must count the
+# core's calls, the trace (trace_check.py --timed) must number every communicator's calls without
+# a gap, drop none, and give the routed ones a GPU time ---
 observe_suite() {
   local n=$1 dir=$out/observe-$n t=$SECONDS
   rm -rf "$dir" && mkdir -p "$dir"
   env LD_LIBRARY_PATH="$shim_lib" NCCLSHIM_REAL_NCCL="$real" NCCLSHIM_SUMMARY=1 \
-    NCCLSHIM_TRACE="$dir/trace.%p.jsonl" NCCL_DEBUG=WARN timeout "$step_timeout" \
+    NCCLSHIM_TRACE="$dir/trace.%p.jsonl" NCCLSHIM_TRACE_TIMING=1 NCCL_DEBUG=WARN timeout "$step_timeout" \
     "$out/bin/collectives" --ngpus "$n" --launch threads --split --matrix quick --max-bytes 0 \
     --timeout "$((step_timeout - 10))" >"$dir/collectives.log" 2>&1
   local status=$? routed check
   routed=$(grep -c 'NCCL INFO summary: .* AllReduce .*core ' "$dir/collectives.log")
   grep -q '^#wrong 0' "$dir/collectives.log" && [ "$routed" -gt 0 ] || status=1
-  check=$($python "$here/trace_check.py" "$dir"/trace.*.jsonl 2>&1) || status=1
+  check=$($python "$here/trace_check.py" --timed "$dir"/trace.*.jsonl 2>&1) || status=1
   verdict "observe $n GPUs" $status "$(grep -h '^#wrong' "$dir/collectives.log" | tail -1); summary lines of routed all-reduces: $routed; trace: $check; $((SECONDS - t)) s"
   grep -h 'NCCL INFO summary: .*rank 0 ' "$dir/collectives.log" | sed 's/^.*NCCL INFO /  /' | head -12 | tee -a "$summary"
 }
