@@ -145,14 +145,41 @@ pub fn group_end(real_end: impl FnOnce() -> ncclResult_t) -> ncclResult_t {
     };
     let (blocking, nonblocking): (Vec<_>, Vec<_>) = deferred.into_iter().partition(|d| d.blocking);
     let comms_of = |d: Vec<group::Deferred>| d.into_iter().map(|d| d.comm).collect::<Vec<_>>();
+    // Whatever is not set up says why.
+    let left = |comm: ncclComm_t, why: String| {
+        log_info!("core off for comm {comm:p}: {why}; its calls forward");
+    };
     if result == ncclSuccess && !blocking.is_empty() {
         setup::set_up(&comms_of(blocking), true);
+    } else {
+        for comm in comms_of(blocking) {
+            left(
+                comm,
+                format!("the group that made it ended with result {result}"),
+            );
+        }
     }
     if (result == ncclSuccess || result == ncclInProgress) && !nonblocking.is_empty() {
         // Their first all-reduces must have settled before the exchange goes on them.
         let mut ready = comms_of(nonblocking);
-        ready.retain(|&comm| setup::settle(comm) == ncclSuccess);
+        ready.retain(|&comm| {
+            let state = setup::settle(comm);
+            if state != ncclSuccess {
+                left(
+                    comm,
+                    format!("its first all-reduce ended with result {state}"),
+                );
+            }
+            state == ncclSuccess
+        });
         setup::set_up(&ready, false);
+    } else {
+        for comm in comms_of(nonblocking) {
+            left(
+                comm,
+                format!("the group of its first all-reduce ended with result {result}"),
+            );
+        }
     }
     // What is still queued (a blocking group's) goes after the set-ups.
     let launched = launched.and_then(|()| group::drain_queued(launcher::launch_group));
