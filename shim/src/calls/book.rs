@@ -39,25 +39,22 @@ const CLAIMING: u8 = 1;
 const LIVE: u8 = 2;
 const DESTROYED: u8 = 3;
 
-/// One call, as the flight recorder keeps it. `stamp` is 1 + its sequence number once the rest
-/// is written (0: never written), so that a reader sees whole entries only.
-struct Entry {
-    stamp: AtomicU64,
-    /// kind | way << 8 | result << 16 | captured << 24 (captured: 0 unknown, 1 no, 2 yes).
+/// A `Recorded` in atomics, for readers on other threads: the flight recorder's ring here, the
+/// trace's queue (trace.rs).
+pub struct StoredCall {
+    /// kind | way << 8 | captured << 16 | result << 32.
     what: AtomicU64,
     count: AtomicU64,
     bytes: AtomicU64,
     datatype: AtomicI64,
     op: AtomicI64,
     root: AtomicI64,
-    /// Microseconds since the epoch.
     at_us: AtomicU64,
 }
 
-impl Entry {
-    const fn new() -> Entry {
-        Entry {
-            stamp: AtomicU64::new(0),
+impl StoredCall {
+    pub const fn new() -> StoredCall {
+        StoredCall {
             what: AtomicU64::new(0),
             count: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
@@ -65,6 +62,54 @@ impl Entry {
             op: AtomicI64::new(0),
             root: AtomicI64::new(0),
             at_us: AtomicU64::new(0),
+        }
+    }
+
+    /// Relaxed stores: the holder publishes them with a release of its own stamp.
+    pub fn store(&self, call: &Recorded) {
+        let what = call.kind as u64
+            | (call.way as u64) << 8
+            | (call.captured as u64) << 16
+            | (call.result as u64) << 32;
+        self.what.store(what, Ordering::Relaxed);
+        self.count.store(call.count, Ordering::Relaxed);
+        self.bytes.store(call.bytes, Ordering::Relaxed);
+        self.datatype.store(call.datatype, Ordering::Relaxed);
+        self.op.store(call.op, Ordering::Relaxed);
+        self.root.store(call.root, Ordering::Relaxed);
+        self.at_us.store(call.at_us, Ordering::Relaxed);
+    }
+
+    /// Relaxed loads, after the holder's acquire of its stamp.
+    pub fn load(&self) -> Recorded {
+        let what = self.what.load(Ordering::Relaxed);
+        Recorded {
+            kind: what as u8,
+            way: (what >> 8) as u8,
+            captured: (what >> 16) as u8,
+            result: (what >> 32) as u32,
+            count: self.count.load(Ordering::Relaxed),
+            bytes: self.bytes.load(Ordering::Relaxed),
+            datatype: self.datatype.load(Ordering::Relaxed),
+            op: self.op.load(Ordering::Relaxed),
+            root: self.root.load(Ordering::Relaxed),
+            at_us: self.at_us.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// One call, as the flight recorder keeps it. `stamp` is 1 + its sequence number once the call
+/// is written (0: never written), so that a reader sees whole entries only.
+struct Entry {
+    stamp: AtomicU64,
+    call: StoredCall,
+}
+
+impl Entry {
+    const fn new() -> Entry {
+        Entry {
+            stamp: AtomicU64::new(0),
+            call: StoredCall::new(),
         }
     }
 }
@@ -184,17 +229,7 @@ impl Page {
         add(&self.bytes[kind][band][way], call.bytes);
         let entry = &self.ring[seq as usize % RING];
         entry.stamp.store(0, Ordering::Relaxed);
-        let what = call.kind as u64
-            | (call.way as u64) << 8
-            | (call.result as u64 & 0xff) << 16
-            | (call.captured as u64) << 24;
-        entry.what.store(what, Ordering::Relaxed);
-        entry.count.store(call.count, Ordering::Relaxed);
-        entry.bytes.store(call.bytes, Ordering::Relaxed);
-        entry.datatype.store(call.datatype, Ordering::Relaxed);
-        entry.op.store(call.op, Ordering::Relaxed);
-        entry.root.store(call.root, Ordering::Relaxed);
-        entry.at_us.store(call.at_us, Ordering::Relaxed);
+        entry.call.store(call);
         entry.stamp.store(seq + 1, Ordering::Release);
         seq
     }
@@ -206,19 +241,7 @@ impl Page {
             .iter()
             .filter_map(|entry| {
                 let stamp = entry.stamp.load(Ordering::Acquire);
-                let what = entry.what.load(Ordering::Relaxed);
-                let call = Recorded {
-                    kind: what as u8,
-                    way: (what >> 8) as u8,
-                    result: (what >> 16) as u8 as u32,
-                    captured: (what >> 24) as u8,
-                    count: entry.count.load(Ordering::Relaxed),
-                    bytes: entry.bytes.load(Ordering::Relaxed),
-                    datatype: entry.datatype.load(Ordering::Relaxed),
-                    op: entry.op.load(Ordering::Relaxed),
-                    root: entry.root.load(Ordering::Relaxed),
-                    at_us: entry.at_us.load(Ordering::Relaxed),
-                };
+                let call = entry.call.load();
                 // Rewritten while read: left out.
                 (stamp != 0 && entry.stamp.load(Ordering::Acquire) == stamp)
                     .then(|| (stamp - 1, call))
@@ -325,10 +348,11 @@ pub fn pages() -> impl Iterator<Item = &'static Page> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn call(kind: u8, way: u8, bytes: u64) -> Recorded {
+    /// A float sum of `bytes` gone `way`, for the tests of the book and the summary.
+    pub(in crate::calls) fn call(kind: u8, way: u8, bytes: u64) -> Recorded {
         Recorded {
             kind,
             way,

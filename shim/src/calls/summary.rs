@@ -76,7 +76,8 @@ pub fn write() {
 
 #[cfg(test)]
 mod tests {
-    use super::super::book::{Recorded, find_or_claim};
+    use super::super::book::find_or_claim;
+    use super::super::book::tests::call;
     use super::*;
 
     #[test]
@@ -85,18 +86,6 @@ mod tests {
         assert_eq!(band_name(1), "4 KiB - 64 KiB");
         assert_eq!(band_name(BANDS - 1), ">= 256 MiB");
         let page = find_or_claim(0x5200_0000, |p| p.set_identity(0, 2, 0)).unwrap();
-        let call = |kind, way, bytes| Recorded {
-            kind,
-            way,
-            result: 0,
-            captured: 0,
-            count: bytes / 4,
-            bytes,
-            datatype: 7,
-            op: 0,
-            root: -1,
-            at_us: 0,
-        };
         page.record(&call(0, 2, 1024));
         page.record(&call(0, 0, 1024));
         page.record(&call(1, 0, 8 << 20));

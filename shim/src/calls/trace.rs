@@ -13,7 +13,7 @@ use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use super::book::{Page, Recorded};
+use super::book::{Page, Recorded, StoredCall};
 use super::{kind_name, op_name, settings, type_name};
 use crate::core::types::Algorithm;
 use crate::core::{Reading, Stopwatch};
@@ -27,19 +27,11 @@ struct Slot {
     comm: AtomicUsize,
     identity: AtomicI64,
     seq: AtomicU64,
-    what: AtomicU64,
-    count: AtomicU64,
-    bytes: AtomicU64,
-    datatype: AtomicI64,
-    op: AtomicI64,
-    root: AtomicI64,
-    at_us: AtomicU64,
-    /// The stopwatch's events and context, where `what` says the call was timed.
+    call: StoredCall,
+    /// Whether a stopwatch came with the call: its events and context in `watch`.
+    timed: AtomicBool,
     watch: [AtomicU64; 3],
 }
-
-/// The bit of `Slot::what` that says a stopwatch came with the call.
-const TIMED: u64 = 1 << 24;
 
 static SLOTS: [Slot; QUEUE] = [const {
     Slot {
@@ -47,13 +39,8 @@ static SLOTS: [Slot; QUEUE] = [const {
         comm: AtomicUsize::new(0),
         identity: AtomicI64::new(0),
         seq: AtomicU64::new(0),
-        what: AtomicU64::new(0),
-        count: AtomicU64::new(0),
-        bytes: AtomicU64::new(0),
-        datatype: AtomicI64::new(0),
-        op: AtomicI64::new(0),
-        root: AtomicI64::new(0),
-        at_us: AtomicU64::new(0),
+        call: StoredCall::new(),
+        timed: AtomicBool::new(false),
         watch: [const { AtomicU64::new(0) }; 3],
     }
 }; QUEUE];
@@ -95,27 +82,14 @@ pub fn push(page: &Page, seq: u64, call: &Recorded, watch: Option<Stopwatch>) ->
         Ordering::Relaxed,
     );
     slot.seq.store(seq, Ordering::Relaxed);
-    let what = call.kind as u64 | (call.way as u64) << 8 | (call.captured as u64) << 16;
-    let timed = if let Some(watch) = watch {
-        for (field, value) in slot
-            .watch
-            .iter()
-            .zip([watch.start, watch.end, watch.context])
-        {
+    if let Some(watch) = watch {
+        let fields = slot.watch.iter();
+        for (field, value) in fields.zip([watch.start, watch.end, watch.context]) {
             field.store(value, Ordering::Relaxed);
         }
-        TIMED
-    } else {
-        0
-    };
-    slot.what
-        .store(what | timed | (call.result as u64) << 32, Ordering::Relaxed);
-    slot.count.store(call.count, Ordering::Relaxed);
-    slot.bytes.store(call.bytes, Ordering::Relaxed);
-    slot.datatype.store(call.datatype, Ordering::Relaxed);
-    slot.op.store(call.op, Ordering::Relaxed);
-    slot.root.store(call.root, Ordering::Relaxed);
-    slot.at_us.store(call.at_us, Ordering::Relaxed);
+    }
+    slot.timed.store(watch.is_some(), Ordering::Relaxed);
+    slot.call.store(call);
     slot.stamp.store(head + 1, Ordering::Release);
     true
 }
@@ -192,9 +166,8 @@ fn next_record() -> Option<Queued> {
     if slot.stamp.load(Ordering::Acquire) != tail + 1 {
         return None; // handed out, still being written
     }
-    let what = slot.what.load(Ordering::Relaxed);
     // A timed call waits for its kernel: it and every later record (in order) are written then.
-    let exec_us = if what & TIMED != 0 {
+    let exec_us = if slot.timed.load(Ordering::Relaxed) {
         let [start, end, context] = slot.watch.each_ref().map(|f| f.load(Ordering::Relaxed));
         match (Stopwatch {
             start,
@@ -215,18 +188,7 @@ fn next_record() -> Option<Queued> {
         rank: (identity >> 32) as i32,
         nranks: identity as i32,
         seq: slot.seq.load(Ordering::Relaxed),
-        call: Recorded {
-            kind: what as u8,
-            way: (what >> 8) as u8,
-            captured: (what >> 16) as u8,
-            result: (what >> 32) as u32,
-            count: slot.count.load(Ordering::Relaxed),
-            bytes: slot.bytes.load(Ordering::Relaxed),
-            datatype: slot.datatype.load(Ordering::Relaxed),
-            op: slot.op.load(Ordering::Relaxed),
-            root: slot.root.load(Ordering::Relaxed),
-            at_us: slot.at_us.load(Ordering::Relaxed),
-        },
+        call: slot.call.load(),
         exec_us,
     };
     TAIL.store(tail + 1, Ordering::Release);
