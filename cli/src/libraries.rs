@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
 use nccl::identity::is_ncclshim;
 use nccl::locate::{self, Found, NotFound, SearchEnv};
+use nccl::version_text;
 
 /// The prefix this program is installed under (`PREFIX/bin/ncclshim`): a build folder, an
 /// installation, or a Python environment.
@@ -101,15 +102,6 @@ pub fn nccl_version(path: &Path) -> Result<String, String> {
         return Err(format!("ncclGetVersion returned {result}"));
     }
     Ok(version_text(code))
-}
-
-/// NCCL's version code as "major.minor.patch" (the code's encoding changed after 2.8).
-pub fn version_text(code: c_int) -> String {
-    if code >= 10000 {
-        format!("{}.{}.{}", code / 10000, code / 100 % 100, code % 100)
-    } else {
-        format!("{}.{}.{}", code / 1000, code / 100 % 10, code % 100)
-    }
 }
 
 /// Orders "2.27.7" against "2.28.9".

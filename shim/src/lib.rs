@@ -12,3 +12,6 @@ mod log;
 mod real_nccl;
 mod route;
 pub mod runtime;
+
+/// NCCL's version code as "major.minor.patch" (for the `ncclshim` command as for our log).
+pub use real_nccl::version_text;
