@@ -291,13 +291,15 @@ fn check_routing(report: &Report, machine: Option<&Machine>) {
         ("one process driving every GPU", true),
         ("one process per GPU", false),
     ] {
+        let two_shot = match (single_process, settings.uses_direct(true)) {
+            (true, true) => "direct",
+            (false, true) if settings.zero_copy => {
+                "direct (zero-copy; staged for buffers CUDA IPC cannot share)"
+            }
+            _ => "staged",
+        };
         report.note(format!(
-            "all-reduce, {label}: {} two-shot up to {}, NCCL above",
-            if settings.uses_direct(single_process) {
-                "direct"
-            } else {
-                "staged"
-            },
+            "all-reduce, {label}: {two_shot} two-shot up to {}, NCCL above",
             size(settings.all_reduce_max(nranks, single_process))
         ));
     }

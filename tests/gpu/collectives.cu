@@ -1,14 +1,17 @@
 // The correctness matrix on the GPUs: every collective, type and op of matrix.h, each output
 // element compared exactly with the host reference, under one way of driving NCCL per run:
 //   collectives --launch procs|threads|group|initall [--nonblocking] [--graph] [--memalloc]
-//               [--split] [--matrix full|quick] [--max-bytes N] [--ngpus N] [--timeout S]
+//               [--split] [--realloc] [--matrix full|quick] [--max-bytes N] [--ngpus N]
+//               [--timeout S]
 // procs: one process per GPU (fork; rank 0 shares the unique id through a file), ncclCommInitRank.
 // threads: one thread per GPU, ncclCommInitRank. group: one thread drives every GPU, comms made by
 // ncclCommInitRankConfig inside a group, collectives issued with GPU 0 current (as nccl-tests -g).
 // initall: one thread, ncclCommInitAll. --nonblocking: blocking=0 communicators, ncclInProgress
 // waited out with ncclCommGetAsyncError. --graph: each test captured in a CUDA graph and replayed
 // twice on fresh inputs. --split: the quick matrix again on children from ncclCommSplit.
-// --memalloc: buffers from ncclMemAlloc instead of cudaMalloc.
+// --memalloc: buffers from ncclMemAlloc instead of cudaMalloc. --realloc: the buffers freed and
+// allocated again before every test (cudaMalloc mostly gives the same addresses back: memory that
+// peers may have mapped under those addresses before must not be read through those mappings).
 // Prints "#wrong N" (wrong elements, damaged guard bytes and failed calls); exits 1 unless 0.
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -42,9 +45,14 @@
 enum { L_PROCS, L_THREADS, L_GROUP, L_INITALL };
 
 static struct {
-  int launch, nonblocking, graph, memalloc, split, matrix, ngpus, timeout;
+  int launch, nonblocking, graph, memalloc, split, realloc, matrix, ngpus, timeout;
   size_t max_bytes;
-} opt = {L_PROCS, 0, 0, 0, 0, MATRIX_FULL, 0, 600, 256u << 20};
+} opt = {L_PROCS, 0, 0, 0, 0, 0, MATRIX_FULL, 0, 600, 256u << 20};
+
+// --realloc: buffers allocated again, and how many came back at the same address.
+static struct {
+  long made, same;
+} reallocs;
 
 // One communicator member that this thread drives.
 typedef struct {
@@ -108,6 +116,18 @@ static void setup_rank(Rank* R, size_t alloc) {
     fprintf(stderr, "out of host memory\n");
     exit(2);
   }
+}
+
+// Frees the rank's buffers and allocates them again (--realloc).
+static void realloc_rank(Rank* R) {
+  CUDA_CHECK(cudaSetDevice(R->dev));
+  char* before[2] = {R->send, R->recv};
+  CUDA_CHECK(cudaFree(R->send));
+  CUDA_CHECK(cudaFree(R->recv));
+  CUDA_CHECK(cudaMalloc(&R->send, R->alloc));
+  CUDA_CHECK(cudaMalloc(&R->recv, R->alloc));
+  __atomic_add_fetch(&reallocs.made, 2, __ATOMIC_RELAXED);
+  __atomic_add_fetch(&reallocs.same, (R->send == before[0]) + (R->recv == before[1]), __ATOMIC_RELAXED);
 }
 
 static void free_rank(Rank* R) {
@@ -280,6 +300,8 @@ static void run_test(const Test* t, Rank* rs, int nl, Tally* tally) {
       return;
     }
   }
+  if (opt.realloc && !opt.memalloc)
+    for (int k = 0; k < nl; k++) realloc_rank(&rs[k]);
   cudaGraphExec_t execs[MAX_LOCAL];
   int captured = 0;
   if (opt.graph) {
@@ -358,6 +380,8 @@ static void drive(Rank* rs, int nl, Tally* tally) {
   free(list.tests);
   for (int k = 0; k < nl; k++) setup_rank(&rs[k], alloc);
   run_matrix(rs, nl, opt.matrix, opt.max_bytes, tally);
+  if (opt.realloc)
+    printf("realloc: %ld of %ld allocations came back at the same address\n", reallocs.same, reallocs.made);
   if (opt.split) run_split(rs, nl, tally);
   destroy_comms(rs, nl);
   for (int k = 0; k < nl; k++) free_rank(&rs[k]);
@@ -541,6 +565,8 @@ int main(int argc, char** argv) {
       opt.graph = 1;
     } else if (!strcmp(a, "--memalloc")) {
       opt.memalloc = 1;
+    } else if (!strcmp(a, "--realloc")) {
+      opt.realloc = 1;
     } else if (!strcmp(a, "--split")) {
       opt.split = 1;
     } else {

@@ -2,7 +2,7 @@
 # The GPU suite, on a machine with NVIDIA GPUs, nvcc and PyTorch (no Rust needed): compiles the
 # C/CUDA programs, runs the correctness matrix, the PyTorch checks and the side-by-side
 # benchmark through ncclshim, and writes logs and OUTDIR/summary.txt.
-#   run.sh OUTDIR [collectives] [torch] [bench] [launch] [floor] [sanitizer] [waitlimit] [nccltests] [badinput] [faults] [observe] [netplugin]  (default: the first three)
+#   run.sh OUTDIR [collectives] [torch] [torchbench] [bench] [launch] [floor] [sanitizer] [waitlimit] [nccltests] [badinput] [faults] [observe] [netplugin]  (default: the first three)
 # It runs from the folder `make gpu-bundle` makes (the shim in shim/lib beside this script).
 # Environment (all optional):
 #   GPU_COUNTS  GPU counts to run on (default "2 4", less those the machine lacks)
@@ -20,7 +20,7 @@
 #   FLOOR_ARGS     more arguments for the floor, e.g. "--sizes 8M,16M"
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
-[ $# -ge 1 ] || { echo "usage: $0 OUTDIR [collectives] [torch] [bench] [launch] [floor] [sanitizer] [waitlimit] [nccltests] [badinput] [faults] [observe] [netplugin]" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "usage: $0 OUTDIR [collectives] [torch] [torchbench] [bench] [launch] [floor] [sanitizer] [waitlimit] [nccltests] [badinput] [faults] [observe] [netplugin]" >&2; exit 2; }
 mkdir -p "$1" && out=$(cd "$1" && pwd) && shift
 suites=${*:-collectives torch bench}
 
@@ -91,8 +91,10 @@ cat "$out"/build-*.log
 collectives() {
   local n=$1 dir=$out/collectives-$n full=full big=256M
   [ "${QUICK:-0}" = 1 ] && full=quick big=16M
-  # Every all-reduce the core can take, at every size, by the direct two-shot (one process),
-  # with cudaMalloc and with ncclMemAlloc (cuMem, mapped for every GPU) buffers.
+  # Every all-reduce the core can take, at every size, by the direct two-shot (one process; one
+  # process per GPU through zero-copy mappings, also with buffers freed and allocated again at
+  # the same addresses between tests, and in graphs), with cudaMalloc and with ncclMemAlloc
+  # (cuMem, mapped for every GPU) buffers.
   local direct="NCCLSHIM_FORCE=core NCCLSHIM_SENTINEL_MAX_BYTES=0 NCCLSHIM_LL_MAX_BYTES=0 NCCLSHIM_ONE_SHOT_MAX_BYTES=0"
   mkdir -p "$dir"
   # name | library (shim or nccl) | environment | arguments
@@ -104,6 +106,9 @@ collectives() {
     "group-memalloc-forcedirect|shim|$direct|--launch group --matrix quick --memalloc --max-bytes $big"
     "procs-memalloc-split|shim||--launch procs --matrix quick --memalloc --split --max-bytes $big"
     "procs-graph|shim||--launch procs --matrix quick --graph --max-bytes 0"
+    "procs-$full-forcedirect|shim|$direct|--launch procs --matrix $full --max-bytes $big"
+    "procs-realloc-forcedirect|shim|$direct|--launch procs --matrix quick --realloc --max-bytes 32M"
+    "procs-graph-forcedirect|shim|$direct|--launch procs --matrix quick --graph --max-bytes 32M"
     "group-split|shim||--launch group --matrix quick --split --max-bytes 0"
     "group-graph-memalloc|shim||--launch group --matrix quick --graph --memalloc --max-bytes 0"
     "threads-split|shim||--launch threads --matrix quick --split --max-bytes 0"
@@ -143,7 +148,22 @@ collectives() {
     [[ $name == *split* ]] && [ "${core%/*}" != $((2 * n)) ] && status=1
     # Where NCCL is told not to use peer-to-peer, neither is the core.
     [[ $name == *p2p-disabled* ]] && [ "${core%/*}" != 0 ] && status=1
-    verdict "collectives $n GPUs $name" $status "${wrong:-#wrong ?} ($(grep -h '^checks' "$log" | tail -1)); shim in use: $used; core on/off: $core; $((SECONDS - t)) s"
+    # One process per GPU, direct: the peers' buffers were mapped (zero-copy) and used; with
+    # --realloc, buffers came back at the same addresses (what the buffer id check is for).
+    local zero_copy=""
+    if [[ $name == procs-*forcedirect ]]; then
+      local served offered same
+      served=$(grep -ho 'zero-copy of rank [0-9]*: [0-9]* calls direct' "$log" | awk '{s += $5} END {print s + 0}')
+      offered=$(grep -ho '[0-9]* allocations offered' "$log" | awk '{s += $1} END {print s + 0}')
+      [ "$served" -gt 0 ] || status=1
+      zero_copy="; zero-copy: $served calls on the peers' buffers, $offered allocations offered"
+      if [[ $name == *realloc* ]]; then
+        same=$(grep -ho 'realloc: [0-9]* of [0-9]*' "$log" | awk '{s += $2; n += $4} END {print s + 0 " of " n + 0}')
+        [ "${same%% *}" -gt 0 ] || status=1
+        zero_copy="$zero_copy; $same reallocations at the same address"
+      fi
+    fi
+    verdict "collectives $n GPUs $name" $status "${wrong:-#wrong ?} ($(grep -h '^checks' "$log" | tail -1)); shim in use: $used; core on/off: $core$zero_copy; $((SECONDS - t)) s"
   done
 }
 
@@ -194,6 +214,28 @@ torch_suite() {
   echo "  as built vs NCCL: $(tail -1 "$dir/compare.log" | cut -c1-200)" | tee -a "$summary"
   echo "  nonblocking (TORCH_NCCL_USE_COMM_NONBLOCKING=1, no all_to_all) vs NCCL alike: $(tail -1 "$dir/compare-nonblocking.log" | cut -c1-200)" | tee -a "$summary"
   grep -h "^torch rank" "$dir/shim.log" | sed 's/^/  as built: /' | tee -a "$summary"
+}
+
+# --- PyTorch's all-reduce timed (torch_bench.py): bf16, one process per GPU under torchrun,
+# eager and in a CUDA graph; runs without and with the shim alternate, twice each, and
+# torch_bench_report.py puts the medians side by side ---
+torch_bench_suite() {
+  local n=$1 dir=$out/torch-bench-$n t=$SECONDS status=0 round
+  rm -rf "$dir" && mkdir -p "$dir"
+  local launch=($python -m torch.distributed.run --standalone --nproc_per_node "$n" "$here/torch_bench.py")
+  for round in 1 2; do
+    env NCCL_DEBUG=WARN timeout "$step_timeout" "${launch[@]}" "$dir/nccl-$round.json" \
+      >"$dir/nccl-$round.log" 2>&1 || status=1
+    env LD_PRELOAD="$shim" NCCLSHIM_REAL_NCCL="$real" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT \
+      timeout "$step_timeout" "${launch[@]}" "$dir/shim-$round.json" >"$dir/shim-$round.log" 2>&1 || status=1
+  done
+  shim_used "$dir/shim-1.log" || status=1
+  $python "$here/torch_bench_report.py" --nccl "$dir"/nccl-*.json --shim "$dir"/shim-*.json \
+    >"$dir/report.txt" 2>&1 || status=1
+  local served
+  served=$(cat "$dir"/shim-*.log | grep -ho 'zero-copy of rank [0-9]*: [0-9]* calls direct' | awk '{s += $5} END {print s + 0}')
+  verdict "torch bench $n GPUs" $status "$(grep -h 'torch bench rank 0' "$dir/shim-1.log" | cut -c1-80); zero-copy calls: $served; $((SECONDS - t)) s; table in torch-bench-$n/report.txt"
+  sed 's/^/  /' "$dir/report.txt" | tee -a "$summary"
 }
 
 # --- The benchmark: shim and NCCL in one process, alternating. Configurations: forward (the
@@ -450,6 +492,7 @@ for n in $counts; do
     case $suite in
       collectives) collectives "$n" ;;
       torch) torch_suite "$n" ;;
+      torchbench) torch_bench_suite "$n" ;;
       bench) bench_suite "$n" ;;
       launch) launch_suite "$n" ;;
       floor) floor_suite "$n" ;;

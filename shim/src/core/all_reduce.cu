@@ -47,6 +47,16 @@ struct Peers {
   u32* flags[MAX_RANKS];
 };
 
+// One call's buffers as every rank addresses them, for the direct kernel (`Views` in comm.rs):
+// in[r] and out[r] are this rank's input and output as rank r maps them (the same pointers where
+// every rank is in one process; CUDA IPC mappings of the peers' otherwise). `usable`: the host
+// found them reachable from every peer GPU, and 16-aligned.
+struct Views {
+  u64 in[MAX_RANKS];
+  u64 out[MAX_RANKS];
+  int usable;
+};
+
 // ---- element types and their conversions to and from the accumulator --------------------------
 
 struct f16 { unsigned short bits; };
@@ -541,7 +551,7 @@ __device__ __forceinline__ Pack* sentinel_slot(char* staging, u64 inbox, u64 par
 // every rank reduces all slots, locally, in rank order.
 template <typename T, int OP>
 __device__ void one_shot(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,
-                         const volatile int* abort, int) {
+                         const volatile int* abort, const Views&) {
   u32 epoch = begin_call(peers, rank);
   u64 area = area_offset(half_bytes, epoch);
   u64 slot = area_bytes(half_bytes) / MAX_RANKS / 16 * 16;
@@ -588,15 +598,14 @@ __device__ __forceinline__ Published* published(u32* flags, int rank) {
   return (Published*)(flags + BARRIERS * MAX_BLOCKS * MAX_RANKS + 4) + rank;
 }
 
-// Block 0 tells every rank this call's buffers.
-__device__ __forceinline__ void publish(const Peers& peers, int rank, int nranks, const void* in, void* out,
-                                        int usable, u32 epoch) {
+// Block 0 tells every rank this call's buffers, each as that rank maps them.
+__device__ __forceinline__ void publish(const Peers& peers, int rank, int nranks, const Views& views, u32 epoch) {
   int p = threadIdx.x;
   if (blockIdx.x == 0 && p < nranks) {
     Published* mine = published(peers.flags[p], rank);
-    mine->in = (u64)in;
-    mine->out = (u64)out;
-    mine->usable = usable;
+    mine->in = views.in[p];
+    mine->out = views.out[p];
+    mine->usable = views.usable;
     store_release(&mine->epoch, epoch);
   }
 }
@@ -688,25 +697,27 @@ __device__ __noinline__ u32 direct_fallback(Peers peers, int rank, int nranks, c
 
 template <typename T, int OP>
 __device__ void two_shot(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,
-                         const volatile int* abort, int) {
+                         const volatile int* abort, const Views&) {
   u32 epoch = begin_call(peers, rank);
   u32 last = two_shot_windows<T, OP>(peers, rank, nranks, in, out, count, half_bytes, abort, epoch);
   end_call(peers, rank, last);
 }
 
-// Direct (every rank in one process): two-shot without the staging. The ranks tell each other
+// Direct (every rank in one process, or each rank's buffers mapped by every peer: zero_copy/):
+// two-shot without the staging. The ranks tell each other
 // their buffers; each owner reads its chunk straight from every rank's input, reduces it in rank
 // order and writes it straight into every rank's output; they meet once at the end, so that no
 // rank goes on (and reuses its buffers) while a peer still reads or writes them. Pack j is read
 // and written by one thread only, the owner's (j mod grid size), so in-place is safe. A rank's
 // buffers may not be reachable from the other GPUs (cuMem allocations without access for them,
-// other contexts) or not 16-aligned: the host says so in `usable`, and if any rank's are not,
-// every rank sees it and they all run the staged two-shot instead, in the same call.
+// other contexts, allocations a peer process has not mapped) or not 16-aligned: the host says so
+// in `usable`, and if any rank's are not, every rank sees it and they all run the staged
+// two-shot instead, in the same call.
 template <typename T, int OP>
 __device__ void direct(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,
-                       const volatile int* abort, int usable) {
+                       const volatile int* abort, const Views& views) {
   u32 epoch = begin_call(peers, rank);
-  publish(peers, rank, nranks, in, out, usable, epoch);
+  publish(peers, rank, nranks, views, epoch);
   __shared__ u64 ins[MAX_RANKS], outs[MAX_RANKS];
   u32 last = epoch;
   if (gather_published(peers, rank, nranks, epoch, abort, ins, outs)) {
@@ -774,7 +785,7 @@ __device__ __forceinline__ Unit<T, E> load_unit(const T* in, u64 count, u64 u, b
 
 template <typename T, int OP>
 __device__ void ll_one_shot(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,
-                            const volatile int* abort, int) {
+                            const volatile int* abort, const Views&) {
   const int E = 8 / sizeof(T);  // elements in one 8-byte unit
   u32 epoch = begin_call(peers, rank);
   const u64 units = (count * sizeof(T) + 7) / 8;
@@ -904,7 +915,7 @@ __device__ __forceinline__ Pack load_padded_pack(const T* src, u64 count, u64 j,
 
 template <typename T, int OP>
 __device__ void sentinel(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,
-                         const volatile int* abort, int) {
+                         const volatile int* abort, const Views&) {
   typedef typename SentinelWord<T>::W W;
   const int N = PackOf<T>::N;
   const u64 packs = (count + N - 1) / N;
@@ -988,9 +999,9 @@ __device__ __forceinline__ void after_previous_kernel() {
 #define KERNEL_OF(ALGORITHM, SYMBOL, T, OP)                                                           \
   extern "C" __global__ void __launch_bounds__(MAX_THREADS)                                           \
       SYMBOL(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,       \
-             const volatile int* abort, int usable) {                                                 \
+             const volatile int* abort, Views views) {                                                \
     after_previous_kernel();                                                                          \
-    ALGORITHM<T, OP>(peers, rank, nranks, in, out, count, half_bytes, abort, usable);                 \
+    ALGORITHM<T, OP>(peers, rank, nranks, in, out, count, half_bytes, abort, views);                  \
   }
 
 // NCCL_TYPES is defined by the host to the types wanted (all of them by default).

@@ -14,6 +14,7 @@ use super::cuda::{
 use super::kernels::Kernels;
 use super::policy::{self, CommFacts, MAX_RANKS, Plan};
 use super::types::Algorithm;
+use super::zero_copy::{Uses, ZeroCopy};
 use crate::api::ffi::ncclComm_t;
 use crate::log::log_warn;
 
@@ -40,6 +41,38 @@ impl Peers {
     }
 }
 
+/// One call's buffers as every rank addresses them: `struct Views` in all_reduce.cu.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Views {
+    pub input: [u64; MAX_RANKS],
+    pub output: [u64; MAX_RANKS],
+    pub usable: i32,
+}
+
+impl Views {
+    /// The same pointers for every rank (every rank in one process).
+    fn shared(input: u64, output: u64, usable: bool) -> Views {
+        Views {
+            input: [input; MAX_RANKS],
+            output: [output; MAX_RANKS],
+            usable: usable as i32,
+        }
+    }
+}
+
+/// How a rank reaches its peers, as set-up found it.
+pub struct Reach {
+    /// Every rank's buffer as this rank maps it.
+    pub bases: Vec<DevicePtr>,
+    /// Peers' buffers mapped through CUDA IPC (ranks of other processes).
+    pub opened: Vec<IpcMapping>,
+    /// The other ranks' GPUs where every rank is in this process; empty otherwise.
+    pub peer_devices: Vec<i32>,
+    /// Where the ranks are in several processes: how they map each other's user buffers.
+    pub zero_copy: Option<Arc<ZeroCopy>>,
+}
+
 pub struct CoreComm {
     pub rank: usize,
     /// A blocking communicator (see `core::group_end` for what differs).
@@ -58,6 +91,8 @@ pub struct CoreComm {
     /// The other ranks' GPUs where every rank is in this process (the direct kernel reads and
     /// writes their user buffers); empty otherwise.
     peer_devices: Vec<i32>,
+    /// Where the ranks are in several processes: how they map each other's user buffers.
+    zero_copy: Option<Arc<ZeroCopy>>,
     control: HostControl,
     /// A kernel's giving up (see `failed`) has been said.
     failure_said: AtomicBool,
@@ -88,9 +123,7 @@ impl CoreComm {
         blocking: bool,
         facts: CommFacts,
         parts: Parts,
-        bases: &[DevicePtr],
-        opened: Vec<IpcMapping>,
-        peer_devices: Vec<i32>,
+        reach: Reach,
     ) -> CoreComm {
         CoreComm {
             rank,
@@ -98,11 +131,12 @@ impl CoreComm {
             facts,
             device: parts.device,
             kernels: parts.kernels,
-            peers: Peers::from_bases(bases),
+            peers: Peers::from_bases(&reach.bases),
             half_bytes: parts.half_bytes,
             _buffer: parts.buffer,
-            _opened: opened,
-            peer_devices,
+            _opened: reach.opened,
+            peer_devices: reach.peer_devices,
+            zero_copy: reach.zero_copy,
             control: parts.control,
             failure_said: AtomicBool::new(false),
             early_launch: parts.early_launch,
@@ -137,10 +171,11 @@ impl CoreComm {
         let mut half_bytes = self.half_bytes;
         let mut abort = self.control.device;
         let bytes = count * plan.dtype.size() as u64;
-        let mut usable = (plan.algorithm == Algorithm::Direct
-            && self.reachable_by_peers(input, bytes)
-            && (output == input || self.reachable_by_peers(output, bytes)))
-            as i32;
+        let (mut views, uses) = if plan.algorithm == Algorithm::Direct {
+            self.views(input, output, bytes)
+        } else {
+            (Views::default(), None)
+        };
         self.order.before_launch(stream)?;
         let mut params: [*mut c_void; 9] = [
             (&raw mut peers).cast(),
@@ -151,7 +186,7 @@ impl CoreComm {
             (&raw mut count).cast(),
             (&raw mut half_bytes).cast(),
             (&raw mut abort).cast(),
-            (&raw mut usable).cast(),
+            (&raw mut views).cast(),
         ];
         // SAFETY: the parameters are the kernel's, in order; cuLaunchKernel copies them.
         unsafe {
@@ -163,6 +198,34 @@ impl CoreComm {
                 &mut params,
                 self.early_launch,
             )
+        }?;
+        if let (Some(zero_copy), Some(uses)) = (&self.zero_copy, uses) {
+            zero_copy.used(uses, (!cuda::capturing(stream)).then_some(stream));
+        }
+        Ok(())
+    }
+
+    /// The direct kernel's view of a call's buffers: the caller's pointers for every rank where
+    /// all are in this process, the peers' mappings of them otherwise (`uses`: what to mark once
+    /// the kernel is queued); not usable where a peer cannot reach them.
+    fn views(&self, input: u64, output: u64, bytes: u64) -> (Views, Option<Uses>) {
+        let Some(zero_copy) = &self.zero_copy else {
+            let usable = input.is_multiple_of(16)
+                && output.is_multiple_of(16)
+                && self.reachable_by_peers(input, bytes)
+                && (output == input || self.reachable_by_peers(output, bytes));
+            return (Views::shared(input, output, usable), None);
+        };
+        match zero_copy.addresses(input, output, bytes) {
+            Some((addresses, uses)) => (
+                Views {
+                    input: addresses.input,
+                    output: addresses.output,
+                    usable: 1,
+                },
+                Some(uses),
+            ),
+            None => (Views::shared(input, output, false), None),
         }
     }
 
@@ -190,13 +253,11 @@ impl CoreComm {
         true
     }
 
-    /// Whether the direct kernel may read or write `bytes` at `pointer` from every GPU:
-    /// 16-aligned, and memory the peers can reach.
+    /// Whether the direct kernel may read or write `bytes` at `pointer` from every GPU of this
+    /// process.
     fn reachable_by_peers(&self, pointer: u64, bytes: u64) -> bool {
-        pointer.is_multiple_of(16)
-            && self
-                .device
-                .reachable_from_peers(pointer, bytes, &self.peer_devices)
+        self.device
+            .reachable_from_peers(pointer, bytes, &self.peer_devices)
     }
 
     /// Frees everything once our kernels are done (the device is synchronised, on a thread of

@@ -400,6 +400,47 @@ pub fn ipc_handle(pointer: DevicePtr) -> Cuda<IpcHandle> {
     Ok(handle.reserved.map(|b| b as u8))
 }
 
+/// The allocation holding `pointer` where CUDA IPC can share it (cudaMalloc memory of device
+/// `ordinal`): its range and the driver's unique id for it; `None` for any other memory.
+pub fn ipc_allocation(pointer: DevicePtr, ordinal: i32) -> Option<super::zero_copy::Allocation> {
+    use sys::CUpointer_attribute::*;
+    let mut base: DevicePtr = 0;
+    let mut size: usize = 0;
+    let mut id: u64 = 0;
+    let mut legacy_ipc: c_int = 0;
+    let mut device: c_int = -1;
+    let mut attributes = [
+        CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+        CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+        CU_POINTER_ATTRIBUTE_BUFFER_ID,
+        CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+        CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+    ];
+    let mut data: [*mut c_void; 5] = [
+        (&raw mut base).cast(),
+        (&raw mut size).cast(),
+        (&raw mut id).cast(),
+        (&raw mut legacy_ipc).cast(),
+        (&raw mut device).cast(),
+    ];
+    // SAFETY: one output of the attribute's type per attribute; unknown pointers are not an
+    // error (the outputs keep their defaults).
+    let result = unsafe {
+        sys::cuPointerGetAttributes(
+            attributes.len() as c_uint,
+            attributes.as_mut_ptr(),
+            data.as_mut_ptr(),
+            pointer,
+        )
+    };
+    (result == sys::CUresult::CUDA_SUCCESS && legacy_ipc != 0 && device == ordinal && base != 0)
+        .then_some(super::zero_copy::Allocation {
+            base,
+            size: size as u64,
+            id,
+        })
+}
+
 /// Another process's allocation mapped into a device's context through CUDA IPC; unmapped
 /// when dropped (leak it with `mem::forget` where a kernel may still use it).
 pub struct IpcMapping {
@@ -625,6 +666,52 @@ impl Stopwatch {
         for event in [self.start, self.end] {
             // SAFETY: our events, not used after this.
             let _ = unsafe { result::event::destroy(event as sys::CUevent) };
+        }
+    }
+}
+
+/// A point on a stream: done once the work queued before it has completed. Destroyed when
+/// dropped (the driver keeps it until then if it is still pending).
+pub struct Event {
+    event: sys::CUevent,
+    device: Device,
+}
+
+// SAFETY: a CUDA event may be used from any thread.
+unsafe impl Send for Event {}
+// SAFETY: as above; queries only read it.
+unsafe impl Sync for Event {}
+
+impl Event {
+    /// Records a new event on `stream`, in `device`'s context (current on this thread).
+    ///
+    /// # Safety
+    /// `stream` is a live stream of that context (or the null stream).
+    pub unsafe fn record(device: Device, stream: Stream) -> Cuda<Event> {
+        let event = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+            .named("cuEventCreate")?;
+        let event = Event { event, device };
+        // SAFETY: our event and the caller's stream, in the current context.
+        unsafe { result::event::record(event.event, stream) }.named("cuEventRecord")?;
+        Ok(event)
+    }
+
+    /// Whether the work before it has completed (an error counts as done: nothing waits on it).
+    pub fn query(&self) -> bool {
+        let Ok(_context) = self.device.enter_if_needed() else {
+            return true;
+        };
+        // SAFETY: our event.
+        !matches!(unsafe { result::event::query(self.event) },
+            Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NOT_READY)
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        if let Ok(_context) = self.device.enter_if_needed() {
+            // SAFETY: our event, not used after this.
+            let _ = unsafe { result::event::destroy(self.event) };
         }
     }
 }

@@ -17,6 +17,7 @@ pub mod program;
 mod setup;
 mod table;
 pub mod types;
+mod zero_copy;
 
 pub use cuda::{Reading, Stopwatch};
 mod watch;

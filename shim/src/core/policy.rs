@@ -11,7 +11,9 @@
 //!                                        limit): low-latency up to N bytes (at most 128 KiB)
 //!   NCCLSHIM_ONE_SHOT_MAX_BYTES=N        one-shot up to N bytes (at most 4 MiB)
 //!   NCCLSHIM_ALL_REDUCE_MAX_BYTES=N      the core up to N bytes (two-shot above one-shot's limit)
-//!   NCCLSHIM_DIRECT=0                    no direct two-shot (ranks of one process), staged only
+//!   NCCLSHIM_DIRECT=0                    no direct two-shot, staged only
+//!   NCCLSHIM_ZERO_COPY=0                 no direct two-shot for ranks of several processes (their
+//!                                        user buffers are not mapped by the peers: zero_copy/)
 //!   NCCLSHIM_TWO_SHOT_BLOCKS=N           two-shot grids of at most N blocks (1 to 256)
 //! and three that change only how kernels are launched, not which run (they may differ by rank):
 //!   NCCLSHIM_LAUNCH_HELPERS=0            a group's all-reduces on several GPUs launched in turn
@@ -62,8 +64,10 @@ pub struct Settings {
     pub one_shot_max_bytes: Option<usize>,
     /// `None`: by the number of ranks and processes (see `all_reduce_max`).
     pub all_reduce_max_bytes: Option<usize>,
-    /// Two-shot straight between the users' buffers where every rank is in one process.
+    /// Two-shot straight between the users' buffers where the ranks can reach them.
     pub direct: bool,
+    /// Ranks of several processes map each other's user buffers (zero_copy/).
+    pub zero_copy: bool,
     /// `None`: by the number of ranks (see `two_shot_blocks`).
     pub two_shot_blocks: Option<u32>,
     /// Helper threads launch a group's all-reduces on other GPUs (launcher.rs).
@@ -85,6 +89,7 @@ impl Settings {
             one_shot_max_bytes: None,
             all_reduce_max_bytes: None,
             direct: true,
+            zero_copy: true,
             two_shot_blocks: None,
             launch_helpers: true,
             early_launch: true,
@@ -128,9 +133,10 @@ impl Settings {
             .min(ONE_SHOT_LIMIT_BYTES)
     }
 
-    /// Whether two-shot runs direct, on a communicator whose ranks are (or not) in one process.
-    pub fn uses_direct(&self, single_process: bool) -> bool {
-        single_process && self.direct
+    /// Whether two-shot runs direct, on a communicator whose ranks can (or not) reach each
+    /// other's user buffers: in one process, or through zero-copy mappings.
+    pub fn uses_direct(&self, buffers_reachable: bool) -> bool {
+        buffers_reachable && self.direct
     }
 
     /// The most blocks of a two-shot grid, measured on H200: on 4 GPUs 64 blocks took 1 – 2 %
@@ -148,7 +154,8 @@ impl Settings {
     /// (docs/performance.md). Direct (ranks of one process) took 2 ranks to 0.89 of NCCL's time
     /// at 256 MiB, the largest size measured, and 4 ranks to 0.97 - 1.00 at 32 MiB; the staged
     /// one 2 ranks to 0.89 at 32 MiB, and 4 to 0.96 at 16 MiB. More ranks: as far as the staging
-    /// goes in one window, as before.
+    /// goes in one window, as before. Ranks of several processes keep the staged limits even with
+    /// zero-copy: a call whose buffers a peer has not mapped falls back to the staged path.
     pub fn all_reduce_max(&self, nranks: usize, single_process: bool) -> usize {
         let by_ranks = match (nranks, self.uses_direct(single_process)) {
             (..=2, true) => 256 << 20,
@@ -164,6 +171,7 @@ impl Settings {
         let off = |name: &str| get(name).is_some_and(|v| v.trim() == "0");
         s.enabled = !off("NCCLSHIM_CORE");
         s.direct = !off("NCCLSHIM_DIRECT");
+        s.zero_copy = !off("NCCLSHIM_ZERO_COPY");
         s.two_shot_blocks =
             bytes("NCCLSHIM_TWO_SHOT_BLOCKS").map(|n| n.clamp(1, MAX_BLOCKS as usize) as u32);
         s.launch_helpers = !off("NCCLSHIM_LAUNCH_HELPERS");
@@ -199,6 +207,8 @@ pub struct CommFacts {
     pub nranks: usize,
     /// Every rank is in one process: the kernels can reach each other's user buffers.
     pub single_process: bool,
+    /// Ranks of several processes, each mapping the others' user buffers (zero_copy/).
+    pub zero_copy: bool,
     /// Blocks of MAX_THREADS the two-shot kernels can have resident at once on every rank's GPU:
     /// their blocks wait for each other between windows, so all of them must run at once.
     pub resident_blocks: u32,
@@ -262,7 +272,7 @@ pub fn plan_all_reduce(
             (Algorithm::LowLatency, 8)
         } else if bytes <= settings.one_shot_max(nranks) {
             (Algorithm::OneShot, 16)
-        } else if settings.uses_direct(single_process) {
+        } else if settings.uses_direct(single_process || comm.zero_copy) {
             (Algorithm::Direct, 16)
         } else {
             (Algorithm::TwoShot, 16)
@@ -299,6 +309,7 @@ mod tests {
         CommFacts {
             nranks,
             single_process: false,
+            zero_copy: false,
             resident_blocks: 132,
         }
     }
@@ -551,5 +562,29 @@ mod tests {
         assert_eq!(plan(&s, 32 << 20, 4, true), Some(Algorithm::Direct));
         assert_eq!(plan(&s, 32 << 20, 4, false), None, "{farther}");
         assert_eq!(plan(&staged, 64 << 20, 2, true), None, "{farther}");
+    }
+
+    #[test]
+    fn ranks_of_several_processes_run_direct_with_zero_copy_within_the_staged_limits() {
+        let plan = |s: &Settings, bytes: usize, nranks| {
+            let comm = CommFacts {
+                zero_copy: true,
+                ..procs(nranks)
+            };
+            plan_all_reduce(s, bytes / 4, 7, 0, &comm).map(|p| p.algorithm)
+        };
+        let s = with(&[]);
+        assert_eq!(plan(&s, 4 << 20, 2), Some(Algorithm::Direct));
+        assert_eq!(plan(&s, 32 << 20, 2), Some(Algorithm::Direct));
+        assert_eq!(
+            plan(&s, 64 << 20, 2),
+            None,
+            "a call that falls back to staging must not lose to NCCL"
+        );
+        assert_eq!(plan(&s, 16 << 20, 4), Some(Algorithm::Direct));
+        assert_eq!(plan(&s, 1 << 20, 2), Some(Algorithm::OneShot));
+        let staged = with(&[("NCCLSHIM_DIRECT", "0")]);
+        assert_eq!(plan(&staged, 4 << 20, 2), Some(Algorithm::TwoShot));
+        assert!(!with(&[("NCCLSHIM_ZERO_COPY", "0")]).zero_copy);
     }
 }

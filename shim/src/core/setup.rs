@@ -8,13 +8,14 @@ use std::ffi::c_void;
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
-use super::comm::{CoreComm, FLAGS_BYTES, Parts};
+use super::comm::{CoreComm, FLAGS_BYTES, Parts, Reach};
 use super::cuda::{
     self, Cuda, Device, DeviceBuffer, DevicePtr, HostControl, IpcMapping, OwnedStream, StreamOrder,
 };
 use super::policy::{
     self, CommFacts, INBOX_BYTES, MAX_RANKS, SENTINEL_INBOX_BYTES, STAGING_HALF_BYTES,
 };
+use super::zero_copy::{DeviceMemory, Service, ZeroCopy};
 use super::{kernels, table};
 use crate::api::ffi::{
     cudaStream_t, ncclComm_t, ncclInProgress, ncclResult_t, ncclSuccess, ncclUint8,
@@ -23,8 +24,9 @@ use crate::api::real;
 use crate::log::log_info;
 
 const MAGIC: u64 = 0x6e63_636c_7368_696d; // "ncclshim"
-// The record's and the buffer's layout (3: sentinel inboxes): other versions never pair up.
-const LAYOUT: u32 = 3;
+// The record's and the buffer's layout (3: sentinel inboxes; 4: zero-copy): other versions never
+// pair up.
+const LAYOUT: u32 = 4;
 
 /// What one rank tells the others, as plain bytes.
 #[repr(C)]
@@ -36,6 +38,8 @@ struct Record {
     ready: u32,
     host: u64,
     process: u64,
+    /// Rank 0's names the communicator in zero-copy messages (zero_copy/).
+    nonce: u64,
     settings: u64,
     buffer: u64,
     device: i32,
@@ -56,6 +60,7 @@ impl Record {
             ready: 0,
             host: 0,
             process: 0,
+            nonce: 0,
             settings: 0,
             buffer: 0,
             device: -1,
@@ -96,13 +101,11 @@ struct Exchange {
     stream: OwnedStream,
 }
 
-/// What a rank opened of its peers' buffers, for a yes verdict.
+/// What a rank opened of its peers' buffers, for a yes verdict. Unmapped when dropped: on every
+/// path where the core does not come on. Where ranks are in several processes, `reach` holds
+/// this rank's side of their zero-copy if it could join (used only if every rank could).
 struct Mapped {
-    bases: Vec<DevicePtr>,
-    /// Unmapped when dropped: on every path where the core does not come on.
-    opened: Vec<IpcMapping>,
-    /// The GPUs of the other ranks in this process.
-    peer_devices: Vec<i32>,
+    reach: Reach,
     /// What every rank computes alike from the gathered records.
     facts: CommFacts,
 }
@@ -136,17 +139,29 @@ pub fn set_up(comms: &[ncclComm_t], blocking: bool) {
         })
         .collect();
 
+    // Each rank's verdict, and whether it joined zero-copy (it waits for messages from here on).
     let verdicts: Vec<Vec<u8>> = mapped
         .iter()
-        .map(|m| vec![m.is_ok() as u8, 0, 0, 0])
+        .map(|m| {
+            let zero_copy = m.as_ref().is_ok_and(|m| m.reach.zero_copy.is_some());
+            vec![m.is_ok() as u8, zero_copy as u8, 0, 0]
+        })
         .collect();
     let gathered = all_gather(&candidates, &verdicts);
 
-    for ((candidate, mapped), verdicts) in candidates.iter_mut().zip(mapped).zip(gathered) {
-        let everyone = verdicts
-            .as_ref()
-            .is_some_and(|v| v.chunks(4).all(|c| c[0] == 1));
-        finish(candidate, mapped, everyone, started);
+    for ((candidate, mut mapped), verdicts) in candidates.iter_mut().zip(mapped).zip(gathered) {
+        let everyone = |byte: usize| {
+            verdicts
+                .as_ref()
+                .is_some_and(|v| v.chunks(4).all(|c| c[byte] == 1))
+        };
+        if let Ok(mapped) = &mut mapped {
+            if !everyone(1) {
+                mapped.reach.zero_copy = None;
+            }
+            mapped.facts.zero_copy = mapped.reach.zero_copy.is_some();
+        }
+        finish(candidate, mapped, everyone(0), started);
     }
     // The exchange buffers and streams are freed as `candidates` drops.
 }
@@ -322,6 +337,7 @@ fn own_record(candidate: &Candidate) -> Record {
         ready: 1,
         host: identity::host(),
         process: identity::process(),
+        nonce: identity::nonce(),
         settings: settings_key(parts.half_bytes),
         buffer: parts.buffer.pointer,
         device: exchange.device.ordinal,
@@ -427,12 +443,16 @@ fn map_peers(candidate: &Candidate, gathered: &[u8]) -> Result<Mapped, String> {
     let me = &records[candidate.rank];
     let _context = parts.device.enter().map_err(|e| e.to_string())?;
     let mut mapped = Mapped {
-        bases: Vec::new(),
-        opened: Vec::new(),
-        peer_devices: Vec::new(),
+        reach: Reach {
+            bases: Vec::new(),
+            opened: Vec::new(),
+            peer_devices: Vec::new(),
+            zero_copy: None,
+        },
         facts: CommFacts {
             nranks: records.len(),
             single_process: records.iter().all(|r| r.process == me.process),
+            zero_copy: false,
             resident_blocks: records.iter().map(|r| r.resident_blocks).min().unwrap_or(0),
         },
     };
@@ -455,18 +475,47 @@ fn map_peers(candidate: &Candidate, gathered: &[u8]) -> Result<Mapped, String> {
                 .device
                 .enable_peer_access(&peer)
                 .map_err(|e| e.to_string())?;
-            mapped.peer_devices.push(peer.ordinal);
+            mapped.reach.peer_devices.push(peer.ordinal);
             record.buffer
         } else {
             let mapping = IpcMapping::open(parts.device, &record.ipc)
                 .map_err(|e| format!("rank {r}'s buffer: {e}"))?;
             let pointer = mapping.pointer;
-            mapped.opened.push(mapping);
+            mapped.reach.opened.push(mapping);
             pointer
         };
-        mapped.bases.push(base);
+        mapped.reach.bases.push(base);
+    }
+    if !mapped.facts.single_process && policy::settings().zero_copy {
+        mapped.reach.zero_copy = join_zero_copy(candidate, parts, &records);
     }
     Ok(mapped)
+}
+
+/// This rank's side of zero-copy for a communicator of several processes, named after rank 0's
+/// nonce; `None` where this process cannot serve it (said in the log).
+fn join_zero_copy(
+    candidate: &Candidate,
+    parts: &Parts,
+    records: &[Record],
+) -> Option<Arc<ZeroCopy>> {
+    match Service::of_process(identity::process()) {
+        Ok(service) => Some(ZeroCopy::join(
+            service,
+            records[0].nonce,
+            candidate.rank,
+            records.iter().map(|r| r.process).collect(),
+            Box::new(DeviceMemory(parts.device)),
+        )),
+        Err(why) => {
+            log_info!(
+                "comm {:p} rank {}: no zero-copy ({why}): its large all-reduces go through the core's staging",
+                candidate.comm,
+                candidate.rank
+            );
+            None
+        }
+    }
 }
 
 /// Whether every rank can join: ready, on this host, with our settings, each on its own GPU.
@@ -516,10 +565,13 @@ fn finish(
                 settings.sentinel_max(candidate.nranks),
                 settings.ll_max(candidate.nranks),
                 settings.one_shot_max(candidate.nranks),
-                if settings.uses_direct(mapped.facts.single_process) {
-                    "direct"
-                } else {
-                    "staged"
+                match (
+                    mapped.facts.single_process,
+                    settings.uses_direct(mapped.facts.single_process || mapped.facts.zero_copy),
+                ) {
+                    (true, true) => "direct",
+                    (false, true) => "zero-copy direct",
+                    _ => "staged",
                 },
                 settings.all_reduce_max(candidate.nranks, mapped.facts.single_process)
             );
@@ -528,9 +580,7 @@ fn finish(
                 candidate.blocking,
                 mapped.facts,
                 parts,
-                &mapped.bases,
-                mapped.opened,
-                mapped.peer_devices,
+                mapped.reach,
             );
             table::insert(candidate.comm, Arc::new(core));
         }
@@ -567,6 +617,14 @@ mod identity {
         let name = std::fs::read("/proc/sys/kernel/hostname").unwrap_or_default();
         let boot = std::fs::read("/proc/sys/kernel/random/boot_id").unwrap_or_default();
         fnv(&[name, boot].concat())
+    }
+
+    /// A number for one set-up, unlike any other of any process.
+    pub fn nonce() -> u64 {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static SET_UPS: AtomicU64 = AtomicU64::new(0);
+        let nth = SET_UPS.fetch_add(1, Ordering::Relaxed);
+        fnv(&[process().to_le_bytes(), nth.to_le_bytes()].concat())
     }
 
     pub fn process() -> u64 {

@@ -1,0 +1,241 @@
+//! Zero-copy through the driver, between two real processes on one GPU (CUDA IPC works between
+//! processes of one device): what the CPU tests fake. Needs a GPU, so ignored by default:
+//! `cargo test -p ncclshim --lib zero_copy::gpu_test -- --ignored`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use super::super::cuda::Stream;
+use super::super::cuda::{self, Device, DeviceBuffer, HostControl, OwnedStream};
+use super::{Allocation, DeviceMemory, IpcHandle, Mapped, Marker, Memory, Service, ZeroCopy};
+
+/// The driver's memory, with every buffer id hidden: what zero-copy would be without them.
+struct WithoutIds(DeviceMemory);
+
+impl Memory for WithoutIds {
+    fn allocation_of(&self, pointer: u64) -> Option<Allocation> {
+        self.0
+            .allocation_of(pointer)
+            .map(|a| Allocation { id: 0, ..a })
+    }
+    fn ipc_handle(&self, base: u64) -> Result<IpcHandle, String> {
+        self.0.ipc_handle(base)
+    }
+    fn open(&self, handle: &IpcHandle) -> Result<Box<dyn Mapped>, String> {
+        self.0.open(handle)
+    }
+    fn marker(&self, stream: Stream) -> Option<Marker> {
+        self.0.marker(stream)
+    }
+}
+
+const TEST: &str = "core::zero_copy::gpu_test::";
+const BYTES: usize = 1 << 20;
+
+/// Waits for `name` in `dir` and returns its text.
+fn await_file(dir: &Path, name: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(text) = std::fs::read_to_string(dir.join(name))
+            && text.ends_with('\n')
+        {
+            return text.trim().to_string();
+        }
+        assert!(Instant::now() < deadline, "{name} never came");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn post(dir: &Path, name: &str, text: &str) {
+    let temporary = dir.join(format!("{name}.part"));
+    std::fs::write(&temporary, format!("{text}\n")).unwrap();
+    std::fs::rename(temporary, dir.join(name)).unwrap();
+}
+
+/// A kernel that spins until word 0 of a host control block is raised: keeps a GPU busy.
+const SPIN_PTX: &str = r#"
+.version 7.8
+.target sm_90
+.address_size 64
+.visible .entry spin(.param .u64 flag)
+{
+  .reg .u64 %rd<2>;
+  .reg .u32 %r<2>;
+  .reg .pred %p<2>;
+  ld.param.u64 %rd0, [flag];
+WAIT:
+  ld.volatile.global.u32 %r0, [%rd0];
+  setp.eq.u32 %p0, %r0, 0;
+  @%p0 bra WAIT;
+  ret;
+}
+"#;
+
+/// Keeps `device` busy with a spinning kernel on a stream of its own until dropped.
+struct Busy {
+    control: HostControl,
+    stream: OwnedStream,
+}
+
+impl Busy {
+    fn start(device: Device) -> Busy {
+        let control = HostControl::new(0).unwrap();
+        let stream = OwnedStream::create(device).unwrap();
+        let mut ptx = SPIN_PTX.as_bytes().to_vec();
+        ptx.push(0);
+        let module = cuda::load_module(&ptx).unwrap();
+        let function = cuda::get_function(module, "spin").unwrap();
+        let mut flag = control.device;
+        let mut params: [*mut std::ffi::c_void; 1] = [(&raw mut flag).cast()];
+        // SAFETY: the kernel's one parameter, a pointer to mapped pinned memory.
+        unsafe { cuda::launch(function, 1, 1, stream.stream, &mut params, false) }.unwrap();
+        Busy { control, stream }
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.control.raise_abort();
+        self.stream.synchronize().unwrap();
+    }
+}
+
+/// Rank 0 offers a buffer, then frees it and allocates again at the same address with other
+/// contents; rank 1 reads each through the address zero-copy gave rank 0 for it. Rank 1's GPU
+/// is kept busy meanwhile (as by a kernel waiting for rank 0): its service must answer anyway.
+fn role(rank: usize, dir: &Path, processes: Vec<u64>, ids: bool) {
+    cuda::init().unwrap();
+    let device = Device::open(0).unwrap();
+    device.make_current().unwrap();
+    let service = Service::start(processes[rank]).unwrap();
+    let memory: Box<dyn Memory> = if ids {
+        Box::new(DeviceMemory(device))
+    } else {
+        Box::new(WithoutIds(DeviceMemory(device)))
+    };
+    let member = ZeroCopy::join(service, 42, rank, processes, memory);
+    post(dir, &format!("joined{rank}"), "yes");
+    await_file(dir, &format!("joined{}", 1 - rank));
+    if rank == 0 {
+        let mut bases = Vec::new();
+        for (round, value) in [(1, 0x11u8), (2, 0x22u8)] {
+            let buffer = DeviceBuffer::alloc(device, BYTES).unwrap();
+            cuda::fill(buffer.pointer, value, BYTES).unwrap();
+            bases.push(buffer.pointer);
+            let started = Instant::now();
+            let (addresses, _) = member
+                .addresses(buffer.pointer + 256, buffer.pointer + 256, 4096)
+                .expect("rank 1 maps the buffer");
+            println!(
+                "round {round}: buffer {:#x}, rank 1's address {:#x}, first call {:.1} ms",
+                buffer.pointer,
+                addresses.input[1],
+                started.elapsed().as_secs_f64() * 1e3
+            );
+            let started = Instant::now();
+            let again = member
+                .addresses(buffer.pointer, buffer.pointer, 4096)
+                .unwrap()
+                .0;
+            println!(
+                "round {round}: next call {:.1} us",
+                started.elapsed().as_secs_f64() * 1e6
+            );
+            assert_eq!(again.input[1] + 256, addresses.input[1]);
+            post(
+                dir,
+                &format!("round{round}"),
+                &format!("{} {value}", addresses.input[1]),
+            );
+            let read = await_file(dir, &format!("read{round}"));
+            if round == 1 || ids {
+                assert_eq!(read, "right");
+            } else {
+                post(dir, "outcome", &read);
+            }
+            // Freed here; the next round's allocation is likely to land at the same address.
+        }
+        println!(
+            "same address both rounds: {}",
+            if bases[0] == bases[1] { "yes" } else { "no" }
+        );
+    } else {
+        let busy = Busy::start(device);
+        for round in [1, 2] {
+            let text = await_file(dir, &format!("round{round}"));
+            let (address, value) = text.split_once(' ').unwrap();
+            let (address, value): (u64, u8) = (address.parse().unwrap(), value.parse().unwrap());
+            let mut seen = vec![0u8; 4096];
+            cuda::copy_to_host(&mut seen, address).unwrap();
+            let right = seen.iter().all(|&b| b == value);
+            println!("round {round}: read {:#x}, right: {right}", seen[0]);
+            post(
+                dir,
+                &format!("read{round}"),
+                if right { "right" } else { "stale" },
+            );
+        }
+        drop(busy);
+    }
+    drop(member);
+}
+
+/// Runs both roles in two processes of this test binary (`name`: the test); whether they passed.
+fn two_processes(name: &str, ids: bool) -> (bool, PathBuf) {
+    if let (Ok(rank), Ok(dir), Ok(processes)) = (
+        std::env::var("ZERO_COPY_ROLE"),
+        std::env::var("ZERO_COPY_DIR"),
+        std::env::var("ZERO_COPY_IDS"),
+    ) {
+        let processes = processes.split(',').map(|i| i.parse().unwrap()).collect();
+        role(rank.parse().unwrap(), &PathBuf::from(dir), processes, ids);
+        std::process::exit(0);
+    }
+    let pid = std::process::id() as u64;
+    let dir = std::env::temp_dir().join(format!("ncclshim-zero-copy-{pid}-{ids}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let tag = if ids { 0 } else { 1 << 40 };
+    let processes = format!("{},{}", tag + (pid << 8), tag + (pid << 8) + 1);
+    let children: Vec<_> = (0..2)
+        .map(|rank| {
+            Command::new(std::env::current_exe().unwrap())
+                .args([
+                    "--exact",
+                    &format!("{TEST}{name}"),
+                    "--ignored",
+                    "--nocapture",
+                ])
+                .env("ZERO_COPY_ROLE", rank.to_string())
+                .env("ZERO_COPY_DIR", &dir)
+                .env("ZERO_COPY_IDS", &processes)
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut passed = true;
+    for mut child in children {
+        passed &= child.wait().unwrap().success();
+    }
+    (passed, dir)
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn two_processes_share_buffers_and_never_a_stale_one() {
+    let (passed, dir) = two_processes("two_processes_share_buffers_and_never_a_stale_one", true);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(passed);
+}
+
+/// The check above can fail: without buffer ids, the second allocation at the same address is
+/// taken for the first, and rank 1 reads the first one's memory through its old mapping.
+#[test]
+#[ignore = "needs a GPU"]
+fn without_buffer_ids_the_stale_mapping_is_read() {
+    let (passed, dir) = two_processes("without_buffer_ids_the_stale_mapping_is_read", false);
+    let outcome = std::fs::read_to_string(dir.join("outcome")).unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(passed);
+    assert_eq!(outcome.trim(), "stale");
+}

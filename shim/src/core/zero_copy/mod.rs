@@ -1,0 +1,651 @@
+//! Zero-copy for communicators whose ranks are in several processes (one process per GPU, as
+//! under torchrun or mpirun): the direct all-reduce reads and writes the peers' user buffers,
+//! which each rank must first map. Each rank offers its peers every allocation its calls use,
+//! once (`exports`): the peers map it through CUDA IPC on their service thread (`service`) and
+//! answer where (`wire`). A call whose allocations every peer has mapped gives the kernel every
+//! rank's address of its buffers; the others (first meetings that could not be answered in
+//! time, memory CUDA IPC cannot share) let the kernel take the staged path, which every rank
+//! then takes alike (all_reduce.cu, "Direct").
+//!
+//! The first call on an allocation waits for its peers' answers (one round trip through the
+//! service threads, and the time to map it); later calls find it in the table. An allocation
+//! freed and made again at the same address is another allocation (the driver's buffer id),
+//! offered anew: no call ever reads through a stale mapping.
+
+mod exports;
+#[cfg(test)]
+mod gpu_test;
+mod service;
+mod wire;
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use super::cuda::{self, Device, Event, IpcHandle, IpcMapping, Stream};
+use super::policy::MAX_RANKS;
+use crate::log::{log_info, log_warn};
+pub use exports::{Allocation, Done};
+use exports::{Exports, Placement, Retired};
+pub use service::Service;
+use wire::{Kind, Message};
+
+/// How long a call waits for its peers to map a new allocation before it gives up on zero-copy
+/// for the communicator (its calls then take the staged path).
+const ANSWER_LIMIT: Duration = Duration::from_secs(10);
+/// Mappings of peers' allocations that are gone, kept open until the communicator goes: closing
+/// one waits until this GPU has nothing queued, and holds this process's other CUDA calls
+/// meanwhile (seen on H100, driver 580), which must not happen while kernels wait for a peer.
+/// Past this many, the oldest are closed anyway (on a thread of their own).
+const PARKED_LIMIT: usize = 64;
+
+/// What zero-copy needs of CUDA, apart so that the protocol can be tested without a GPU.
+pub trait Memory: Send + Sync {
+    /// The allocation holding `pointer`, if it is one that peers can map (cudaMalloc memory of
+    /// this rank's GPU).
+    fn allocation_of(&self, pointer: u64) -> Option<Allocation>;
+    fn ipc_handle(&self, base: u64) -> Result<IpcHandle, String>;
+    /// Maps a peer's allocation.
+    fn open(&self, handle: &IpcHandle) -> Result<Box<dyn Mapped>, String>;
+    /// A marker on `stream` behind the work queued there so far.
+    fn marker(&self, stream: Stream) -> Option<Marker>;
+}
+
+/// A point on a stream, shared by the positions one call used.
+pub type Marker = Arc<dyn Done + Send + Sync>;
+
+/// A peer's allocation mapped here; unmapped when dropped.
+pub trait Mapped: Send {
+    fn address(&self) -> u64;
+}
+
+/// Every rank's address of one call's buffers, as the direct kernel takes them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Addresses {
+    pub input: [u64; MAX_RANKS],
+    pub output: [u64; MAX_RANKS],
+}
+
+/// The positions a call used, to be marked once its kernel is queued.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Uses([Option<usize>; 2]);
+
+/// (rank, position) -> (generation, mapping) of what a rank mapped of its peers' offers.
+type Imports = HashMap<(usize, usize), (u64, Box<dyn Mapped>)>;
+
+/// One rank's zero-copy side of one communicator.
+pub struct ZeroCopy {
+    /// The key every rank agreed on at set-up.
+    comm: u64,
+    rank: usize,
+    /// Every rank's process identity (the address of its service).
+    processes: Vec<u64>,
+    service: Arc<Service>,
+    memory: Box<dyn Memory>,
+    exports: Mutex<Exports<Marker>>,
+    answered: Condvar,
+    /// What this rank mapped of its peers' offers.
+    imports: Mutex<Imports>,
+    /// Mappings of allocations that are gone, oldest first (see PARKED_LIMIT).
+    parked: Mutex<VecDeque<Box<dyn Mapped>>>,
+    /// A peer did not answer in time, or could not be reached: no zero-copy here any more.
+    broken: AtomicBool,
+    /// Calls that went zero-copy, calls that could not, allocations offered: said at the end.
+    served: AtomicU64,
+    staged: AtomicU64,
+    offered: AtomicU64,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl ZeroCopy {
+    /// Joins `service` as rank `rank` of the communicator `comm`, whose ranks' process
+    /// identities are `processes`.
+    pub fn join(
+        service: Arc<Service>,
+        comm: u64,
+        rank: usize,
+        processes: Vec<u64>,
+        memory: Box<dyn Memory>,
+    ) -> Arc<ZeroCopy> {
+        let nranks = processes.len();
+        let member = Arc::new(ZeroCopy {
+            comm,
+            rank,
+            processes,
+            service: service.clone(),
+            memory,
+            exports: Mutex::new(Exports::new(rank, nranks)),
+            answered: Condvar::new(),
+            imports: Mutex::new(HashMap::new()),
+            parked: Mutex::new(VecDeque::new()),
+            broken: AtomicBool::new(false),
+            served: AtomicU64::new(0),
+            staged: AtomicU64::new(0),
+            offered: AtomicU64::new(0),
+        });
+        service.join(comm, &member);
+        member
+    }
+
+    /// Every rank's address of `send` and `recv` (`bytes` each, 16-aligned), offering their
+    /// allocations to the peers first where needed; `None` where the call cannot go zero-copy.
+    pub fn addresses(&self, send: u64, recv: u64, bytes: u64) -> Option<(Addresses, Uses)> {
+        let found = self.find(send, recv, bytes);
+        let count = if found.is_some() {
+            &self.served
+        } else {
+            &self.staged
+        };
+        count.fetch_add(1, Ordering::Relaxed);
+        found
+    }
+
+    fn find(&self, send: u64, recv: u64, bytes: u64) -> Option<(Addresses, Uses)> {
+        // 16-aligned, as the direct kernel needs.
+        if self.broken.load(Ordering::Relaxed)
+            || !send.is_multiple_of(16)
+            || !recv.is_multiple_of(16)
+        {
+            return None;
+        }
+        let (input, input_base, input_position) = self.offsets_of(send, bytes)?;
+        let (output, output_base, output_position) = self.offsets_of(recv, bytes)?;
+        // Past the ranks: zeros, never read.
+        let addresses = Addresses {
+            input: input.map(|base| base.wrapping_add(send - input_base)),
+            output: output.map(|base| base.wrapping_add(recv - output_base)),
+        };
+        let uses = Uses([Some(input_position), Some(output_position)]);
+        Some((addresses, uses))
+    }
+
+    /// Every rank's address of the allocation holding `pointer`, its base here and its
+    /// position.
+    fn offsets_of(&self, pointer: u64, bytes: u64) -> Option<([u64; MAX_RANKS], u64, usize)> {
+        let allocation = self.memory.allocation_of(pointer)?;
+        if !allocation.holds(pointer, bytes) {
+            return None;
+        }
+        let mut exports = lock(&self.exports);
+        let mut retired: Vec<Retired> = Vec::new();
+        let alive = |a: &Allocation| self.memory.allocation_of(a.base) == Some(*a);
+        let placement = exports.place(allocation, alive, &mut retired);
+        for gone in retired {
+            self.tell_peers(Kind::Retire, gone.position, gone.generation, 0, [0; 64]);
+        }
+        let (position, generation) = match placement {
+            Placement::Full => return None,
+            Placement::Known {
+                position,
+                generation,
+            } => (position, generation),
+            Placement::New {
+                position,
+                generation,
+            } => {
+                self.offered.fetch_add(1, Ordering::Relaxed);
+                match self.memory.ipc_handle(allocation.base) {
+                    Ok(handle) => {
+                        self.tell_peers(Kind::Export, position, generation, allocation.size, handle)
+                    }
+                    // Never shareable: answered "no" for every peer, so that no call waits.
+                    Err(_) => (0..self.processes.len())
+                        .filter(|&r| r != self.rank)
+                        .for_each(|r| exports.answer(position, generation, r, 0)),
+                }
+                (position, generation)
+            }
+        };
+        let deadline = Instant::now() + ANSWER_LIMIT;
+        loop {
+            match exports.addresses(position, generation) {
+                Some(Ok(addresses)) => return Some((addresses, allocation.base, position)),
+                Some(Err(())) => return None,
+                None if self.broken.load(Ordering::Relaxed) => return None,
+                None => {}
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                self.give_up("a peer did not map a buffer of this rank within 10 s");
+                return None;
+            }
+            exports = self
+                .answered
+                .wait_timeout(exports, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// The call that used `uses` is queued: behind a marker on `stream`, or (`None`) in a CUDA
+    /// graph, which keeps its allocations offered for good.
+    pub fn used(&self, uses: Uses, stream: Option<Stream>) {
+        // Without a marker (none could be made) the positions are kept, as for a graph.
+        let marker = stream.and_then(|stream| self.memory.marker(stream));
+        let mut exports = lock(&self.exports);
+        for position in uses.0.into_iter().flatten() {
+            exports.used(position, marker.clone());
+        }
+    }
+
+    fn give_up(&self, why: &str) {
+        if !self.broken.swap(true, Ordering::Relaxed) {
+            log_warn!(
+                "zero-copy off for rank {} of a communicator: {why}; its large all-reduces go through the core's staging",
+                self.rank
+            );
+        }
+    }
+
+    fn tell_peers(
+        &self,
+        kind: Kind,
+        position: usize,
+        generation: u64,
+        value: u64,
+        handle: IpcHandle,
+    ) {
+        let message = Message {
+            kind,
+            from: self.rank as u32,
+            comm: self.comm,
+            position: position as u32,
+            generation,
+            value,
+            handle,
+        };
+        for (r, &process) in self.processes.iter().enumerate() {
+            if r != self.rank
+                && let Err(e) = self.service.send(process, &message)
+            {
+                self.give_up(&format!("rank {r} cannot be reached ({e})"));
+            }
+        }
+    }
+
+    /// A message for this communicator (on the service's thread).
+    fn receive(&self, service: &Service, message: Message) {
+        let from = message.from as usize;
+        let position = message.position as usize;
+        if from >= self.processes.len() || from == self.rank {
+            return;
+        }
+        match message.kind {
+            Kind::Export => {
+                let (address, replaced) =
+                    self.map(from, position, message.generation, &message.handle);
+                let answer = Message {
+                    kind: Kind::Ack,
+                    from: self.rank as u32,
+                    value: address,
+                    handle: [0; 64],
+                    ..message
+                };
+                if let Err(e) = service.send(self.processes[from], &answer) {
+                    self.give_up(&format!("rank {from} cannot be reached ({e})"));
+                }
+                if let Some(replaced) = replaced {
+                    self.park(service, replaced);
+                }
+            }
+            Kind::Ack => {
+                lock(&self.exports).answer(position, message.generation, from, message.value);
+                self.answered.notify_all();
+            }
+            Kind::Retire => {
+                let mut imports = lock(&self.imports);
+                if imports
+                    .get(&(from, position))
+                    .is_some_and(|(generation, _)| *generation == message.generation)
+                    && let Some((_, retired)) = imports.remove(&(from, position))
+                {
+                    drop(imports);
+                    self.park(service, retired);
+                }
+            }
+        }
+    }
+
+    /// Keeps the mapping of an allocation that is gone until the communicator goes, or closes
+    /// the oldest such one past PARKED_LIMIT.
+    fn park(&self, service: &Service, mapping: Box<dyn Mapped>) {
+        let mut parked = lock(&self.parked);
+        parked.push_back(mapping);
+        if parked.len() > PARKED_LIMIT
+            && let Some(oldest) = parked.pop_front()
+        {
+            service.close_later(oldest);
+        }
+    }
+
+    /// Maps rank `from`'s allocation offered at `position`: its address here (0 if it could not
+    /// be mapped), and the mapping it replaces there, to be closed once the answer is sent.
+    fn map(
+        &self,
+        from: usize,
+        position: usize,
+        generation: u64,
+        handle: &IpcHandle,
+    ) -> (u64, Option<Box<dyn Mapped>>) {
+        let mut imports = lock(&self.imports);
+        if let Some((known, mapped)) = imports.get(&(from, position)) {
+            if *known == generation {
+                return (mapped.address(), None);
+            }
+            if *known > generation {
+                return (0, None);
+            }
+        }
+        // The allocation this replaces is no longer used by any kernel (exports.rs).
+        let replaced = imports.remove(&(from, position)).map(|(_, mapped)| mapped);
+        let address = match self.memory.open(handle) {
+            Ok(mapped) => {
+                let address = mapped.address();
+                imports.insert((from, position), (generation, mapped));
+                address
+            }
+            Err(e) => {
+                log_info!(
+                    "zero-copy: rank {} could not map a buffer of rank {from}: {e}",
+                    self.rank
+                );
+                0
+            }
+        };
+        (address, replaced)
+    }
+}
+
+impl Drop for ZeroCopy {
+    fn drop(&mut self) {
+        self.service.leave(self.comm);
+        log_info!(
+            "zero-copy of rank {}: {} calls direct on the peers' buffers, {} through the staging; {} allocations offered",
+            self.rank,
+            self.served.load(Ordering::Relaxed),
+            self.staged.load(Ordering::Relaxed),
+            self.offered.load(Ordering::Relaxed)
+        );
+    }
+}
+
+/// Memory of one GPU, through the driver.
+pub struct DeviceMemory(pub Device);
+
+struct DeviceMapping(IpcMapping);
+
+impl Mapped for DeviceMapping {
+    fn address(&self) -> u64 {
+        self.0.pointer
+    }
+}
+
+impl Done for Event {
+    fn done(&self) -> bool {
+        self.query()
+    }
+}
+
+impl Memory for DeviceMemory {
+    fn allocation_of(&self, pointer: u64) -> Option<Allocation> {
+        cuda::ipc_allocation(pointer, self.0.ordinal)
+    }
+
+    fn ipc_handle(&self, base: u64) -> Result<IpcHandle, String> {
+        // A call being captured into a graph may offer its buffers.
+        let _relaxed = cuda::RelaxedCapture::new();
+        let _context = self.0.enter().map_err(|e| e.to_string())?;
+        cuda::ipc_handle(base).map_err(|e| e.to_string())
+    }
+
+    fn open(&self, handle: &IpcHandle) -> Result<Box<dyn Mapped>, String> {
+        IpcMapping::open(self.0, handle)
+            .map(|m| Box::new(DeviceMapping(m)) as Box<dyn Mapped>)
+            .map_err(|e| e.to_string())
+    }
+
+    fn marker(&self, stream: Stream) -> Option<Marker> {
+        let _context = self.0.enter_if_needed().ok()?;
+        // SAFETY: the caller's stream, of this device, where a call was just queued.
+        let event = unsafe { Event::record(self.0, stream) }.ok()?;
+        Some(Arc::new(event))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    /// One rank's GPU memory, made up: allocations are numbers; a peer's allocation "maps" at an
+    /// address made of its base and id, so that a stale mapping shows.
+    #[derive(Default)]
+    struct FakeMemory {
+        allocations: Mutex<Vec<Allocation>>,
+        /// Mappings of this rank's making still open.
+        open: Arc<AtomicUsize>,
+        refuse: bool,
+    }
+
+    struct FakeMapping {
+        address: u64,
+        open: Arc<AtomicUsize>,
+    }
+
+    impl Mapped for FakeMapping {
+        fn address(&self) -> u64 {
+            self.address
+        }
+    }
+
+    impl Drop for FakeMapping {
+        fn drop(&mut self) {
+            self.open.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    impl Memory for Arc<FakeMemory> {
+        fn allocation_of(&self, pointer: u64) -> Option<Allocation> {
+            lock(&self.allocations)
+                .iter()
+                .find(|a| a.holds(pointer, 1))
+                .copied()
+        }
+        fn ipc_handle(&self, base: u64) -> Result<IpcHandle, String> {
+            let a = self.allocation_of(base).ok_or("no allocation")?;
+            let mut handle = [0u8; 64];
+            handle[..8].copy_from_slice(&a.base.to_le_bytes());
+            handle[8..16].copy_from_slice(&a.id.to_le_bytes());
+            Ok(handle)
+        }
+        fn open(&self, handle: &IpcHandle) -> Result<Box<dyn Mapped>, String> {
+            if self.refuse {
+                return Err("refused".into());
+            }
+            let base = u64::from_le_bytes(handle[..8].try_into().unwrap());
+            let id = u64::from_le_bytes(handle[8..16].try_into().unwrap());
+            self.open.fetch_add(1, Ordering::SeqCst);
+            Ok(Box::new(FakeMapping {
+                address: 0x7000_0000_0000 + (id << 32) + (base & 0xffff_ffff),
+                open: self.open.clone(),
+            }))
+        }
+        fn marker(&self, _stream: Stream) -> Option<Marker> {
+            None
+        }
+    }
+
+    /// Identities no other test (or process) uses.
+    fn identities(n: usize) -> Vec<u64> {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let first = NEXT.fetch_add(n, Ordering::SeqCst) as u64;
+        (0..n as u64)
+            .map(|i| (std::process::id() as u64) << 32 | (first + i) << 8 | 0xa5)
+            .collect()
+    }
+
+    /// `n` ranks, each a service of its own (as separate processes would have), with their
+    /// memories.
+    fn ranks(n: usize, refuse: bool) -> Vec<(Arc<ZeroCopy>, Arc<FakeMemory>)> {
+        let processes = identities(n);
+        let comm = processes[0] ^ 0x5eed;
+        (0..n)
+            .map(|rank| {
+                let service = Service::start(processes[rank]).unwrap();
+                let memory = Arc::new(FakeMemory {
+                    refuse,
+                    ..FakeMemory::default()
+                });
+                let member = ZeroCopy::join(
+                    service,
+                    comm,
+                    rank,
+                    processes.clone(),
+                    Box::new(memory.clone()),
+                );
+                (member, memory)
+            })
+            .collect()
+    }
+
+    fn allocate(memory: &FakeMemory, base: u64, id: u64) {
+        let mut allocations = lock(&memory.allocations);
+        allocations.retain(|a| a.base != base);
+        allocations.push(Allocation {
+            base,
+            size: 1 << 20,
+            id,
+        });
+    }
+
+    #[test]
+    fn peers_map_a_new_allocation_once_and_every_rank_gets_their_addresses() {
+        let ranks = ranks(3, false);
+        let (member, memory) = &ranks[1];
+        allocate(memory, 0x10_0000, 1);
+        allocate(memory, 0x40_0000, 2);
+        let (addresses, uses) = member
+            .addresses(0x10_0010, 0x40_0000, 4096)
+            .expect("every peer maps it");
+        assert_eq!(addresses.input[1], 0x10_0010);
+        assert_eq!(addresses.output[1], 0x40_0000);
+        for peer in [0, 2] {
+            assert_eq!(addresses.input[peer], 0x7001_0010_0010);
+            assert_eq!(addresses.output[peer], 0x7002_0040_0000);
+            assert_eq!(ranks[peer].1.open.load(Ordering::SeqCst), 2);
+        }
+        member.used(uses, None);
+        // Found in the table from now on: nothing is mapped again.
+        let again = member.addresses(0x10_0000, 0x40_0010, 4096).unwrap().0;
+        assert_eq!(again.input[0], 0x7001_0010_0000);
+        assert_eq!(again.output[2], 0x7002_0040_0010);
+        assert_eq!(ranks[0].1.open.load(Ordering::SeqCst), 2);
+        assert!(
+            member.addresses(0x10_0000, 0x40_0000, 2 << 20).is_none(),
+            "past the end of the allocation"
+        );
+        assert!(
+            member.addresses(0x90_0000, 0x40_0000, 16).is_none(),
+            "not shareable"
+        );
+    }
+
+    /// Freed and made again at the same address, an allocation is mapped anew: a call never
+    /// reads through the mapping of the one before (the test the buffer id is for).
+    #[test]
+    fn an_allocation_made_again_at_the_same_address_is_mapped_anew() {
+        let ranks = ranks(2, false);
+        let (member, memory) = &ranks[0];
+        allocate(memory, 0x20_0000, 7);
+        let first = member.addresses(0x20_0000, 0x20_0000, 64).unwrap().0;
+        assert_eq!(first.input[1], 0x7007_0020_0000);
+        allocate(memory, 0x20_0000, 8);
+        let second = member.addresses(0x20_0000, 0x20_0000, 64).unwrap().0;
+        assert_eq!(
+            second.input[1], 0x7008_0020_0000,
+            "read through a stale mapping"
+        );
+        // Parked once the answer is sent.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while lock(&ranks[1].0.parked).is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(lock(&ranks[1].0.parked).len(), 1);
+        assert_eq!(
+            ranks[1].1.open.load(Ordering::SeqCst),
+            2,
+            "the peer keeps the old mapping until the communicator goes"
+        );
+    }
+
+    #[test]
+    fn mappings_of_allocations_that_are_gone_are_kept_up_to_a_limit() {
+        let ranks = ranks(2, false);
+        let (member, memory) = &ranks[0];
+        for id in 1..=PARKED_LIMIT as u64 + 6 {
+            allocate(memory, 0x70_0000, id);
+            assert!(member.addresses(0x70_0000, 0x70_0000, 64).is_some());
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while lock(&ranks[1].0.parked).len() != PARKED_LIMIT && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(lock(&ranks[1].0.parked).len(), PARKED_LIMIT);
+        let open = || ranks[1].1.open.load(Ordering::SeqCst);
+        while open() != PARKED_LIMIT + 1 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(open(), PARKED_LIMIT + 1, "the oldest were closed");
+    }
+
+    #[test]
+    fn a_peer_that_cannot_map_answers_at_once_and_the_call_goes_staged() {
+        let ranks = ranks(2, true);
+        let (member, memory) = &ranks[0];
+        allocate(memory, 0x30_0000, 1);
+        let started = Instant::now();
+        assert!(member.addresses(0x30_0000, 0x30_0000, 64).is_none());
+        assert!(member.addresses(0x30_0000, 0x30_0000, 64).is_none());
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert!(
+            !member.broken.load(Ordering::Relaxed),
+            "only that allocation"
+        );
+    }
+
+    #[test]
+    fn a_peer_that_cannot_be_reached_turns_zero_copy_off() {
+        let service = Service::start(identities(1)[0]).unwrap();
+        let memory = Arc::new(FakeMemory::default());
+        allocate(&memory, 0x50_0000, 1);
+        // Rank 1's process has no service.
+        let member = ZeroCopy::join(service, 77, 0, identities(2), Box::new(memory.clone()));
+        assert!(member.addresses(0x50_0000, 0x50_0000, 64).is_none());
+        assert!(member.broken.load(Ordering::Relaxed));
+    }
+
+    #[test]
+    fn a_member_that_left_gets_no_more_messages() {
+        let ranks = ranks(2, false);
+        let (member, memory) = &ranks[0];
+        allocate(memory, 0x60_0000, 1);
+        assert!(member.addresses(0x60_0000, 0x60_0000, 64).is_some());
+        let peer_open = ranks[1].1.open.clone();
+        assert_eq!(peer_open.load(Ordering::SeqCst), 1);
+        drop(ranks);
+        // The service thread may still hold the member for a moment.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while peer_open.load(Ordering::SeqCst) != 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(
+            peer_open.load(Ordering::SeqCst),
+            0,
+            "its mappings are closed"
+        );
+    }
+}

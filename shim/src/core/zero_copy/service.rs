@@ -1,0 +1,124 @@
+//! The process's zero-copy service: one Unix datagram socket, named in the abstract namespace
+//! after the process's identity (set-up tells every rank its peers' identities), and a thread
+//! that takes every message for every communicator of this process and hands it to its member
+//! (`ZeroCopy`). The thread maps what peers offer, away from the callers' threads: an offer is
+//! answered even while this process's program is busy elsewhere, so a caller waiting for its
+//! peers' answers never waits for its peers' next call.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixDatagram};
+use std::sync::mpsc::{self, Sender};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+use super::wire::{MESSAGE_BYTES, Message};
+use super::{Mapped, ZeroCopy};
+
+pub struct Service {
+    socket: UnixDatagram,
+    members: Mutex<HashMap<u64, Weak<ZeroCopy>>>,
+    /// Mappings to close, on a thread of their own: unmapping may wait for the GPU, whose
+    /// kernels may wait for a peer that waits for this service's next answer.
+    closer: Mutex<Sender<Box<dyn Mapped>>>,
+}
+
+/// The abstract socket name of the process whose identity is `process`.
+fn name(process: u64) -> String {
+    format!("ncclshim-zero-copy-{process:016x}")
+}
+
+impl Service {
+    /// The service of this process, started on first use; `Err` if its socket cannot be had
+    /// (or in a forked child, whose parent's thread did not come along).
+    pub fn of_process(process: u64) -> Result<Arc<Service>, String> {
+        static SERVICE: OnceLock<Result<(u32, Arc<Service>), String>> = OnceLock::new();
+        let pid = std::process::id();
+        match SERVICE.get_or_init(|| Service::start(process).map(|s| (pid, s))) {
+            Ok((started_in, service)) if *started_in == pid => Ok(service.clone()),
+            Ok(_) => Err("a forked child has no zero-copy service".into()),
+            Err(e) => Err(e.clone()),
+        }
+    }
+
+    /// A service on the socket of `process`, its thread started.
+    pub fn start(process: u64) -> Result<Arc<Service>, String> {
+        let address = SocketAddr::from_abstract_name(name(process).as_bytes())
+            .map_err(|e| format!("zero-copy socket name: {e}"))?;
+        let socket =
+            UnixDatagram::bind_addr(&address).map_err(|e| format!("zero-copy socket: {e}"))?;
+        let (closer, closing) = mpsc::channel::<Box<dyn Mapped>>();
+        std::thread::Builder::new()
+            .name("ncclshim-unmap".into())
+            .spawn(move || closing.into_iter().for_each(drop))
+            .map_err(|e| format!("zero-copy thread: {e}"))?;
+        let service = Arc::new(Service {
+            socket,
+            members: Mutex::new(HashMap::new()),
+            closer: Mutex::new(closer),
+        });
+        let serving = service.clone();
+        std::thread::Builder::new()
+            .name("ncclshim-zero-copy".into())
+            .spawn(move || serving.serve())
+            .map_err(|e| format!("zero-copy thread: {e}"))?;
+        Ok(service)
+    }
+
+    /// Messages for communicator `comm` go to `member` from now on.
+    pub fn join(&self, comm: u64, member: &Arc<ZeroCopy>) {
+        self.lock().insert(comm, Arc::downgrade(member));
+    }
+
+    /// Closes `mapping` soon, on the unmapping thread.
+    pub fn close_later(&self, mapping: Box<dyn Mapped>) {
+        let sent = self
+            .closer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .send(mapping);
+        // The thread is gone (it never ends by itself): keep the mapping rather than block.
+        if let Err(returned) = sent {
+            std::mem::forget(returned.0);
+        }
+    }
+
+    pub fn leave(&self, comm: u64) {
+        self.lock().remove(&comm);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Weak<ZeroCopy>>> {
+        self.members.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sends `message` to the process whose identity is `process`.
+    pub fn send(&self, process: u64, message: &Message) -> io::Result<()> {
+        let address = SocketAddr::from_abstract_name(name(process).as_bytes())?;
+        self.socket
+            .send_to_addr(&message.encode(), &address)
+            .map(|_| ())
+    }
+
+    fn serve(self: Arc<Self>) {
+        // Mapping a peer's memory must not be refused because this process's program is
+        // capturing a CUDA graph on another thread.
+        let _relaxed =
+            super::super::cuda::driver_present().then(super::super::cuda::RelaxedCapture::new);
+        let mut buffer = [0u8; MESSAGE_BYTES + 1];
+        loop {
+            let Ok(length) = self.socket.recv(&mut buffer) else {
+                continue;
+            };
+            let Some(message) = Message::decode(&buffer[..length]) else {
+                continue;
+            };
+            let member = self.lock().get(&message.comm).and_then(Weak::upgrade);
+            if let Some(member) = member {
+                // A panic in one message must not end the service for every communicator.
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    member.receive(&self, message)
+                }));
+            }
+        }
+    }
+}

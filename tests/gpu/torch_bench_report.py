@@ -1,0 +1,42 @@
+"""Runs of torch_bench.py with and without ncclshim, side by side: per size, the median time of
+each library over its runs (the runs alternate) and the ratio, shim / NCCL, eager and in a graph.
+
+    python3 torch_bench_report.py --nccl A.json [A2.json ...] --shim B.json [B2.json ...]
+"""
+import argparse
+import json
+import statistics
+
+
+def times(files):
+    """{bytes: ([eager_us], [graph_us])} over the files."""
+    by_size = {}
+    for name in files:
+        with open(name) as f:
+            for r in json.load(f)["results"]:
+                eager, graph = by_size.setdefault(r["bytes"], ([], []))
+                eager.append(r["eager_us"])
+                graph.append(r["graph_us"])
+    return by_size
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--nccl", nargs="+", required=True)
+    parser.add_argument("--shim", nargs="+", required=True)
+    args = parser.parse_args()
+    nccl, shim = times(args.nccl), times(args.shim)
+    print(f"{'size':>8} {'NCCL eager':>11} {'shim eager':>11} {'ratio':>6} "
+          f"{'NCCL graph':>11} {'shim graph':>11} {'ratio':>6}")
+    for size in sorted(nccl):
+        if size not in shim:
+            continue
+        row = [f"{size >> 20} MiB".rjust(8)]
+        for k in (0, 1):
+            a, b = statistics.median(nccl[size][k]), statistics.median(shim[size][k])
+            row += [f"{a:11.1f}", f"{b:11.1f}", f"{b / a:6.2f}"]
+        print(" ".join(row))
+
+
+if __name__ == "__main__":
+    main()
