@@ -6,7 +6,10 @@ use std::ffi::{c_int, c_uint, c_void};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+
 use super::limits::MAX_RANKS;
+use super::zero_copy::{Allocation, Sharing};
 
 use cudarc::driver::{result, sys};
 
@@ -400,28 +403,33 @@ pub fn ipc_handle(pointer: DevicePtr) -> Cuda<IpcHandle> {
     Ok(handle.reserved.map(|b| b as u8))
 }
 
-/// The allocation holding `pointer` where CUDA IPC can share it (cudaMalloc memory of device
-/// `ordinal`): its range and the driver's unique id for it; `None` for any other memory.
-pub fn ipc_allocation(pointer: DevicePtr, ordinal: i32) -> Option<super::zero_copy::Allocation> {
+/// The allocation holding `pointer` where another process can map it: cudaMalloc memory of
+/// device `ordinal` (CUDA IPC), or cuMem memory made shareable as a file descriptor (such as
+/// ncclMemAlloc's, or PyTorch's expandable segments); its range and the driver's unique id for
+/// it. `None` for any other memory.
+pub fn shareable_allocation(pointer: DevicePtr, ordinal: i32) -> Option<Allocation> {
     use sys::CUpointer_attribute::*;
     let mut base: DevicePtr = 0;
     let mut size: usize = 0;
     let mut id: u64 = 0;
     let mut legacy_ipc: c_int = 0;
     let mut device: c_int = -1;
+    let mut handle_types: u64 = 0;
     let mut attributes = [
         CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
         CU_POINTER_ATTRIBUTE_RANGE_SIZE,
         CU_POINTER_ATTRIBUTE_BUFFER_ID,
         CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
         CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+        CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES,
     ];
-    let mut data: [*mut c_void; 5] = [
+    let mut data: [*mut c_void; 6] = [
         (&raw mut base).cast(),
         (&raw mut size).cast(),
         (&raw mut id).cast(),
         (&raw mut legacy_ipc).cast(),
         (&raw mut device).cast(),
+        (&raw mut handle_types).cast(),
     ];
     // SAFETY: one output of the attribute's type per attribute; unknown pointers are not an
     // error (the outputs keep their defaults).
@@ -433,12 +441,121 @@ pub fn ipc_allocation(pointer: DevicePtr, ordinal: i32) -> Option<super::zero_co
             pointer,
         )
     };
-    (result == sys::CUresult::CUDA_SUCCESS && legacy_ipc != 0 && device == ordinal && base != 0)
-        .then_some(super::zero_copy::Allocation {
-            base,
-            size: size as u64,
-            id,
-        })
+    if result != sys::CUresult::CUDA_SUCCESS || device != ordinal || base == 0 {
+        return None;
+    }
+    let posix_fd =
+        sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR.0 as u64;
+    let sharing = if legacy_ipc != 0 {
+        Sharing::LegacyIpc
+    } else if handle_types & posix_fd != 0 {
+        Sharing::PosixFd
+    } else {
+        return None;
+    };
+    Some(Allocation {
+        base,
+        size: size as u64,
+        id,
+        sharing,
+    })
+}
+
+/// A file descriptor another process can map the cuMem allocation at `base` from.
+pub fn export_fd(base: DevicePtr) -> Cuda<OwnedFd> {
+    let mut handle: sys::CUmemGenericAllocationHandle = 0;
+    // SAFETY: `base` is the start of a cuMem mapping; the handle is written.
+    check("cuMemRetainAllocationHandle", unsafe {
+        sys::cuMemRetainAllocationHandle(&mut handle, base as *mut c_void)
+    })?;
+    let mut fd: c_int = -1;
+    // SAFETY: a retained handle; a POSIX file descriptor is written for that handle type.
+    let exported = check("cuMemExportToShareableHandle", unsafe {
+        sys::cuMemExportToShareableHandle(
+            (&raw mut fd).cast(),
+            handle,
+            sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            0,
+        )
+    });
+    // SAFETY: releases what cuMemRetainAllocationHandle retained.
+    unsafe { sys::cuMemRelease(handle) };
+    exported?;
+    // SAFETY: a descriptor the driver just opened for us.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Another process's cuMem allocation mapped into a device's address space from its file
+/// descriptor, readable and writable by that device; unmapped when dropped.
+pub struct VmmMapping {
+    pub pointer: DevicePtr,
+    size: usize,
+    device: Device,
+}
+
+impl VmmMapping {
+    pub fn import(device: Device, fd: BorrowedFd<'_>, size: u64) -> Cuda<VmmMapping> {
+        let size = size as usize;
+        let _context = device.enter()?;
+        let mut handle: sys::CUmemGenericAllocationHandle = 0;
+        // SAFETY: a descriptor of the POSIX type; the driver reads it as an int-sized value.
+        check("cuMemImportFromShareableHandle", unsafe {
+            sys::cuMemImportFromShareableHandle(
+                &mut handle,
+                fd.as_raw_fd() as usize as *mut c_void,
+                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            )
+        })?;
+        let mapped = Self::map(device, handle, size);
+        // SAFETY: the mapping (if made) keeps the memory; our handle is no longer needed.
+        unsafe { sys::cuMemRelease(handle) };
+        mapped
+    }
+
+    fn map(
+        device: Device,
+        handle: sys::CUmemGenericAllocationHandle,
+        size: usize,
+    ) -> Cuda<VmmMapping> {
+        let mut pointer: DevicePtr = 0;
+        // SAFETY: reserves a fresh range of `size` bytes; the address is written.
+        check("cuMemAddressReserve", unsafe {
+            sys::cuMemAddressReserve(&mut pointer, size, 0, 0, 0)
+        })?;
+        // From here the range is freed (and unmapped) by `mapping`'s drop, whatever fails.
+        let mapping = VmmMapping {
+            pointer,
+            size,
+            device,
+        };
+        LIVE.mappings.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: our reserved range and an imported handle of `size` bytes.
+        check("cuMemMap", unsafe {
+            sys::cuMemMap(pointer, size, 0, handle, 0)
+        })?;
+        let access = sys::CUmemAccessDesc {
+            location: device_location(device.ordinal),
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        // SAFETY: the range just mapped; one descriptor.
+        check("cuMemSetAccess", unsafe {
+            sys::cuMemSetAccess(pointer, size, &access, 1)
+        })?;
+        Ok(mapping)
+    }
+}
+
+impl Drop for VmmMapping {
+    fn drop(&mut self) {
+        LIVE.mappings.fetch_sub(1, Ordering::Relaxed);
+        if let Ok(_context) = self.device.enter() {
+            // SAFETY: our reserved range (mapped or not), no longer used by any kernel.
+            unsafe {
+                sys::cuMemUnmap(self.pointer, self.size);
+                sys::cuMemAddressFree(self.pointer, self.size);
+            }
+        }
+    }
 }
 
 /// Another process's allocation mapped into a device's context through CUDA IPC; unmapped

@@ -13,6 +13,15 @@ use super::super::policy::MAX_RANKS;
 /// Positions per communicator and rank.
 pub const CAPACITY: usize = 256;
 
+/// How another process maps an allocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sharing {
+    /// cudaMalloc memory: a CUDA IPC handle.
+    LegacyIpc,
+    /// cuMem memory made shareable: a file descriptor.
+    PosixFd,
+}
+
 /// A device allocation as the driver names it: its range and its unique id (an allocation freed
 /// and made again at the same address gets another id).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -20,6 +29,7 @@ pub struct Allocation {
     pub base: u64,
     pub size: u64,
     pub id: u64,
+    pub sharing: Sharing,
 }
 
 impl Allocation {
@@ -237,6 +247,7 @@ mod tests {
             base,
             size: 1 << 20,
             id,
+            sharing: Sharing::LegacyIpc,
         }
     }
 

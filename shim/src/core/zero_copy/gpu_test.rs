@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::super::cuda::Stream;
 use super::super::cuda::{self, Device, DeviceBuffer, HostControl, OwnedStream};
-use super::{Allocation, DeviceMemory, IpcHandle, Mapped, Marker, Memory, Service, ZeroCopy};
+use super::{Allocation, DeviceMemory, Mapped, Marker, Memory, Service, Shared, ZeroCopy};
 
 /// The driver's memory, with every buffer id hidden: what zero-copy would be without them.
 struct WithoutIds(DeviceMemory);
@@ -19,11 +19,11 @@ impl Memory for WithoutIds {
             .allocation_of(pointer)
             .map(|a| Allocation { id: 0, ..a })
     }
-    fn ipc_handle(&self, base: u64) -> Result<IpcHandle, String> {
-        self.0.ipc_handle(base)
+    fn share(&self, allocation: &Allocation) -> Result<Shared, String> {
+        self.0.share(allocation)
     }
-    fn open(&self, handle: &IpcHandle) -> Result<Box<dyn Mapped>, String> {
-        self.0.open(handle)
+    fn open(&self, shared: Shared, size: u64) -> Result<Box<dyn Mapped>, String> {
+        self.0.open(shared, size)
     }
     fn marker(&self, stream: Stream) -> Option<Marker> {
         self.0.marker(stream)
@@ -51,6 +51,50 @@ fn post(dir: &Path, name: &str, text: &str) {
     let temporary = dir.join(format!("{name}.part"));
     std::fs::write(&temporary, format!("{text}\n")).unwrap();
     std::fs::rename(temporary, dir.join(name)).unwrap();
+}
+
+/// `chunks` cuMem allocations of `chunk` bytes each mapped one after the other in one
+/// reservation, shareable as file descriptors: one as ncclMemAlloc makes them, several as
+/// PyTorch's expandable segments do. Returns the reservation's start. Leaked: the process ends
+/// soon after.
+fn cumem(device: Device, chunk: usize, chunks: u64) -> u64 {
+    use cudarc::driver::sys;
+    // SAFETY: plain data; the fields the driver reads are set below.
+    let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = device.ordinal;
+    prop.requestedHandleTypes =
+        sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    let mut start: u64 = 0;
+    // SAFETY: driver calls on our own reservation and allocations; results checked.
+    unsafe {
+        assert_eq!(
+            sys::cuMemAddressReserve(&mut start, chunks as usize * chunk, 0, 0, 0),
+            sys::CUresult::CUDA_SUCCESS
+        );
+        for k in 0..chunks {
+            let mut handle = 0;
+            assert_eq!(
+                sys::cuMemCreate(&mut handle, chunk, &prop, 0),
+                sys::CUresult::CUDA_SUCCESS
+            );
+            let at = start + k * chunk as u64;
+            assert_eq!(
+                sys::cuMemMap(at, chunk, 0, handle, 0),
+                sys::CUresult::CUDA_SUCCESS
+            );
+            let access = sys::CUmemAccessDesc {
+                location: prop.location,
+                flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+            };
+            assert_eq!(
+                sys::cuMemSetAccess(at, chunk, &access, 1),
+                sys::CUresult::CUDA_SUCCESS
+            );
+        }
+    }
+    start
 }
 
 /// A kernel that spins until word 0 of a host control block is raised: keeps a GPU busy.
@@ -160,9 +204,37 @@ fn role(rank: usize, dir: &Path, processes: Vec<u64>, ids: bool) {
             "same address both rounds: {}",
             if bases[0] == bases[1] { "yes" } else { "no" }
         );
+        // Round 3: cuMem memory of one allocation (ncclMemAlloc's), by file descriptor.
+        let chunk = 2 << 20;
+        let start = cumem(device, chunk, 1);
+        cuda::fill(start, 0x33, chunk).unwrap();
+        let inside = start + 256;
+        let allocation = cuda::shareable_allocation(inside, device.ordinal);
+        println!("round 3: allocation {allocation:x?}");
+        let started = Instant::now();
+        let (addresses, _) = member
+            .addresses(inside, inside, 4096)
+            .expect("rank 1 maps the cuMem buffer");
+        println!(
+            "round 3: rank 1's address {:#x}, first call {:.1} ms",
+            addresses.input[1],
+            started.elapsed().as_secs_f64() * 1e3
+        );
+        // Several allocations in one reservation (expandable segments): the driver names the
+        // reservation, which no one handle maps; the peer says so and the call is staged.
+        let pair = cumem(device, chunk, 2);
+        let started = Instant::now();
+        assert!(member.addresses(pair + 256, pair + 256, 4096).is_none());
+        println!(
+            "round 3: a reservation of two allocations: {:x?}, refused in {:.1} ms",
+            cuda::shareable_allocation(pair, device.ordinal),
+            started.elapsed().as_secs_f64() * 1e3
+        );
+        post(dir, "round3", &format!("{} 51", addresses.input[1]));
+        assert_eq!(await_file(dir, "read3"), "right");
     } else {
         let busy = Busy::start(device);
-        for round in [1, 2] {
+        for round in [1, 2, 3] {
             let text = await_file(dir, &format!("round{round}"));
             let (address, value) = text.split_once(' ').unwrap();
             let (address, value): (u64, u8) = (address.parse().unwrap(), value.parse().unwrap());

@@ -13,6 +13,7 @@
 //! offered anew: no call ever reads through a stale mapping.
 
 mod exports;
+mod fd_passing;
 #[cfg(test)]
 mod gpu_test;
 mod service;
@@ -23,10 +24,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::cuda::{self, Device, Event, IpcHandle, IpcMapping, Stream};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+use super::cuda::{self, Device, Event, IpcHandle, IpcMapping, Stream, VmmMapping};
 use super::policy::MAX_RANKS;
 use crate::log::{log_info, log_warn};
-pub use exports::{Allocation, Done};
+pub use exports::{Allocation, Done, Sharing};
 use exports::{Exports, Placement, Retired};
 pub use service::Service;
 use wire::{Kind, Message};
@@ -40,14 +43,19 @@ const ANSWER_LIMIT: Duration = Duration::from_secs(10);
 /// Past this many, the oldest are closed anyway (on a thread of their own).
 const PARKED_LIMIT: usize = 64;
 
+/// What a peer needs to map an allocation.
+pub enum Shared {
+    Ipc(IpcHandle),
+    Fd(OwnedFd),
+}
+
 /// What zero-copy needs of CUDA, apart so that the protocol can be tested without a GPU.
 pub trait Memory: Send + Sync {
-    /// The allocation holding `pointer`, if it is one that peers can map (cudaMalloc memory of
-    /// this rank's GPU).
+    /// The allocation holding `pointer`, if it is one that peers can map (of this rank's GPU).
     fn allocation_of(&self, pointer: u64) -> Option<Allocation>;
-    fn ipc_handle(&self, base: u64) -> Result<IpcHandle, String>;
-    /// Maps a peer's allocation.
-    fn open(&self, handle: &IpcHandle) -> Result<Box<dyn Mapped>, String>;
+    fn share(&self, allocation: &Allocation) -> Result<Shared, String>;
+    /// Maps a peer's allocation of `size` bytes.
+    fn open(&self, shared: Shared, size: u64) -> Result<Box<dyn Mapped>, String>;
     /// A marker on `stream` behind the work queued there so far.
     fn marker(&self, stream: Stream) -> Option<Marker>;
 }
@@ -175,7 +183,14 @@ impl ZeroCopy {
         let alive = |a: &Allocation| self.memory.allocation_of(a.base) == Some(*a);
         let placement = exports.place(allocation, alive, &mut retired);
         for gone in retired {
-            self.tell_peers(Kind::Retire, gone.position, gone.generation, 0, [0; 64]);
+            self.tell_peers(
+                Kind::Retire,
+                gone.position,
+                gone.generation,
+                0,
+                [0; 64],
+                None,
+            );
         }
         let (position, generation) = match placement {
             Placement::Full => return None,
@@ -188,10 +203,19 @@ impl ZeroCopy {
                 generation,
             } => {
                 self.offered.fetch_add(1, Ordering::Relaxed);
-                match self.memory.ipc_handle(allocation.base) {
-                    Ok(handle) => {
-                        self.tell_peers(Kind::Export, position, generation, allocation.size, handle)
+                let size = allocation.size;
+                match self.memory.share(&allocation) {
+                    Ok(Shared::Ipc(handle)) => {
+                        self.tell_peers(Kind::Export, position, generation, size, handle, None)
                     }
+                    Ok(Shared::Fd(fd)) => self.tell_peers(
+                        Kind::ExportFd,
+                        position,
+                        generation,
+                        size,
+                        [0; 64],
+                        Some(fd.as_fd()),
+                    ),
                     // Never shareable: answered "no" for every peer, so that no call waits.
                     Err(_) => (0..self.processes.len())
                         .filter(|&r| r != self.rank)
@@ -248,6 +272,7 @@ impl ZeroCopy {
         generation: u64,
         value: u64,
         handle: IpcHandle,
+        fd: Option<BorrowedFd<'_>>,
     ) {
         let message = Message {
             kind,
@@ -260,24 +285,29 @@ impl ZeroCopy {
         };
         for (r, &process) in self.processes.iter().enumerate() {
             if r != self.rank
-                && let Err(e) = self.service.send(process, &message)
+                && let Err(e) = self.service.send(process, &message, fd)
             {
                 self.give_up(&format!("rank {r} cannot be reached ({e})"));
             }
         }
     }
 
-    /// A message for this communicator (on the service's thread).
-    fn receive(&self, service: &Service, message: Message) {
+    /// A message for this communicator (on the service's thread), with the descriptor that came
+    /// with it.
+    fn receive(&self, service: &Service, message: Message, fd: Option<OwnedFd>) {
         let from = message.from as usize;
         let position = message.position as usize;
         if from >= self.processes.len() || from == self.rank {
             return;
         }
         match message.kind {
-            Kind::Export => {
+            Kind::Export | Kind::ExportFd => {
+                let shared = match (message.kind, fd) {
+                    (Kind::Export, _) => Some(Shared::Ipc(message.handle)),
+                    (_, fd) => fd.map(Shared::Fd),
+                };
                 let (address, replaced) =
-                    self.map(from, position, message.generation, &message.handle);
+                    self.map(from, position, message.generation, shared, message.value);
                 let answer = Message {
                     kind: Kind::Ack,
                     from: self.rank as u32,
@@ -285,7 +315,7 @@ impl ZeroCopy {
                     handle: [0; 64],
                     ..message
                 };
-                if let Err(e) = service.send(self.processes[from], &answer) {
+                if let Err(e) = service.send(self.processes[from], &answer, None) {
                     self.give_up(&format!("rank {from} cannot be reached ({e})"));
                 }
                 if let Some(replaced) = replaced {
@@ -329,7 +359,8 @@ impl ZeroCopy {
         from: usize,
         position: usize,
         generation: u64,
-        handle: &IpcHandle,
+        shared: Option<Shared>,
+        size: u64,
     ) -> (u64, Option<Box<dyn Mapped>>) {
         let mut imports = lock(&self.imports);
         if let Some((known, mapped)) = imports.get(&(from, position)) {
@@ -342,7 +373,10 @@ impl ZeroCopy {
         }
         // The allocation this replaces is no longer used by any kernel (exports.rs).
         let replaced = imports.remove(&(from, position)).map(|(_, mapped)| mapped);
-        let address = match self.memory.open(handle) {
+        let opened = shared
+            .ok_or_else(|| "no file descriptor came".to_string())
+            .and_then(|shared| self.memory.open(shared, size));
+        let address = match opened {
             Ok(mapped) => {
                 let address = mapped.address();
                 imports.insert((from, position), (generation, mapped));
@@ -376,11 +410,15 @@ impl Drop for ZeroCopy {
 /// Memory of one GPU, through the driver.
 pub struct DeviceMemory(pub Device);
 
-struct DeviceMapping(IpcMapping);
-
-impl Mapped for DeviceMapping {
+impl Mapped for IpcMapping {
     fn address(&self) -> u64 {
-        self.0.pointer
+        self.pointer
+    }
+}
+
+impl Mapped for VmmMapping {
+    fn address(&self) -> u64 {
+        self.pointer
     }
 }
 
@@ -392,20 +430,30 @@ impl Done for Event {
 
 impl Memory for DeviceMemory {
     fn allocation_of(&self, pointer: u64) -> Option<Allocation> {
-        cuda::ipc_allocation(pointer, self.0.ordinal)
+        cuda::shareable_allocation(pointer, self.0.ordinal)
     }
 
-    fn ipc_handle(&self, base: u64) -> Result<IpcHandle, String> {
+    fn share(&self, allocation: &Allocation) -> Result<Shared, String> {
         // A call being captured into a graph may offer its buffers.
         let _relaxed = cuda::RelaxedCapture::new();
         let _context = self.0.enter().map_err(|e| e.to_string())?;
-        cuda::ipc_handle(base).map_err(|e| e.to_string())
+        match allocation.sharing {
+            Sharing::LegacyIpc => cuda::ipc_handle(allocation.base).map(Shared::Ipc),
+            Sharing::PosixFd => cuda::export_fd(allocation.base).map(Shared::Fd),
+        }
+        .map_err(|e| e.to_string())
     }
 
-    fn open(&self, handle: &IpcHandle) -> Result<Box<dyn Mapped>, String> {
-        IpcMapping::open(self.0, handle)
-            .map(|m| Box::new(DeviceMapping(m)) as Box<dyn Mapped>)
-            .map_err(|e| e.to_string())
+    fn open(&self, shared: Shared, size: u64) -> Result<Box<dyn Mapped>, String> {
+        match shared {
+            Shared::Ipc(handle) => {
+                IpcMapping::open(self.0, &handle).map(|m| Box::new(m) as Box<dyn Mapped>)
+            }
+            Shared::Fd(fd) => {
+                VmmMapping::import(self.0, fd.as_fd(), size).map(|m| Box::new(m) as Box<dyn Mapped>)
+            }
+        }
+        .map_err(|e| e.to_string())
     }
 
     fn marker(&self, stream: Stream) -> Option<Marker> {
@@ -455,19 +503,45 @@ mod tests {
                 .find(|a| a.holds(pointer, 1))
                 .copied()
         }
-        fn ipc_handle(&self, base: u64) -> Result<IpcHandle, String> {
-            let a = self.allocation_of(base).ok_or("no allocation")?;
-            let mut handle = [0u8; 64];
-            handle[..8].copy_from_slice(&a.base.to_le_bytes());
-            handle[8..16].copy_from_slice(&a.id.to_le_bytes());
-            Ok(handle)
+        fn share(&self, a: &Allocation) -> Result<Shared, String> {
+            let mut identity = [0u8; 64];
+            identity[..8].copy_from_slice(&a.base.to_le_bytes());
+            identity[8..16].copy_from_slice(&a.id.to_le_bytes());
+            match a.sharing {
+                Sharing::LegacyIpc => Ok(Shared::Ipc(identity)),
+                // The identity in a file, passed as its descriptor.
+                Sharing::PosixFd => {
+                    let path = std::env::temp_dir().join(format!(
+                        "ncclshim-fake-fd-{}-{:x}-{}",
+                        std::process::id(),
+                        a.base,
+                        a.id
+                    ));
+                    std::fs::write(&path, &identity[..16]).map_err(|e| e.to_string())?;
+                    let file = std::fs::File::open(&path).map_err(|e| e.to_string())?;
+                    let _ = std::fs::remove_file(&path);
+                    Ok(Shared::Fd(file.into()))
+                }
+            }
         }
-        fn open(&self, handle: &IpcHandle) -> Result<Box<dyn Mapped>, String> {
+        fn open(&self, shared: Shared, _size: u64) -> Result<Box<dyn Mapped>, String> {
             if self.refuse {
                 return Err("refused".into());
             }
-            let base = u64::from_le_bytes(handle[..8].try_into().unwrap());
-            let id = u64::from_le_bytes(handle[8..16].try_into().unwrap());
+            let identity = match shared {
+                Shared::Ipc(handle) => handle[..16].to_vec(),
+                Shared::Fd(fd) => {
+                    // At offset 0: every peer's descriptor shares one file offset.
+                    use std::os::unix::fs::FileExt;
+                    let mut bytes = vec![0u8; 16];
+                    std::fs::File::from(fd)
+                        .read_exact_at(&mut bytes, 0)
+                        .map_err(|e| e.to_string())?;
+                    bytes
+                }
+            };
+            let base = u64::from_le_bytes(identity[..8].try_into().unwrap());
+            let id = u64::from_le_bytes(identity[8..16].try_into().unwrap());
             self.open.fetch_add(1, Ordering::SeqCst);
             Ok(Box::new(FakeMapping {
                 address: 0x7000_0000_0000 + (id << 32) + (base & 0xffff_ffff),
@@ -513,12 +587,17 @@ mod tests {
     }
 
     fn allocate(memory: &FakeMemory, base: u64, id: u64) {
+        allocate_shared(memory, base, id, Sharing::LegacyIpc);
+    }
+
+    fn allocate_shared(memory: &FakeMemory, base: u64, id: u64, sharing: Sharing) {
         let mut allocations = lock(&memory.allocations);
         allocations.retain(|a| a.base != base);
         allocations.push(Allocation {
             base,
             size: 1 << 20,
             id,
+            sharing,
         });
     }
 
@@ -552,6 +631,22 @@ mod tests {
             member.addresses(0x90_0000, 0x40_0000, 16).is_none(),
             "not shareable"
         );
+    }
+
+    /// cuMem allocations travel as file descriptors (SCM_RIGHTS), mixed with IPC ones.
+    #[test]
+    fn allocations_shared_as_file_descriptors_are_mapped_too() {
+        let ranks = ranks(3, false);
+        let (member, memory) = &ranks[2];
+        allocate_shared(memory, 0x80_0000, 3, Sharing::PosixFd);
+        allocate(memory, 0x90_0000, 4);
+        let (addresses, _) = member
+            .addresses(0x80_0040, 0x90_0000, 4096)
+            .expect("every peer maps it");
+        for peer in [0, 1] {
+            assert_eq!(addresses.input[peer], 0x7003_0080_0040);
+            assert_eq!(addresses.output[peer], 0x7004_0090_0000);
+        }
     }
 
     /// Freed and made again at the same address, an allocation is mapped anew: a call never

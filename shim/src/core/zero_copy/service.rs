@@ -7,11 +7,13 @@
 
 use std::collections::HashMap;
 use std::io;
+use std::os::fd::BorrowedFd;
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixDatagram};
 use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
+use super::fd_passing;
 use super::wire::{MESSAGE_BYTES, Message};
 use super::{Mapped, ZeroCopy};
 
@@ -91,12 +93,27 @@ impl Service {
         self.members.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Sends `message` to the process whose identity is `process`.
-    pub fn send(&self, process: u64, message: &Message) -> io::Result<()> {
-        let address = SocketAddr::from_abstract_name(name(process).as_bytes())?;
-        self.socket
-            .send_to_addr(&message.encode(), &address)
-            .map(|_| ())
+    /// Sends `message` to the process whose identity is `process`, with `fd` if given (the
+    /// receiver gets its own descriptor of the same file).
+    pub fn send(
+        &self,
+        process: u64,
+        message: &Message,
+        fd: Option<BorrowedFd<'_>>,
+    ) -> io::Result<()> {
+        let Some(fd) = fd else {
+            let address = SocketAddr::from_abstract_name(name(process).as_bytes())?;
+            return self
+                .socket
+                .send_to_addr(&message.encode(), &address)
+                .map(|_| ());
+        };
+        fd_passing::send(
+            &self.socket,
+            name(process).as_bytes(),
+            &message.encode(),
+            fd,
+        )
     }
 
     fn serve(self: Arc<Self>) {
@@ -106,7 +123,7 @@ impl Service {
             super::super::cuda::driver_present().then(super::super::cuda::RelaxedCapture::new);
         let mut buffer = [0u8; MESSAGE_BYTES + 1];
         loop {
-            let Ok(length) = self.socket.recv(&mut buffer) else {
+            let Ok((length, fd)) = fd_passing::receive(&self.socket, &mut buffer) else {
                 continue;
             };
             let Some(message) = Message::decode(&buffer[..length]) else {
@@ -116,7 +133,7 @@ impl Service {
             if let Some(member) = member {
                 // A panic in one message must not end the service for every communicator.
                 let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    member.receive(&self, message)
+                    member.receive(&self, message, fd)
                 }));
             }
         }

@@ -12,6 +12,8 @@ pub const MESSAGE_BYTES: usize = 104;
 pub enum Kind {
     /// Exporter to importers: `handle` opens the allocation of `size` bytes at `position`.
     Export,
+    /// As `Export`, for an allocation passed as the file descriptor sent with the message.
+    ExportFd,
     /// Importer to exporter: where it mapped `position`'s allocation (`value`, 0: it could not).
     Ack,
     /// Exporter to importers: `position`'s allocation is gone; unmap it.
@@ -39,6 +41,7 @@ impl Message {
             Kind::Export => 1,
             Kind::Ack => 2,
             Kind::Retire => 3,
+            Kind::ExportFd => 4,
         };
         bytes[0..4].copy_from_slice(&kind.to_le_bytes());
         bytes[4..8].copy_from_slice(&self.from.to_le_bytes());
@@ -61,6 +64,7 @@ impl Message {
             1 => Kind::Export,
             2 => Kind::Ack,
             3 => Kind::Retire,
+            4 => Kind::ExportFd,
             _ => return None,
         };
         Some(Message {
@@ -86,7 +90,7 @@ mod tests {
             .iter_mut()
             .enumerate()
             .for_each(|(i, b)| *b = i as u8);
-        for kind in [Kind::Export, Kind::Ack, Kind::Retire] {
+        for kind in [Kind::Export, Kind::Ack, Kind::Retire, Kind::ExportFd] {
             let message = Message {
                 kind,
                 from: 3,
