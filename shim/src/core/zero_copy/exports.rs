@@ -8,6 +8,8 @@
 //! kernel of that call too. A position used in a CUDA graph is kept (a replay may use it at any
 //! time).
 
+use std::time::Instant;
+
 use super::super::policy::MAX_RANKS;
 
 /// Positions per communicator and rank.
@@ -62,6 +64,7 @@ struct Export<E> {
     last_use: Option<E>,
     /// When it was last used, for choosing what to replace.
     tick: u64,
+    offered_at: Instant,
 }
 
 /// Where an allocation stands after `place`.
@@ -166,6 +169,7 @@ impl<E: Done> Exports<E> {
             pinned: false,
             last_use: None,
             tick: self.tick,
+            offered_at: Instant::now(),
         });
         Placement::New {
             position,
@@ -207,6 +211,14 @@ impl<E: Done> Exports<E> {
             };
         }
         Some(Ok(addresses))
+    }
+
+    /// When the allocation at `position` was offered (now, for an empty position).
+    pub fn offered_at(&self, position: usize) -> Instant {
+        match self.slots.get(position) {
+            Some(Some(export)) => export.offered_at,
+            _ => Instant::now(),
+        }
     }
 
     /// A call used `position`: behind `marker` (eager), or in a graph (`None`: kept for good).

@@ -34,9 +34,11 @@ use exports::{Exports, Placement, Retired};
 pub use service::Service;
 use wire::{Kind, Message};
 
-/// How long a call waits for its peers to map a new allocation before it gives up on zero-copy
-/// for the communicator (its calls then take the staged path).
-const ANSWER_LIMIT: Duration = Duration::from_secs(10);
+/// How long calls wait, in all, for the peers to map a new allocation: answers take a
+/// millisecond or so, but a peer's CUDA calls can be held up (by its own program's, such as a
+/// cudaFree waiting for its GPU, whose kernel may wait for us). Past it, calls take the staged
+/// path without waiting, until the answers come.
+const ANSWER_LIMIT: Duration = Duration::from_secs(2);
 /// Mappings of peers' allocations that are gone, kept open until the communicator goes: closing
 /// one waits until this GPU has nothing queued, and holds this process's other CUDA calls
 /// meanwhile (seen on H100, driver 580), which must not happen while kernels wait for a peer.
@@ -224,7 +226,7 @@ impl ZeroCopy {
                 (position, generation)
             }
         };
-        let deadline = Instant::now() + ANSWER_LIMIT;
+        let deadline = exports.offered_at(position) + ANSWER_LIMIT;
         loop {
             match exports.addresses(position, generation) {
                 Some(Ok(addresses)) => return Some((addresses, allocation.base, position)),
@@ -234,7 +236,6 @@ impl ZeroCopy {
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                self.give_up("a peer did not map a buffer of this rank within 10 s");
                 return None;
             }
             exports = self
@@ -477,6 +478,8 @@ mod tests {
         /// Mappings of this rank's making still open.
         open: Arc<AtomicUsize>,
         refuse: bool,
+        /// How long mapping takes.
+        delay: Duration,
     }
 
     struct FakeMapping {
@@ -528,6 +531,7 @@ mod tests {
             if self.refuse {
                 return Err("refused".into());
             }
+            std::thread::sleep(self.delay);
             let identity = match shared {
                 Shared::Ipc(handle) => handle[..16].to_vec(),
                 Shared::Fd(fd) => {
@@ -565,6 +569,14 @@ mod tests {
     /// `n` ranks, each a service of its own (as separate processes would have), with their
     /// memories.
     fn ranks(n: usize, refuse: bool) -> Vec<(Arc<ZeroCopy>, Arc<FakeMemory>)> {
+        slow_ranks(n, refuse, Duration::ZERO)
+    }
+
+    fn slow_ranks(
+        n: usize,
+        refuse: bool,
+        delay: Duration,
+    ) -> Vec<(Arc<ZeroCopy>, Arc<FakeMemory>)> {
         let processes = identities(n);
         let comm = processes[0] ^ 0x5eed;
         (0..n)
@@ -572,6 +584,7 @@ mod tests {
                 let service = Service::start(processes[rank]).unwrap();
                 let memory = Arc::new(FakeMemory {
                     refuse,
+                    delay,
                     ..FakeMemory::default()
                 });
                 let member = ZeroCopy::join(
@@ -710,6 +723,27 @@ mod tests {
             !member.broken.load(Ordering::Relaxed),
             "only that allocation"
         );
+    }
+
+    /// A peer slow to answer holds up the first call only, up to the limit; later calls go
+    /// staged without waiting until the answer is in, then zero-copy.
+    #[test]
+    fn a_late_answer_is_waited_for_once() {
+        let ranks = slow_ranks(2, false, ANSWER_LIMIT + Duration::from_millis(500));
+        let (member, memory) = &ranks[0];
+        allocate(memory, 0x58_0000, 1);
+        let started = Instant::now();
+        assert!(member.addresses(0x58_0000, 0x58_0000, 64).is_none());
+        assert!(started.elapsed() >= ANSWER_LIMIT);
+        let started = Instant::now();
+        assert!(member.addresses(0x58_0000, 0x58_0000, 64).is_none());
+        assert!(
+            started.elapsed() < Duration::from_millis(100),
+            "waited again"
+        );
+        std::thread::sleep(Duration::from_secs(1));
+        assert!(member.addresses(0x58_0000, 0x58_0000, 64).is_some());
+        assert!(!member.broken.load(Ordering::Relaxed));
     }
 
     #[test]
