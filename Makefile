@@ -148,6 +148,12 @@ gpu-bundle:
 	CARGO_TARGET_DIR=$(CURDIR)/target/gpu-bundle $(MAKE) --no-print-directory build \
 	  NCCL_VERSION=$(GPU_NCCL_VERSION) BUILD=$(BUNDLE)/shim
 	strip --strip-debug $(BUNDLE)/shim/lib/libnccl.so.$(GPU_NCCL_VERSION) $(BUNDLE)/shim/bin/ncclshim
+	@# The core's own GPU tests (shim/src/core/**/gpu_test.rs, ignored in make test): run.sh zerocopy.
+	$(WITH_NVRTC) NCCL_VERSION=$(GPU_NCCL_VERSION) CARGO_TARGET_DIR=$(CURDIR)/target/gpu-bundle \
+	  $(CARGO) test --release --locked -p ncclshim --lib --no-run --message-format=json 2>/dev/null \
+	  | python3 -c 'import json, sys; print(next(m["executable"] for m in map(json.loads, sys.stdin) if m.get("executable")))' \
+	  | xargs -I{} cp {} $(BUNDLE)/shim/bin/core-tests
+	strip --strip-debug $(BUNDLE)/shim/bin/core-tests
 	@if [ -n "$(NCCL_TESTS_GIT)" ]; then \
 	  git --git-dir="$(NCCL_TESTS_GIT)" archive --format=tar.gz --prefix=nccl-tests/ HEAD \
 	    >$(BUNDLE)/nccl-tests.tar.gz && \

@@ -293,9 +293,7 @@ fn check_routing(report: &Report, machine: Option<&Machine>) {
     ] {
         let two_shot = match (single_process, settings.uses_direct(true)) {
             (true, true) => "direct",
-            (false, true) if settings.zero_copy => {
-                "direct (zero-copy; staged for buffers CUDA IPC cannot share)"
-            }
+            (false, true) if settings.zero_copy => "zero-copy direct",
             _ => "staged",
         };
         report.note(format!(

@@ -47,7 +47,7 @@ fn doctor_names_the_libraries_and_passes_without_a_gpu() {
     );
     assert!(said.contains("kernels built in for sm_90"), "{said}");
     assert!(
-        said.contains("all-reduce, one process per GPU: staged two-shot up to 32 MiB"),
+        said.contains("all-reduce, one process per GPU: zero-copy direct two-shot up to 32 MiB"),
         "{said}"
     );
     assert!(

@@ -2,7 +2,7 @@
 # The GPU suite, on a machine with NVIDIA GPUs, nvcc and PyTorch (no Rust needed): compiles the
 # C/CUDA programs, runs the correctness matrix, the PyTorch checks and the side-by-side
 # benchmark through ncclshim, and writes logs and OUTDIR/summary.txt.
-#   run.sh OUTDIR [collectives] [torch] [torchbench] [bench] [launch] [floor] [sanitizer] [waitlimit] [nccltests] [badinput] [faults] [observe] [netplugin]  (default: the first three)
+#   run.sh OUTDIR [collectives] [torch] [torchbench] [zerocopy] [bench] [launch] [floor] [sanitizer] [waitlimit] [nccltests] [badinput] [faults] [observe] [netplugin]  (default: the first three)
 # It runs from the folder `make gpu-bundle` makes (the shim in shim/lib beside this script).
 # Environment (all optional):
 #   GPU_COUNTS  GPU counts to run on (default "2 4", less those the machine lacks)
@@ -20,7 +20,7 @@
 #   FLOOR_ARGS     more arguments for the floor, e.g. "--sizes 8M,16M"
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
-[ $# -ge 1 ] || { echo "usage: $0 OUTDIR [collectives] [torch] [torchbench] [bench] [launch] [floor] [sanitizer] [waitlimit] [nccltests] [badinput] [faults] [observe] [netplugin]" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "usage: $0 OUTDIR [collectives] [torch] [torchbench] [zerocopy] [bench] [launch] [floor] [sanitizer] [waitlimit] [nccltests] [badinput] [faults] [observe] [netplugin]" >&2; exit 2; }
 mkdir -p "$1" && out=$(cd "$1" && pwd) && shift
 suites=${*:-collectives torch bench}
 
@@ -214,6 +214,26 @@ torch_suite() {
   echo "  as built vs NCCL: $(tail -1 "$dir/compare.log" | cut -c1-200)" | tee -a "$summary"
   echo "  nonblocking (TORCH_NCCL_USE_COMM_NONBLOCKING=1, no all_to_all) vs NCCL alike: $(tail -1 "$dir/compare-nonblocking.log" | cut -c1-200)" | tee -a "$summary"
   grep -h "^torch rank" "$dir/shim.log" | sed 's/^/  as built: /' | tee -a "$summary"
+}
+
+# --- Zero-copy between processes, on one GPU (CUDA IPC works between processes of one device):
+# the core's own GPU tests (shim/bin/core-tests, built by make gpu-bundle): two processes offer
+# and map each other's buffers (cudaMalloc and cuMem), with the GPU of the mapping one busy; the
+# same without buffer ids must read a stale mapping (the check the ids are for); the core's
+# direct all-reduce between two processes through zero-copy, in and out of place, misaligned,
+# on buffers made again at the same addresses, 0 wrong ---
+zero_copy_suite() {
+  local dir=$out/zero-copy t=$SECONDS status=0 tests=$here/shim/bin/core-tests name
+  rm -rf "$dir" && mkdir -p "$dir"
+  [ -x "$tests" ] || { verdict "zero-copy (1 GPU)" 1 "no shim/bin/core-tests in the bundle"; return; }
+  for name in two_processes_share_buffers_and_never_a_stale_one without_buffer_ids_the_stale_mapping_is_read \
+    core_all_reduce_between_two_processes_through_zero_copy; do
+    NCCLSHIM_TIMEOUT=60 NCCL_DEBUG=INFO CUDA_VISIBLE_DEVICES=0 timeout 300 "$tests" --exact \
+      "core::zero_copy::gpu_test::$name" --ignored --nocapture >"$dir/$name.log" 2>&1 || status=1
+  done
+  local first
+  first=$(grep -ho 'first call [0-9.]* ms' "$dir"/two_processes_*.log | awk '{print $3}' | paste -sd/)
+  verdict "zero-copy (1 GPU)" $status "first calls on new buffers $first ms; core all-reduce: $(grep -hc ' 0 wrong$' "$dir"/core_*.log) of 30 right; $((SECONDS - t)) s; logs in zero-copy/"
 }
 
 # --- PyTorch's all-reduce timed (torch_bench.py): bf16, one process per GPU under torchrun,
@@ -493,6 +513,7 @@ for n in $counts; do
       collectives) collectives "$n" ;;
       torch) torch_suite "$n" ;;
       torchbench) torch_bench_suite "$n" ;;
+      zerocopy) zero_copy_suite ;;
       bench) bench_suite "$n" ;;
       launch) launch_suite "$n" ;;
       floor) floor_suite "$n" ;;

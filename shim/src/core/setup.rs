@@ -262,7 +262,7 @@ fn exchange_space(ordinal: i32, nranks: usize) -> Cuda<Exchange> {
 }
 
 /// Kernels, buffer and control block of this rank.
-fn own_parts(device: Device) -> Result<Parts, String> {
+pub(super) fn own_parts(device: Device) -> Result<Parts, String> {
     if let Some(why) = p2p_forbidden(|name| std::env::var(name).ok()) {
         return Err(why);
     }

@@ -1,11 +1,12 @@
 //! Zero-copy for communicators whose ranks are in several processes (one process per GPU, as
 //! under torchrun or mpirun): the direct all-reduce reads and writes the peers' user buffers,
 //! which each rank must first map. Each rank offers its peers every allocation its calls use,
-//! once (`exports`): the peers map it through CUDA IPC on their service thread (`service`) and
-//! answer where (`wire`). A call whose allocations every peer has mapped gives the kernel every
-//! rank's address of its buffers; the others (first meetings that could not be answered in
-//! time, memory CUDA IPC cannot share) let the kernel take the staged path, which every rank
-//! then takes alike (all_reduce.cu, "Direct").
+//! once (`exports`): a CUDA IPC handle for cudaMalloc memory, a file descriptor for shareable
+//! cuMem memory (`fd_passing`); the peers map it on their service thread (`service`) and answer
+//! where (`wire`). A call whose allocations every peer has mapped gives the kernel every rank's
+//! address of its buffers; the others (first meetings not answered in time, memory that cannot
+//! be shared) let the kernel take the staged path, which every rank then takes alike
+//! (all_reduce.cu, "Direct").
 //!
 //! The first call on an allocation waits for its peers' answers (one round trip through the
 //! service threads, and the time to map it); later calls find it in the table. An allocation
@@ -20,11 +21,10 @@ mod service;
 mod wire;
 
 use std::collections::{HashMap, VecDeque};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
-
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use super::cuda::{self, Device, Event, IpcHandle, IpcMapping, Stream, VmmMapping};
 use super::policy::MAX_RANKS;
@@ -41,7 +41,7 @@ use wire::{Kind, Message};
 const ANSWER_LIMIT: Duration = Duration::from_secs(2);
 /// Mappings of peers' allocations that are gone, kept open until the communicator goes: closing
 /// one waits until this GPU has nothing queued, and holds this process's other CUDA calls
-/// meanwhile (seen on H100, driver 580), which must not happen while kernels wait for a peer.
+/// meanwhile (seen on H100), which must not happen while kernels wait for a peer.
 /// Past this many, the oldest are closed anyway (on a thread of their own).
 const PARKED_LIMIT: usize = 64;
 
@@ -99,7 +99,7 @@ pub struct ZeroCopy {
     imports: Mutex<Imports>,
     /// Mappings of allocations that are gone, oldest first (see PARKED_LIMIT).
     parked: Mutex<VecDeque<Box<dyn Mapped>>>,
-    /// A peer did not answer in time, or could not be reached: no zero-copy here any more.
+    /// A peer could not be reached: no zero-copy here any more.
     broken: AtomicBool,
     /// Calls that went zero-copy, calls that could not, allocations offered: said at the end.
     served: AtomicU64,
