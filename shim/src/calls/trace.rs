@@ -124,9 +124,40 @@ fn start_writer() {
         .name("ncclshim-trace".into())
         .spawn(move || write_until_finished(std::io::BufWriter::new(file)));
     match spawned {
-        Ok(_) => WRITER_PID.store(pid as i32, Ordering::Release),
+        Ok(_) => {
+            WRITER_PID.store(pid as i32, Ordering::Release);
+            finish_before_cuda_goes();
+        }
         Err(_) => crate::log::log_warn!("NCCLSHIM_TRACE: no thread to write {path}; no trace"),
     }
+}
+
+unsafe extern "C" {
+    fn __cxa_atexit(
+        hook: extern "C" fn(*mut std::ffi::c_void),
+        argument: *mut std::ffi::c_void,
+        library: *mut std::ffi::c_void,
+    ) -> i32;
+    /// This library's handle for `__cxa_atexit` (from the C runtime's start files).
+    static __dso_handle: u8;
+}
+
+/// Has `finish` run at exit before CUDA tears itself down. The exit hook of `calls` is registered
+/// when the library loads, so it runs after the driver's own teardown (exit runs hooks last
+/// registered first, and library destructors after them): the events of the last timed calls
+/// could no longer be read there. Registered now, after CUDA started, this one runs before.
+fn finish_before_cuda_goes() {
+    extern "C" fn at_exit(_: *mut std::ffi::c_void) {
+        let _ = std::panic::catch_unwind(finish);
+    }
+    // SAFETY: a hook of this library, scoped to it (dropped if the library is unloaded).
+    unsafe {
+        __cxa_atexit(
+            at_exit,
+            std::ptr::null_mut(),
+            (&raw const __dso_handle).cast_mut().cast(),
+        )
+    };
 }
 
 fn write_until_finished(mut out: std::io::BufWriter<std::fs::File>) {

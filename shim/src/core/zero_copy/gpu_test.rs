@@ -339,7 +339,43 @@ fn core_role(rank: usize, dir: &Path, processes: Vec<u64>) {
             // Freed here: the next buffers are likely to come back at the same addresses.
         }
     }
-    drop(core);
+    // Through the routed path under a made-up handle, traced and timed (NCCLSHIM_TRACE and
+    // NCCLSHIM_TRACE_TIMING=1 come from the parent): each call's GPU time is in the trace.
+    let comm = (0x7e57_0000 + 0x100 * rank) as crate::api::ffi::ncclComm_t;
+    super::super::table::insert(comm, std::sync::Arc::new(core));
+    crate::calls::core_decided(comm, true, rank as i32, 2, device.ordinal);
+    let kind = crate::api::OPERATIONS
+        .iter()
+        .position(|name| *name == "ncclAllReduce")
+        .unwrap() as u8;
+    let bytes = 8usize << 20;
+    let (send, recv) = (
+        DeviceBuffer::alloc(device, bytes).unwrap(),
+        DeviceBuffer::alloc(device, bytes).unwrap(),
+    );
+    for _ in 0..5 {
+        let call = super::super::AllReduceCall {
+            send: send.pointer as *const std::ffi::c_void,
+            recv: recv.pointer as *mut std::ffi::c_void,
+            count: bytes,
+            dtype: 1,
+            op: 0,
+            stream: stream.stream as crate::api::ffi::cudaStream_t,
+        };
+        let result = super::super::all_reduce(call, comm, || crate::api::ffi::ncclInternalError);
+        let operation = crate::calls::Operation {
+            kind,
+            comm: comm as usize,
+            count: bytes as u64,
+            datatype: 1,
+            op: 0,
+            root: -1,
+        };
+        crate::calls::operation_done(&operation, result);
+        assert_eq!(result, crate::api::ffi::ncclSuccess);
+    }
+    stream.synchronize().unwrap();
+    drop(super::super::table::remove(comm));
     drop(zero_copy);
     assert_eq!(wrong, 0);
 }
@@ -379,6 +415,8 @@ fn two_processes(name: &str, ids: bool) -> (bool, PathBuf) {
                     "--ignored",
                     "--nocapture",
                 ])
+                .env("NCCLSHIM_TRACE", dir.join("trace.%p.jsonl"))
+                .env("NCCLSHIM_TRACE_TIMING", "1")
                 .env("ZERO_COPY_ROLE", rank.to_string())
                 .env("ZERO_COPY_DIR", &dir)
                 .env("ZERO_COPY_IDS", &processes)
@@ -420,6 +458,20 @@ fn core_all_reduce_between_two_processes_through_zero_copy() {
         "core_all_reduce_between_two_processes_through_zero_copy",
         true,
     );
+    // Each rank's five routed calls, timed.
+    let mut timed = 0;
+    for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+        let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+        for line in text.lines().filter(|l| l.contains("\"path\":\"routed\"")) {
+            println!("trace: {line}");
+            let time = line
+                .split("\"coll_exec_time_us\":")
+                .nth(1)
+                .unwrap_or("null");
+            timed += time.starts_with(|c: char| c.is_ascii_digit()) as usize;
+        }
+    }
     let _ = std::fs::remove_dir_all(&dir);
     assert!(passed);
+    assert_eq!(timed, 10, "routed calls with a GPU time in the trace");
 }
