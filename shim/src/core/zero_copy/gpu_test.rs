@@ -339,6 +339,7 @@ fn core_role(rank: usize, dir: &Path, processes: Vec<u64>) {
             // Freed here: the next buffers are likely to come back at the same addresses.
         }
     }
+    wrong += graph_replays(&core, device, &stream, rank, &facts);
     // Through the routed path under a made-up handle, traced and timed (NCCLSHIM_TRACE and
     // NCCLSHIM_TRACE_TIMING=1 come from the parent): each call's GPU time is in the trace.
     let comm = (0x7e57_0000 + 0x100 * rank) as crate::api::ffi::ncclComm_t;
@@ -378,6 +379,74 @@ fn core_role(rank: usize, dir: &Path, processes: Vec<u64>) {
     drop(super::super::table::remove(comm));
     drop(zero_copy);
     assert_eq!(wrong, 0);
+}
+
+/// An all-reduce on buffers new to the peers, captured into a CUDA graph (the offer and the
+/// answers happen during the capture), replayed three times on fresh inputs; wrong bytes.
+fn graph_replays(
+    core: &super::super::comm::CoreComm,
+    device: Device,
+    stream: &OwnedStream,
+    rank: usize,
+    facts: &super::super::policy::CommFacts,
+) -> usize {
+    use super::super::policy;
+    use cudarc::driver::sys;
+    let bytes = 6usize << 20;
+    let send = DeviceBuffer::alloc(device, bytes).unwrap();
+    let recv = DeviceBuffer::alloc(device, bytes).unwrap();
+    let plan = policy::plan_all_reduce(policy::settings(), bytes, 1, 0, facts).unwrap();
+    let mut graph: sys::CUgraph = std::ptr::null_mut();
+    let mut exec: sys::CUgraphExec = std::ptr::null_mut();
+    // SAFETY: driver calls on our own stream, graph and buffers; results checked.
+    unsafe {
+        let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL;
+        assert_eq!(
+            sys::cuStreamBeginCapture_v2(stream.stream, mode),
+            sys::CUresult::CUDA_SUCCESS
+        );
+        core.launch_all_reduce(
+            &plan,
+            send.pointer as *const std::ffi::c_void,
+            recv.pointer as *mut std::ffi::c_void,
+            bytes,
+            stream.stream,
+        )
+        .unwrap();
+        assert_eq!(
+            sys::cuStreamEndCapture(stream.stream, &mut graph),
+            sys::CUresult::CUDA_SUCCESS
+        );
+        assert_eq!(
+            sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0),
+            sys::CUresult::CUDA_SUCCESS
+        );
+    }
+    let mut wrong = 0;
+    for replay in 0..3u8 {
+        let mine = 0x10 * (rank as u8 + 1) + replay;
+        cuda::fill(send.pointer, mine, bytes).unwrap();
+        // SAFETY: our instantiated graph and stream.
+        unsafe {
+            assert_eq!(
+                sys::cuGraphLaunch(exec, stream.stream),
+                sys::CUresult::CUDA_SUCCESS
+            )
+        };
+        stream.synchronize().unwrap();
+        let mut got = vec![0u8; bytes];
+        cuda::copy_to_host(&mut got, recv.pointer).unwrap();
+        let want = 0x10u8 + 0x20 + 2 * replay;
+        let bad = got.iter().filter(|&&b| b != want).count();
+        println!("rank {rank} graph replay {replay}: {bytes} B: {bad} wrong");
+        wrong += bad;
+    }
+    // SAFETY: ours, no longer used.
+    unsafe {
+        sys::cuGraphExecDestroy(exec);
+        sys::cuGraphDestroy(graph);
+    }
+    wrong
 }
 
 /// Runs both roles in two processes of this test binary (`name`: the test); whether they passed.
