@@ -405,27 +405,21 @@ pub fn ipc_handle(pointer: DevicePtr) -> Cuda<IpcHandle> {
 
 /// The allocation holding `pointer` where another process can map it: cudaMalloc memory of
 /// device `ordinal` (CUDA IPC), or cuMem memory made shareable as a file descriptor (such as
-/// ncclMemAlloc's, or PyTorch's expandable segments); its range and the driver's unique id for
-/// it. `None` for any other memory.
+/// ncclMemAlloc's, or a chunk of PyTorch's expandable segments); its range and the driver's
+/// unique id for it. `None` for any other memory.
 pub fn shareable_allocation(pointer: DevicePtr, ordinal: i32) -> Option<Allocation> {
     use sys::CUpointer_attribute::*;
-    let mut base: DevicePtr = 0;
-    let mut size: usize = 0;
     let mut id: u64 = 0;
     let mut legacy_ipc: c_int = 0;
     let mut device: c_int = -1;
     let mut handle_types: u64 = 0;
     let mut attributes = [
-        CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
-        CU_POINTER_ATTRIBUTE_RANGE_SIZE,
         CU_POINTER_ATTRIBUTE_BUFFER_ID,
         CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
         CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
         CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES,
     ];
-    let mut data: [*mut c_void; 6] = [
-        (&raw mut base).cast(),
-        (&raw mut size).cast(),
+    let mut data: [*mut c_void; 4] = [
         (&raw mut id).cast(),
         (&raw mut legacy_ipc).cast(),
         (&raw mut device).cast(),
@@ -441,7 +435,15 @@ pub fn shareable_allocation(pointer: DevicePtr, ordinal: i32) -> Option<Allocati
             pointer,
         )
     };
-    if result != sys::CUresult::CUDA_SUCCESS || device != ordinal || base == 0 {
+    if result != sys::CUresult::CUDA_SUCCESS || device != ordinal {
+        return None;
+    }
+    // The allocation's own range: for cuMem memory, the one allocation mapped there, where the
+    // range attributes give the whole reservation, which may hold several (seen on H100).
+    let (mut base, mut size): (DevicePtr, usize) = (0, 0);
+    // SAFETY: writes two values; an address that is no allocation is an error.
+    let ranged = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, pointer) };
+    if ranged != sys::CUresult::CUDA_SUCCESS || base == 0 {
         return None;
     }
     let posix_fd =

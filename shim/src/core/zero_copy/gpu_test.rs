@@ -55,7 +55,8 @@ fn post(dir: &Path, name: &str, text: &str) {
 
 /// `chunks` cuMem allocations of `chunk` bytes each mapped one after the other in one
 /// reservation, shareable as file descriptors: one as ncclMemAlloc makes them, several as
-/// PyTorch's expandable segments do. Returns the reservation's start. Leaked: the process ends
+/// PyTorch's expandable segments do (the driver's range attributes then give the reservation;
+/// cuMemGetAddressRange and the buffer id, each allocation). Returns the reservation's start. Leaked: the process ends
 /// soon after.
 fn cumem(device: Device, chunk: usize, chunks: u64) -> u64 {
     use cudarc::driver::sys;
@@ -220,21 +221,30 @@ fn role(rank: usize, dir: &Path, processes: Vec<u64>, ids: bool) {
             addresses.input[1],
             started.elapsed().as_secs_f64() * 1e3
         );
-        // Several allocations in one reservation (expandable segments): the driver names the
-        // reservation, which no one handle maps; the peer says so and the call is staged.
+        // Several allocations in one reservation (PyTorch's expandable segments): a buffer in
+        // one of them is mapped alone; one across two cannot be.
         let pair = cumem(device, chunk, 2);
+        cuda::fill(pair + chunk as u64, 0x44, chunk).unwrap();
+        let second = pair + chunk as u64 + 512;
         let started = Instant::now();
-        assert!(member.addresses(pair + 256, pair + 256, 4096).is_none());
+        let (in_second, _) = member
+            .addresses(second, second, 4096)
+            .expect("rank 1 maps the second allocation alone");
         println!(
-            "round 3: a reservation of two allocations: {:x?}, refused in {:.1} ms",
-            cuda::shareable_allocation(pair, device.ordinal),
+            "round 3: in the second of two allocations: {:x?}, rank 1's address {:#x}, first call {:.1} ms",
+            cuda::shareable_allocation(second, device.ordinal),
+            in_second.input[1],
             started.elapsed().as_secs_f64() * 1e3
         );
+        let across = pair + chunk as u64 - 256;
+        assert!(member.addresses(across, across, 4096).is_none());
         post(dir, "round3", &format!("{} 51", addresses.input[1]));
         assert_eq!(await_file(dir, "read3"), "right");
+        post(dir, "round4", &format!("{} 68", in_second.input[1]));
+        assert_eq!(await_file(dir, "read4"), "right");
     } else {
         let busy = Busy::start(device);
-        for round in [1, 2, 3] {
+        for round in [1, 2, 3, 4] {
             let text = await_file(dir, &format!("round{round}"));
             let (address, value) = text.split_once(' ').unwrap();
             let (address, value): (u64, u8) = (address.parse().unwrap(), value.parse().unwrap());
