@@ -244,21 +244,29 @@ zero_copy_suite() {
 # eager and in a CUDA graph; runs without and with the shim alternate, twice each, and
 # torch_bench_report.py puts the medians side by side ---
 torch_bench_suite() {
-  local n=$1 dir=$out/torch-bench-$n t=$SECONDS status=0 round
+  local n=$1 dir=$out/torch-bench-$n t=$SECONDS status=0 round alloc
   rm -rf "$dir" && mkdir -p "$dir"
   local launch=($python -m torch.distributed.run --standalone --nproc_per_node "$n" "$here/torch_bench.py")
-  for round in 1 2; do
-    env NCCL_DEBUG=WARN timeout "$step_timeout" "${launch[@]}" "$dir/nccl-$round.json" \
-      >"$dir/nccl-$round.log" 2>&1 || status=1
-    env LD_PRELOAD="$shim" NCCLSHIM_REAL_NCCL="$real" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT \
-      timeout "$step_timeout" "${launch[@]}" "$dir/shim-$round.json" >"$dir/shim-$round.log" 2>&1 || status=1
+  # PyTorch's caching allocator as it comes (cudaMalloc segments), and with expandable segments
+  # (cuMem allocations of 2 or 20 MiB in one reservation).
+  for alloc in default expandable; do
+    local conf=()
+    [ $alloc = expandable ] && conf=(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)
+    for round in 1 2; do
+      env "${conf[@]}" NCCL_DEBUG=WARN timeout "$step_timeout" "${launch[@]}" "$dir/nccl-$alloc-$round.json" \
+        >"$dir/nccl-$alloc-$round.log" 2>&1 || status=1
+      env "${conf[@]}" LD_PRELOAD="$shim" NCCLSHIM_REAL_NCCL="$real" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT \
+        timeout "$step_timeout" "${launch[@]}" "$dir/shim-$alloc-$round.json" >"$dir/shim-$alloc-$round.log" 2>&1 ||
+        status=1
+    done
+    echo "PyTorch's allocator: $alloc" >>"$dir/report.txt"
+    $python "$here/torch_bench_report.py" --nccl "$dir"/nccl-$alloc-*.json --shim "$dir"/shim-$alloc-*.json \
+      >>"$dir/report.txt" 2>&1 || status=1
   done
-  shim_used "$dir/shim-1.log" || status=1
-  $python "$here/torch_bench_report.py" --nccl "$dir"/nccl-*.json --shim "$dir"/shim-*.json \
-    >"$dir/report.txt" 2>&1 || status=1
+  shim_used "$dir/shim-default-1.log" || status=1
   local served
   served=$(cat "$dir"/shim-*.log | grep -ho 'zero-copy of rank [0-9]*: [0-9]* calls direct' | awk '{s += $5} END {print s + 0}')
-  verdict "torch bench $n GPUs" $status "$(grep -h 'torch bench rank 0' "$dir/shim-1.log" | cut -c1-80); zero-copy calls: $served; $((SECONDS - t)) s; table in torch-bench-$n/report.txt"
+  verdict "torch bench $n GPUs" $status "$(grep -h 'torch bench rank 0' "$dir/shim-default-1.log" | cut -c1-80); zero-copy calls: $served; $((SECONDS - t)) s; table in torch-bench-$n/report.txt"
   sed 's/^/  /' "$dir/report.txt" | tee -a "$summary"
 }
 
