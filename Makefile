@@ -43,7 +43,7 @@ help:
 	@echo "make spec NCCL_VERSION=X.Y.Z | NCCL_H=...  a spec from a release's headers; make specs: every one again"
 	@echo "make spec-diff FROM=2.27.7 TO=2.28.9       what changed between two releases' APIs"
 	@echo "make microbench                            the cost of a forwarded call"
-	@echo "make gpu-bundle [NCCL_TESTS_GIT=...]       the GPU suite, to run on a GPU machine (README, \"The GPU suite\")"
+	@echo "make gpu-bundle [NCCL_TESTS_GIT=...]       the GPU suite, to run on a GPU machine (tests/gpu/README.md)"
 	@echo "make clean"
 
 build:
@@ -128,7 +128,7 @@ microbench: build deps-test
 clean:
 	rm -rf $(BUILD) target
 
-# The GPU suite (tests/gpu/, README "The GPU suite"): one folder holding everything a GPU machine
+# The GPU suite (tests/gpu/, tests/gpu/README.md): one folder holding everything a GPU machine
 # needs, no Rust there: the shim built for the NCCL that PyTorch ships, the C/CUDA sources, the
 # scripts; with NCCL_TESTS_GIT (a git folder of NVIDIA/nccl-tests, never committed here), its
 # source and a 2.27.7 build of the shim with its headers, for the nccltests suite.
