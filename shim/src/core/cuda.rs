@@ -212,19 +212,9 @@ impl Device {
             (&raw mut legacy_ipc).cast(),
             (&raw mut pool).cast(),
         ];
-        // SAFETY: one output of the attribute's type per attribute; unknown pointers are not an
-        // error (the outputs keep their defaults).
-        let result = unsafe {
-            sys::cuPointerGetAttributes(
-                attributes.len() as c_uint,
-                attributes.as_mut_ptr(),
-                data.as_mut_ptr(),
-                pointer,
-            )
-        };
-        if result != sys::CUresult::CUDA_SUCCESS
-            || memory_type != sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as c_uint
-        {
+        // SAFETY: one output of the attribute's type per attribute.
+        let asked = unsafe { pointer_attributes(pointer, &mut attributes, &mut data) };
+        if !asked || memory_type != sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as c_uint {
             return false;
         }
         if legacy_ipc != 0 {
@@ -237,6 +227,29 @@ impl Device {
         let last = pointer + bytes.max(1) - 1;
         devices.all(|device| mapped_for(device, pointer) && mapped_for(device, last))
     }
+}
+
+/// Asks the driver for `attributes` of `pointer` into `data`; false if it refused. Unknown
+/// pointers are not refused: their outputs keep the values they had.
+///
+/// # Safety
+/// `data[i]` points to an output of the type of `attributes[i]`.
+unsafe fn pointer_attributes(
+    pointer: DevicePtr,
+    attributes: &mut [sys::CUpointer_attribute],
+    data: &mut [*mut c_void],
+) -> bool {
+    assert_eq!(attributes.len(), data.len());
+    // SAFETY: the caller's contract.
+    let result = unsafe {
+        sys::cuPointerGetAttributes(
+            attributes.len() as c_uint,
+            attributes.as_mut_ptr(),
+            data.as_mut_ptr(),
+            pointer,
+        )
+    };
+    result == sys::CUresult::CUDA_SUCCESS
 }
 
 /// The location of `device`'s memory, for the cuMem calls.
@@ -425,17 +438,9 @@ pub fn shareable_allocation(pointer: DevicePtr, ordinal: i32) -> Option<Allocati
         (&raw mut device).cast(),
         (&raw mut handle_types).cast(),
     ];
-    // SAFETY: one output of the attribute's type per attribute; unknown pointers are not an
-    // error (the outputs keep their defaults).
-    let result = unsafe {
-        sys::cuPointerGetAttributes(
-            attributes.len() as c_uint,
-            attributes.as_mut_ptr(),
-            data.as_mut_ptr(),
-            pointer,
-        )
-    };
-    if result != sys::CUresult::CUDA_SUCCESS || device != ordinal {
+    // SAFETY: one output of the attribute's type per attribute.
+    let asked = unsafe { pointer_attributes(pointer, &mut attributes, &mut data) };
+    if !asked || device != ordinal {
         return None;
     }
     // The allocation's own range: for cuMem memory, the one allocation mapped there, where the

@@ -38,7 +38,7 @@ struct Record {
     ready: u32,
     host: u64,
     process: u64,
-    /// Rank 0's names the communicator in zero-copy messages (zero_copy/).
+    /// Rank 0's nonce names the communicator in zero-copy messages (zero_copy/).
     nonce: u64,
     settings: u64,
     buffer: u64,
