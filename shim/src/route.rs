@@ -95,7 +95,8 @@ impl Route for Router {
         let forward = || unsafe {
             real::ncclAllReduce(sendbuff, recvbuff, count, datatype, op, comm, stream)
         };
-        let call = core::AllReduceCall {
+        let call = core::Call {
+            collective: core::Collective::AllReduce,
             send: sendbuff,
             recv: recvbuff,
             count,
@@ -103,7 +104,56 @@ impl Route for Router {
             op,
             stream,
         };
-        core::all_reduce(call, comm, forward)
+        core::collective(call, comm, forward)
+    }
+
+    unsafe fn ncclAllGather(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        sendcount: usize,
+        datatype: ncclDataType_t,
+        comm: ncclComm_t,
+        stream: cudaStream_t,
+    ) -> ncclResult_t {
+        // SAFETY: the caller's arguments, unchanged.
+        let forward = || unsafe {
+            real::ncclAllGather(sendbuff, recvbuff, sendcount, datatype, comm, stream)
+        };
+        let call = core::Call {
+            collective: core::Collective::AllGather,
+            send: sendbuff,
+            recv: recvbuff,
+            count: sendcount,
+            dtype: datatype,
+            op: 0,
+            stream,
+        };
+        core::collective(call, comm, forward)
+    }
+
+    unsafe fn ncclReduceScatter(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        recvcount: usize,
+        datatype: ncclDataType_t,
+        op: ncclRedOp_t,
+        comm: ncclComm_t,
+        stream: cudaStream_t,
+    ) -> ncclResult_t {
+        // SAFETY: the caller's arguments, unchanged.
+        let forward = || unsafe {
+            real::ncclReduceScatter(sendbuff, recvbuff, recvcount, datatype, op, comm, stream)
+        };
+        let call = core::Call {
+            collective: core::Collective::ReduceScatter,
+            send: sendbuff,
+            recv: recvbuff,
+            count: recvcount,
+            dtype: datatype,
+            op,
+            stream,
+        };
+        core::collective(call, comm, forward)
     }
 
     unsafe fn ncclGroupStart() -> ncclResult_t {

@@ -144,17 +144,17 @@ impl CoreComm {
         }
     }
 
-    /// Launches the all-reduce on the caller's stream, in this communicator's device context.
-    pub fn launch_all_reduce(
+    /// Launches the call `plan` describes (of `send`, into `recv`) on the caller's stream, in
+    /// this communicator's device context.
+    pub fn launch(
         &self,
         plan: &Plan,
         send: *const c_void,
         recv: *mut c_void,
-        count: usize,
         stream: cuda::Stream,
     ) -> Cuda<()> {
         let _context = self.device.enter_if_needed()?;
-        // The policy plans no algorithm for a type it lacks (policy::plan_all_reduce).
+        // The policy plans no algorithm for a type it lacks (policy::plan).
         let function = self
             .kernels
             .get(plan.algorithm, plan.dtype, plan.op)
@@ -167,12 +167,11 @@ impl CoreComm {
         let mut nranks = self.facts.nranks as i32;
         let mut input = send as u64;
         let mut output = recv as u64;
-        let mut count = count as u64;
+        let mut count = plan.count as u64;
         let mut half_bytes = self.half_bytes;
         let mut abort = self.control.device;
-        let bytes = count * plan.dtype.size() as u64;
-        let (mut views, uses) = if plan.algorithm == Algorithm::Direct {
-            self.views(input, output, bytes)
+        let (mut views, uses) = if plan.algorithm.reads_views() {
+            self.views(plan, input, output)
         } else {
             (Views::default(), None)
         };
@@ -205,18 +204,32 @@ impl CoreComm {
         Ok(())
     }
 
-    /// The direct kernel's view of a call's buffers: the caller's pointers for every rank where
-    /// all are in this process, the peers' mappings of them otherwise (`uses`: what to mark once
-    /// the kernel is queued); not usable where a peer cannot reach them.
-    fn views(&self, input: u64, output: u64, bytes: u64) -> (Views, Option<Uses>) {
+    /// Every rank's buffers of a call, for a kernel that reads them straight where it can: the
+    /// caller's pointers for every rank where all are in this process, the peers' mappings of
+    /// them otherwise (`uses`: what to mark once the kernel is queued); not usable where a peer
+    /// cannot reach them, or where the ranks' places in them are not 16-aligned.
+    fn views(&self, plan: &Plan, input: u64, output: u64) -> (Views, Option<Uses>) {
+        let chunk = (plan.count * plan.dtype.size()) as u64;
+        let all = chunk * self.facts.nranks as u64;
+        let (in_bytes, out_bytes) = match plan.algorithm {
+            Algorithm::AllGather => (chunk, all),
+            Algorithm::ReduceScatter => (all, chunk),
+            _ => (chunk, chunk),
+        };
+        // Where each rank's chunk starts in the others' buffers.
+        let places_aligned = plan.algorithm == Algorithm::Direct || chunk.is_multiple_of(16);
         let Some(zero_copy) = &self.zero_copy else {
-            let usable = input.is_multiple_of(16)
+            let usable = places_aligned
+                && input.is_multiple_of(16)
                 && output.is_multiple_of(16)
-                && self.reachable_by_peers(input, bytes)
-                && (output == input || self.reachable_by_peers(output, bytes));
+                && self.reachable_by_peers(input, in_bytes)
+                && (output == input || self.reachable_by_peers(output, out_bytes));
             return (Views::shared(input, output, usable), None);
         };
-        match zero_copy.addresses(input, output, bytes) {
+        let found = places_aligned
+            .then(|| zero_copy.addresses(input, in_bytes, output, out_bytes))
+            .flatten();
+        match found {
             Some((addresses, uses)) => (
                 Views {
                     input: addresses.input,

@@ -1,7 +1,7 @@
 //! NCCL's groups as the core sees them, per thread: communicators created inside a group (split
 //! and shrunk children included, whose handles NCCL writes only there), and nonblocking ones
 //! whose first all-reduce is in it (table.rs), are set up at the outermost ncclGroupEnd
-//! (once the real NCCL has initialised them), and core all-reduces issued inside a
+//! (once the real NCCL has initialised them), and core calls issued inside a
 //! group are launched there, on every rank on the same side of the real NCCL's own operations
 //! (NCCL promises no order inside a group; see `core::group_end`).
 
@@ -20,7 +20,6 @@ pub struct Queued {
     pub plan: Plan,
     pub send: *const c_void,
     pub recv: *mut c_void,
-    pub count: usize,
     pub stream: Stream,
     /// Whether `stream` was being captured into a CUDA graph when the call was made.
     pub captured: bool,
@@ -33,7 +32,7 @@ impl DeviceOp for Queued {
 
     fn launch(&self) -> Cuda<()> {
         self.core
-            .launch_all_reduce(&self.plan, self.send, self.recv, self.count, self.stream)
+            .launch(&self.plan, self.send, self.recv, self.stream)
     }
 
     fn prepare_thread(&self) -> impl FnOnce() + Send + 'static {

@@ -1,5 +1,6 @@
-//! The core: ncclshim's own all-reduce over NVLink, for communicators whose ranks are all on
-//! this host with peer access between every pair of GPUs. Set up when a communicator is created
+//! The core: ncclshim's own all-reduce (and, where set, all-gather and reduce-scatter) over
+//! NVLink, for communicators whose ranks are all on this host with peer access between every
+//! pair of GPUs. Set up when a communicator is created
 //! (`setup`), kept in a side table keyed by the handle (`table`), chosen per call by a policy
 //! that every rank computes alike (`policy`), launched on the caller's stream (`comm`), with
 //! kernels built into the library for common GPUs and compiled by NVRTC for others (`kernels`,
@@ -20,6 +21,7 @@ pub mod types;
 mod zero_copy;
 
 pub use cuda::{Reading, Stopwatch};
+pub use types::Collective;
 mod watch;
 
 use std::ffi::c_void;
@@ -187,45 +189,52 @@ pub fn group_end(real_end: impl FnOnce() -> ncclResult_t) -> ncclResult_t {
     match launched {
         Ok(()) => result,
         Err((ordinal, e)) => {
-            log_warn!("all-reduce on GPU {ordinal} could not be launched: {e}");
+            log_warn!("a core call on GPU {ordinal} could not be launched: {e}");
             ncclUnhandledCudaError
         }
     }
 }
 
-/// An all-reduce's arguments besides the communicator, as the caller gave them.
-pub struct AllReduceCall {
+/// A call of a collective the core can take: its arguments besides the communicator, as the
+/// caller gave them (`count`: all-gather's per-rank input, reduce-scatter's per-rank output).
+pub struct Call {
+    pub collective: Collective,
     pub send: *const c_void,
     pub recv: *mut c_void,
     pub count: usize,
     pub dtype: u32,
+    /// Unused for all-gather.
     pub op: u32,
     pub stream: cudaStream_t,
 }
 
-/// An all-reduce on `comm`: the core's where it takes it, else `forward` (the real NCCL's).
-/// Where a communicator's core waits for its first all-reduce (nonblocking ones, and those the
-/// shim never saw made: a nonblocking parent's children, see route.rs), that one goes to NCCL
-/// and the set-up follows: the same point in every rank's sequence of calls.
-pub fn all_reduce(
-    call: AllReduceCall,
+/// A call on `comm`: the core's where it takes it, else `forward` (the real NCCL's). Where a
+/// communicator's core waits for its first all-reduce (nonblocking ones, and those the shim
+/// never saw made: a nonblocking parent's children, see route.rs), that one goes to NCCL and
+/// the set-up follows: the same point in every rank's sequence of calls. Calls of other
+/// collectives on such a communicator forward.
+pub fn collective(
+    call: Call,
     comm: ncclComm_t,
     forward: impl FnOnce() -> ncclResult_t,
 ) -> ncclResult_t {
     let settings = policy::settings();
-    if !settings.enabled {
+    if !settings.may_take(call.collective) {
         return forward();
     }
+    let all_reduce = call.collective == Collective::AllReduce;
     let core = match table::lookup(comm) {
         table::Lookup::Core(core) => core,
         table::Lookup::NoCore => return forward(),
-        table::Lookup::Waiting if table::stop_waiting(comm) => {
+        table::Lookup::Waiting if all_reduce && table::stop_waiting(comm) => {
             return first_all_reduce(comm, forward);
         }
-        // Taken by another thread's call meanwhile.
+        // Taken by another thread's call meanwhile, or not an all-reduce.
         table::Lookup::Waiting => return forward(),
         // NULL (or a stray handle whose call fails) is for the real NCCL to report.
-        table::Lookup::Unknown if comm.is_null() || !table::know(comm, false) => return forward(),
+        table::Lookup::Unknown if !all_reduce || comm.is_null() || !table::know(comm, false) => {
+            return forward();
+        }
         table::Lookup::Unknown => {
             log_info!(
                 "comm {comm:p} was made where the shim could not see its handle (such as a nonblocking parent's split or shrink): its core is set up after this all-reduce"
@@ -241,9 +250,14 @@ pub fn all_reduce(
     if call.send.is_null() || call.recv.is_null() {
         return forward();
     }
-    let Some(plan) =
-        policy::plan_all_reduce(settings, call.count, call.dtype, call.op, &core.facts)
-    else {
+    let Some(plan) = policy::plan(
+        settings,
+        call.collective,
+        call.count,
+        call.dtype,
+        call.op,
+        &core.facts,
+    ) else {
         return forward();
     };
     let stream = call.stream as cuda::Stream;
@@ -255,7 +269,6 @@ pub fn all_reduce(
             plan,
             send: call.send,
             recv: call.recv,
-            count: call.count,
             stream,
             captured,
         });
@@ -278,7 +291,7 @@ pub fn all_reduce(
             unsafe { cuda::Stopwatch::start(&core.device, stream) }.ok()
         })
         .flatten();
-    match core.launch_all_reduce(&plan, call.send, call.recv, call.count, stream) {
+    match core.launch(&plan, call.send, call.recv, stream) {
         Ok(()) => {
             crate::calls::ran_on_core(plan.algorithm, captured);
             if let Some(watch) = watch {
@@ -299,7 +312,8 @@ pub fn all_reduce(
                 watch.discard();
             }
             log_warn!(
-                "all-reduce on GPU {} could not be launched: {e}",
+                "{} on GPU {} could not be launched: {e}",
+                plan.algorithm.name(),
                 core.device.ordinal
             );
             ncclUnhandledCudaError

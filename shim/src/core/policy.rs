@@ -15,6 +15,9 @@
 //!   NCCLSHIM_ZERO_COPY=0                 no direct two-shot for ranks of several processes (their
 //!                                        user buffers are not mapped by the peers: zero_copy/)
 //!   NCCLSHIM_TWO_SHOT_BLOCKS=N           two-shot grids of at most N blocks (1 to 256)
+//!   NCCLSHIM_ALL_GATHER_MAX_BYTES=N      all-gathers of up to N bytes (all ranks' together) on the
+//!   NCCLSHIM_REDUCE_SCATTER_MAX_BYTES=N  core, reduce-scatters likewise (at most 32 MiB; default
+//!                                        0, none: not yet weighed against NCCL)
 //! and three that change only how kernels are launched, not which run (they may differ by rank):
 //!   NCCLSHIM_LAUNCH_HELPERS=0            a group's all-reduces on several GPUs launched in turn
 //!   NCCLSHIM_EARLY_LAUNCH=0              no programmatic stream serialization
@@ -23,7 +26,7 @@
 
 use std::sync::OnceLock;
 
-use super::types::{Algorithm, DataType, Op};
+use super::types::{Algorithm, Collective, DataType, Op};
 
 /// Largest all-reduce the staging buffers take in one go (two-shot goes through them in windows
 /// of this size).
@@ -34,6 +37,9 @@ pub const ONE_SHOT_LIMIT_BYTES: usize = 2 * STAGING_HALF_BYTES / MAX_RANKS;
 // The limits compiled into the kernels (MAX_THREADS, MAX_BLOCKS, MAX_RANKS, LL_MAX_BYTES,
 // SENTINEL_MAX_BYTES) live in limits.rs, which the build script reads too.
 pub use super::limits::*;
+/// The most bytes (all ranks' chunks together) of an all-gather or reduce-scatter the core takes:
+/// their staged path puts one slot per rank, each rounded up to 16 bytes, in one staging area.
+pub const GATHER_SCATTER_LIMIT_BYTES: usize = 2 * STAGING_HALF_BYTES;
 /// The low-latency inboxes: 2 parities x MAX_RANKS senders x packets of twice the payload.
 pub const INBOX_BYTES: usize = 2 * MAX_RANKS * 2 * LL_MAX_BYTES;
 /// The sentinel inboxes: 2 parities x MAX_RANKS senders x the payload.
@@ -76,6 +82,9 @@ pub struct Settings {
     pub early_launch: bool,
     /// How long a kernel waits for a peer before it gives up, in seconds (0: for ever).
     pub wait_limit_s: u32,
+    /// The largest all-gather and reduce-scatter (all ranks' chunks together) the core takes.
+    pub all_gather_max_bytes: usize,
+    pub reduce_scatter_max_bytes: usize,
 }
 
 impl Settings {
@@ -94,7 +103,20 @@ impl Settings {
             launch_helpers: true,
             early_launch: true,
             wait_limit_s: DEFAULT_WAIT_LIMIT_S,
+            all_gather_max_bytes: 0,
+            reduce_scatter_max_bytes: 0,
         }
+    }
+
+    /// Whether any call of `collective` may go to the core: the one question a call asks before
+    /// it looks its communicator up (every other collective's calls forward at once).
+    pub fn may_take(&self, collective: Collective) -> bool {
+        self.enabled
+            && match collective {
+                Collective::AllReduce => true,
+                Collective::AllGather => self.all_gather_max_bytes > 0,
+                Collective::ReduceScatter => self.reduce_scatter_max_bytes > 0,
+            }
     }
 
     /// The sentinel kernel sends nothing but data and meets no one: on 2 and 4 H200 it was as
@@ -191,6 +213,8 @@ impl Settings {
         s.ll_max_bytes = bytes("NCCLSHIM_LL_MAX_BYTES");
         s.one_shot_max_bytes = bytes("NCCLSHIM_ONE_SHOT_MAX_BYTES");
         s.all_reduce_max_bytes = bytes("NCCLSHIM_ALL_REDUCE_MAX_BYTES");
+        s.all_gather_max_bytes = bytes("NCCLSHIM_ALL_GATHER_MAX_BYTES").unwrap_or(0);
+        s.reduce_scatter_max_bytes = bytes("NCCLSHIM_REDUCE_SCATTER_MAX_BYTES").unwrap_or(0);
         s
     }
 }
@@ -214,11 +238,13 @@ pub struct CommFacts {
     pub resident_blocks: u32,
 }
 
-/// How the core runs one all-reduce.
+/// How the core runs one call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Plan {
     pub algorithm: Algorithm,
+    /// The kernel's element type and count: the call's, but bytes for an all-gather.
     pub dtype: DataType,
+    pub count: usize,
     pub op: Op,
     pub blocks: u32,
     pub threads: u32,
@@ -286,6 +312,63 @@ pub fn plan_all_reduce(
     Some(Plan {
         algorithm,
         dtype,
+        count,
+        op,
+        blocks,
+        threads,
+    })
+}
+
+/// The core's plan for a call of `collective` of `count` elements (all-gather: each rank's
+/// input; reduce-scatter: each rank's output; `op` unused for all-gather), or `None` to leave it
+/// to NCCL.
+pub fn plan(
+    settings: &Settings,
+    collective: Collective,
+    count: usize,
+    dtype: u32,
+    op: u32,
+    comm: &CommFacts,
+) -> Option<Plan> {
+    let max_bytes = match collective {
+        Collective::AllReduce => return plan_all_reduce(settings, count, dtype, op, comm),
+        Collective::AllGather => settings.all_gather_max_bytes,
+        Collective::ReduceScatter => settings.reduce_scatter_max_bytes,
+    };
+    let nranks = comm.nranks;
+    let dtype = DataType::from_nccl(dtype)?;
+    let op = match collective {
+        Collective::AllGather => Op::Sum,
+        _ => Op::from_nccl(op)?,
+    };
+    if !settings.enabled || count == 0 || !(2..=MAX_RANKS).contains(&nranks) {
+        return None;
+    }
+    let chunk = count.checked_mul(dtype.size())?;
+    let slots = chunk.div_ceil(16).checked_mul(16 * nranks)?;
+    if slots > GATHER_SCATTER_LIMIT_BYTES || chunk * nranks > max_bytes {
+        return None;
+    }
+    let (algorithm, dtype, count) = match collective {
+        Collective::AllGather => (Algorithm::AllGather, DataType::Uint8, chunk),
+        _ => (Algorithm::ReduceScatter, dtype, count),
+    };
+    // As two-shot's, which moves as much: 16 bytes per thread, grids the GPU holds at once.
+    let threads = if chunk * nranks <= 4 << 20 {
+        256
+    } else {
+        MAX_THREADS
+    };
+    let max_blocks = settings
+        .two_shot_blocks(nranks)
+        .min(comm.resident_blocks.max(1));
+    let blocks = (chunk.div_ceil(16) as u64)
+        .div_ceil(threads as u64)
+        .clamp(1, max_blocks as u64) as u32;
+    Some(Plan {
+        algorithm,
+        dtype,
+        count,
         op,
         blocks,
         threads,
@@ -562,6 +645,78 @@ mod tests {
         assert_eq!(plan(&s, 32 << 20, 4, true), Some(Algorithm::Direct));
         assert_eq!(plan(&s, 32 << 20, 4, false), None, "{farther}");
         assert_eq!(plan(&staged, 64 << 20, 2, true), None, "{farther}");
+    }
+
+    #[test]
+    fn all_gather_and_reduce_scatter_only_where_set_and_within_the_staging() {
+        let s = with(&[]);
+        assert!(s.may_take(Collective::AllReduce));
+        assert!(!s.may_take(Collective::AllGather) && !s.may_take(Collective::ReduceScatter));
+        assert_eq!(
+            plan(&s, Collective::AllGather, 1024, 7, 0, &procs(2)),
+            None,
+            "not yet weighed against NCCL: off by default"
+        );
+        let on = with(&[
+            ("NCCLSHIM_ALL_GATHER_MAX_BYTES", "33554432"),
+            ("NCCLSHIM_REDUCE_SCATTER_MAX_BYTES", "8388608"),
+        ]);
+        assert!(on.may_take(Collective::AllGather) && on.may_take(Collective::ReduceScatter));
+        // All-gather moves bytes, whatever the type; the op plays no part.
+        let gather = plan(&on, Collective::AllGather, 1000, 9, 77, &procs(4)).unwrap();
+        assert_eq!(
+            (gather.algorithm, gather.dtype, gather.count, gather.op),
+            (Algorithm::AllGather, DataType::Uint8, 2000, Op::Sum)
+        );
+        let scatter = plan(&on, Collective::ReduceScatter, 1000, 9, 3, &procs(4)).unwrap();
+        assert_eq!(
+            (scatter.algorithm, scatter.dtype, scatter.count, scatter.op),
+            (Algorithm::ReduceScatter, DataType::Bfloat16, 1000, Op::Min)
+        );
+        // The limits count every rank's chunk.
+        assert!(
+            plan(
+                &on,
+                Collective::ReduceScatter,
+                (1 << 20) / 4,
+                7,
+                0,
+                &procs(8)
+            )
+            .is_some()
+        );
+        assert!(
+            plan(
+                &on,
+                Collective::ReduceScatter,
+                (2 << 20) / 4,
+                7,
+                0,
+                &procs(8)
+            )
+            .is_none()
+        );
+        assert!(plan(&on, Collective::AllGather, (16 << 20) / 4, 7, 0, &procs(2)).is_some());
+        assert!(
+            plan(
+                &on,
+                Collective::AllGather,
+                (16 << 20) / 4 + 1,
+                7,
+                0,
+                &procs(2)
+            )
+            .is_none(),
+            "the staging holds 32 MiB of slots"
+        );
+        assert_eq!(
+            plan(&on, Collective::ReduceScatter, 100, 7, 9, &procs(2)),
+            None,
+            "bad op"
+        );
+        assert_eq!(plan(&on, Collective::AllGather, 0, 7, 0, &procs(2)), None);
+        let big = plan(&on, Collective::AllGather, (8 << 20) / 4, 7, 0, &procs(2)).unwrap();
+        assert!(big.blocks <= 128 && big.threads == MAX_THREADS);
     }
 
     #[test]

@@ -40,6 +40,9 @@ pub fn options(dtype: DataType, arch: Arch) -> Vec<String> {
     if Algorithm::Sentinel.supports(dtype) {
         types += &format!(" SENTINEL_KERNELS({name},{cuda_type})");
     }
+    if Algorithm::AllGather.supports(dtype) {
+        types += &format!(" ALL_GATHER_KERNELS({name},{cuda_type})");
+    }
     vec![
         format!("--gpu-architecture=sm_{}{}", arch.0, arch.1),
         "-std=c++17".into(),

@@ -1,6 +1,17 @@
-//! NCCL's element types, reduction operations and our algorithms, as the core names them.
+//! NCCL's element types, reduction operations, the collectives the core takes and our
+//! algorithms, as the core names them.
 
-/// The all-reduce algorithms of `all_reduce.cu`.
+/// The collectives the core can take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Collective {
+    AllReduce,
+    /// `count` elements from every rank, gathered in rank order on every rank.
+    AllGather,
+    /// `count` elements to every rank: its chunk of the ranks' inputs, reduced.
+    ReduceScatter,
+}
+
+/// The algorithms of `all_reduce.cu`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Algorithm {
     /// Every rank writes its input into every rank's inbox as flagged packets: no barrier, for
@@ -16,25 +27,52 @@ pub enum Algorithm {
     /// Low latency without flags: every rank writes its input into every rank's inbox, where
     /// a value that no sender writes (a NaN) marks what has not arrived. Floating-point types.
     Sentinel = 4,
+    /// All-gather: every rank pushes its input into every rank's output (straight where every
+    /// rank's buffers can be reached, else through the peers' staging). Bytes (`Uint8`) only.
+    AllGather = 5,
+    /// Reduce-scatter: every rank reduces its chunk of every rank's input (straight, or pushed
+    /// into its staging by the peers).
+    ReduceScatter = 6,
 }
 
 impl Algorithm {
-    pub const ALL: [Algorithm; 5] = [
+    pub const ALL: [Algorithm; 7] = [
         Algorithm::LowLatency,
         Algorithm::OneShot,
         Algorithm::TwoShot,
         Algorithm::Direct,
         Algorithm::Sentinel,
+        Algorithm::AllGather,
+        Algorithm::ReduceScatter,
     ];
 
     /// Whether `all_reduce.cu` has this algorithm's kernels for `dtype`.
     pub fn supports(self, dtype: DataType) -> bool {
-        self != Algorithm::Sentinel || dtype.is_float()
+        match self {
+            Algorithm::Sentinel => dtype.is_float(),
+            Algorithm::AllGather => dtype == DataType::Uint8,
+            _ => true,
+        }
     }
 
-    /// The two-shot family: grids whose blocks wait on each other (between windows).
+    /// Grids sized to what the GPU holds at once: the two-shot family, whose blocks wait on
+    /// each other between windows, and the all-gather and reduce-scatter ones, as large.
     pub fn is_two_shot(self) -> bool {
-        matches!(self, Algorithm::TwoShot | Algorithm::Direct)
+        matches!(
+            self,
+            Algorithm::TwoShot
+                | Algorithm::Direct
+                | Algorithm::AllGather
+                | Algorithm::ReduceScatter
+        )
+    }
+
+    /// Whether its kernel takes every rank's buffers (`Views`): straight where it can.
+    pub fn reads_views(self) -> bool {
+        matches!(
+            self,
+            Algorithm::Direct | Algorithm::AllGather | Algorithm::ReduceScatter
+        )
     }
 
     pub fn name(self) -> &'static str {
@@ -44,6 +82,8 @@ impl Algorithm {
             Algorithm::TwoShot => "two_shot",
             Algorithm::Direct => "direct",
             Algorithm::Sentinel => "sentinel",
+            Algorithm::AllGather => "all_gather",
+            Algorithm::ReduceScatter => "reduce_scatter",
         }
     }
 }

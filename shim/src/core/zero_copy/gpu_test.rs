@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::super::cuda::Stream;
 use super::super::cuda::{self, Device, DeviceBuffer, HostControl, OwnedStream};
+use super::super::types::Collective::{AllGather, AllReduce, ReduceScatter};
 use super::{Allocation, DeviceMemory, Mapped, Marker, Memory, Service, Shared, ZeroCopy};
 
 /// The driver's memory, with every buffer id hidden: what zero-copy would be without them.
@@ -170,7 +171,7 @@ fn role(rank: usize, dir: &Path, processes: Vec<u64>, ids: bool) {
             bases.push(buffer.pointer);
             let started = Instant::now();
             let (addresses, _) = member
-                .addresses(buffer.pointer + 256, buffer.pointer + 256, 4096)
+                .addresses(buffer.pointer + 256, 4096, buffer.pointer + 256, 4096)
                 .expect("rank 1 maps the buffer");
             println!(
                 "round {round}: buffer {:#x}, rank 1's address {:#x}, first call {:.1} ms",
@@ -180,7 +181,7 @@ fn role(rank: usize, dir: &Path, processes: Vec<u64>, ids: bool) {
             );
             let started = Instant::now();
             let again = member
-                .addresses(buffer.pointer, buffer.pointer, 4096)
+                .addresses(buffer.pointer, 4096, buffer.pointer, 4096)
                 .unwrap()
                 .0;
             println!(
@@ -214,7 +215,7 @@ fn role(rank: usize, dir: &Path, processes: Vec<u64>, ids: bool) {
         println!("round 3: allocation {allocation:x?}");
         let started = Instant::now();
         let (addresses, _) = member
-            .addresses(inside, inside, 4096)
+            .addresses(inside, 4096, inside, 4096)
             .expect("rank 1 maps the cuMem buffer");
         println!(
             "round 3: rank 1's address {:#x}, first call {:.1} ms",
@@ -228,7 +229,7 @@ fn role(rank: usize, dir: &Path, processes: Vec<u64>, ids: bool) {
         let second = pair + chunk as u64 + 512;
         let started = Instant::now();
         let (in_second, _) = member
-            .addresses(second, second, 4096)
+            .addresses(second, 4096, second, 4096)
             .expect("rank 1 maps the second allocation alone");
         println!(
             "round 3: in the second of two allocations: {:x?}, rank 1's address {:#x}, first call {:.1} ms",
@@ -237,7 +238,7 @@ fn role(rank: usize, dir: &Path, processes: Vec<u64>, ids: bool) {
             started.elapsed().as_secs_f64() * 1e3
         );
         let across = pair + chunk as u64 - 256;
-        assert!(member.addresses(across, across, 4096).is_none());
+        assert!(member.addresses(across, 4096, across, 4096).is_none());
         post(dir, "round3", &format!("{} 51", addresses.input[1]));
         assert_eq!(await_file(dir, "read3"), "right");
         post(dir, "round4", &format!("{} 68", in_second.input[1]));
@@ -319,7 +320,7 @@ fn core_role(rank: usize, dir: &Path, processes: Vec<u64>) {
             (8 << 20, 0, false),
             (4 << 20, 1, false),
         ] {
-            let plan = policy::plan_all_reduce(policy::settings(), bytes, 1, 0, &facts).unwrap();
+            let plan = policy::plan(policy::settings(), AllReduce, bytes, 1, 0, &facts).unwrap();
             assert_eq!(plan.algorithm, Algorithm::Direct);
             let send = DeviceBuffer::alloc(device, bytes + 64).unwrap();
             let recv = DeviceBuffer::alloc(device, bytes + 64).unwrap();
@@ -328,11 +329,10 @@ fn core_role(rank: usize, dir: &Path, processes: Vec<u64>) {
             cuda::fill(recv.pointer, if inplace { mine } else { 0 }, bytes + 64).unwrap();
             let input = if inplace { recv.pointer } else { send.pointer } + offset as u64;
             let output = recv.pointer + offset as u64;
-            core.launch_all_reduce(
+            core.launch(
                 &plan,
                 input as *const std::ffi::c_void,
                 output as *mut std::ffi::c_void,
-                bytes,
                 stream.stream,
             )
             .unwrap();
@@ -350,6 +350,7 @@ fn core_role(rank: usize, dir: &Path, processes: Vec<u64>) {
         }
     }
     wrong += graph_replays(&core, device, &stream, rank, &facts);
+    wrong += gather_scatter(&core, device, &stream, rank, &facts);
     // Through the routed path under a made-up handle, traced and timed (NCCLSHIM_TRACE and
     // NCCLSHIM_TRACE_TIMING=1 come from the parent): each call's GPU time is in the trace.
     let comm = (0x7e57_0000 + 0x100 * rank) as crate::api::ffi::ncclComm_t;
@@ -365,7 +366,8 @@ fn core_role(rank: usize, dir: &Path, processes: Vec<u64>) {
         DeviceBuffer::alloc(device, bytes).unwrap(),
     );
     for _ in 0..5 {
-        let call = super::super::AllReduceCall {
+        let call = super::super::Call {
+            collective: AllReduce,
             send: send.pointer as *const std::ffi::c_void,
             recv: recv.pointer as *mut std::ffi::c_void,
             count: bytes,
@@ -373,7 +375,7 @@ fn core_role(rank: usize, dir: &Path, processes: Vec<u64>) {
             op: 0,
             stream: stream.stream as crate::api::ffi::cudaStream_t,
         };
-        let result = super::super::all_reduce(call, comm, || crate::api::ffi::ncclInternalError);
+        let result = super::super::collective(call, comm, || crate::api::ffi::ncclInternalError);
         let operation = crate::calls::Operation {
             kind,
             comm: comm as usize,
@@ -405,7 +407,7 @@ fn graph_replays(
     let bytes = 6usize << 20;
     let send = DeviceBuffer::alloc(device, bytes).unwrap();
     let recv = DeviceBuffer::alloc(device, bytes).unwrap();
-    let plan = policy::plan_all_reduce(policy::settings(), bytes, 1, 0, facts).unwrap();
+    let plan = policy::plan(policy::settings(), AllReduce, bytes, 1, 0, facts).unwrap();
     let mut graph: sys::CUgraph = std::ptr::null_mut();
     let mut exec: sys::CUgraphExec = std::ptr::null_mut();
     // SAFETY: driver calls on our own stream, graph and buffers; results checked.
@@ -415,11 +417,10 @@ fn graph_replays(
             sys::cuStreamBeginCapture_v2(stream.stream, mode),
             sys::CUresult::CUDA_SUCCESS
         );
-        core.launch_all_reduce(
+        core.launch(
             &plan,
             send.pointer as *const std::ffi::c_void,
             recv.pointer as *mut std::ffi::c_void,
-            bytes,
             stream.stream,
         )
         .unwrap();
@@ -455,6 +456,77 @@ fn graph_replays(
     unsafe {
         sys::cuGraphExecDestroy(exec);
         sys::cuGraphDestroy(graph);
+    }
+    wrong
+}
+
+/// All-gathers and reduce-scatters of bytes (NCCLSHIM_ALL_GATHER_MAX_BYTES and
+/// NCCLSHIM_REDUCE_SCATTER_MAX_BYTES come from the parent): straight through zero-copy, and
+/// staged where a chunk's places are not 16-aligned or a buffer is misaligned; in place too.
+/// Wrong bytes.
+fn gather_scatter(
+    core: &super::super::comm::CoreComm,
+    device: Device,
+    stream: &OwnedStream,
+    rank: usize,
+    facts: &super::super::policy::CommFacts,
+) -> usize {
+    use super::super::policy;
+    let mut wrong = 0;
+    let mine = |r: usize| 0x10u8 + r as u8;
+    // (collective, chunk bytes, send offset, in place)
+    let cases = [
+        (AllGather, 1usize << 20, 0usize, false),
+        (AllGather, (1 << 20) + 4, 0, false),
+        (AllGather, 1 << 20, 4, false),
+        (AllGather, 1 << 20, 0, true),
+        (ReduceScatter, 1 << 20, 0, false),
+        (ReduceScatter, (1 << 20) + 1, 0, false),
+        (ReduceScatter, 1 << 20, 0, true),
+    ];
+    for (collective, chunk, offset, inplace) in cases {
+        let all = 2 * chunk;
+        let plan = policy::plan(policy::settings(), collective, chunk, 1, 0, facts).unwrap();
+        let send_bytes = if collective == AllGather { chunk } else { all };
+        let recv_bytes = if collective == AllGather { all } else { chunk };
+        let send = DeviceBuffer::alloc(device, send_bytes + 64).unwrap();
+        let recv = DeviceBuffer::alloc(device, recv_bytes + 64).unwrap();
+        cuda::fill(recv.pointer, 0, recv_bytes + 64).unwrap();
+        let input = match (collective, inplace) {
+            (AllGather, true) => recv.pointer + (rank * chunk) as u64,
+            (_, true) => send.pointer,
+            _ => send.pointer + offset as u64,
+        };
+        let output = match (collective, inplace) {
+            (ReduceScatter, true) => send.pointer + (rank * chunk) as u64,
+            _ => recv.pointer,
+        };
+        cuda::fill(input, mine(rank), send_bytes).unwrap();
+        core.launch(
+            &plan,
+            input as *const std::ffi::c_void,
+            output as *mut std::ffi::c_void,
+            stream.stream,
+        )
+        .unwrap();
+        stream.synchronize().unwrap();
+        let mut got = vec![0u8; recv_bytes];
+        cuda::copy_to_host(&mut got, output).unwrap();
+        let bad = got
+            .iter()
+            .enumerate()
+            .filter(|&(i, &b)| {
+                b != match collective {
+                    AllGather => mine(i / chunk),
+                    _ => mine(0) + mine(1),
+                }
+            })
+            .count();
+        println!(
+            "rank {rank} {collective:?} of {chunk} B a rank at +{offset}{}: {bad} wrong",
+            if inplace { " in place" } else { "" }
+        );
+        wrong += bad;
     }
     wrong
 }
@@ -496,6 +568,8 @@ fn two_processes(name: &str, ids: bool) -> (bool, PathBuf) {
                 ])
                 .env("NCCLSHIM_TRACE", dir.join("trace.%p.jsonl"))
                 .env("NCCLSHIM_TRACE_TIMING", "1")
+                .env("NCCLSHIM_ALL_GATHER_MAX_BYTES", "33554432")
+                .env("NCCLSHIM_REDUCE_SCATTER_MAX_BYTES", "33554432")
                 .env("ZERO_COPY_ROLE", rank.to_string())
                 .env("ZERO_COPY_DIR", &dir)
                 .env("ZERO_COPY_IDS", &processes)

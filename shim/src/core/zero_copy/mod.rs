@@ -141,10 +141,17 @@ impl ZeroCopy {
         member
     }
 
-    /// Every rank's address of `send` and `recv` (`bytes` each, 16-aligned), offering their
-    /// allocations to the peers first where needed; `None` where the call cannot go zero-copy.
-    pub fn addresses(&self, send: u64, recv: u64, bytes: u64) -> Option<(Addresses, Uses)> {
-        let found = self.find(send, recv, bytes);
+    /// Every rank's address of `send` and `recv` (of `send_bytes` and `recv_bytes`, 16-aligned),
+    /// offering their allocations to the peers first where needed; `None` where the call
+    /// cannot go zero-copy.
+    pub fn addresses(
+        &self,
+        send: u64,
+        send_bytes: u64,
+        recv: u64,
+        recv_bytes: u64,
+    ) -> Option<(Addresses, Uses)> {
+        let found = self.find(send, send_bytes, recv, recv_bytes);
         let count = if found.is_some() {
             &self.served
         } else {
@@ -154,7 +161,13 @@ impl ZeroCopy {
         found
     }
 
-    fn find(&self, send: u64, recv: u64, bytes: u64) -> Option<(Addresses, Uses)> {
+    fn find(
+        &self,
+        send: u64,
+        send_bytes: u64,
+        recv: u64,
+        recv_bytes: u64,
+    ) -> Option<(Addresses, Uses)> {
         // 16-aligned, as the direct kernel needs.
         if self.broken.load(Ordering::Relaxed)
             || !send.is_multiple_of(16)
@@ -162,8 +175,8 @@ impl ZeroCopy {
         {
             return None;
         }
-        let (input, input_base, input_position) = self.offsets_of(send, bytes)?;
-        let (output, output_base, output_position) = self.offsets_of(recv, bytes)?;
+        let (input, input_base, input_position) = self.offsets_of(send, send_bytes)?;
+        let (output, output_base, output_position) = self.offsets_of(recv, recv_bytes)?;
         // Past the ranks: zeros, never read.
         let addresses = Addresses {
             input: input.map(|base| base.wrapping_add(send - input_base)),
@@ -621,7 +634,7 @@ mod tests {
         allocate(memory, 0x10_0000, 1);
         allocate(memory, 0x40_0000, 2);
         let (addresses, uses) = member
-            .addresses(0x10_0010, 0x40_0000, 4096)
+            .addresses(0x10_0010, 4096, 0x40_0000, 4096)
             .expect("every peer maps it");
         assert_eq!(addresses.input[1], 0x10_0010);
         assert_eq!(addresses.output[1], 0x40_0000);
@@ -632,16 +645,21 @@ mod tests {
         }
         member.used(uses, None);
         // Found in the table from now on: nothing is mapped again.
-        let again = member.addresses(0x10_0000, 0x40_0010, 4096).unwrap().0;
+        let again = member
+            .addresses(0x10_0000, 4096, 0x40_0010, 4096)
+            .unwrap()
+            .0;
         assert_eq!(again.input[0], 0x7001_0010_0000);
         assert_eq!(again.output[2], 0x7002_0040_0010);
         assert_eq!(ranks[0].1.open.load(Ordering::SeqCst), 2);
         assert!(
-            member.addresses(0x10_0000, 0x40_0000, 2 << 20).is_none(),
+            member
+                .addresses(0x10_0000, 2 << 20, 0x40_0000, 2 << 20)
+                .is_none(),
             "past the end of the allocation"
         );
         assert!(
-            member.addresses(0x90_0000, 0x40_0000, 16).is_none(),
+            member.addresses(0x90_0000, 16, 0x40_0000, 16).is_none(),
             "not shareable"
         );
     }
@@ -654,7 +672,7 @@ mod tests {
         allocate_shared(memory, 0x80_0000, 3, Sharing::PosixFd);
         allocate(memory, 0x90_0000, 4);
         let (addresses, _) = member
-            .addresses(0x80_0040, 0x90_0000, 4096)
+            .addresses(0x80_0040, 4096, 0x90_0000, 4096)
             .expect("every peer maps it");
         for peer in [0, 1] {
             assert_eq!(addresses.input[peer], 0x7003_0080_0040);
@@ -669,10 +687,10 @@ mod tests {
         let ranks = ranks(2, false);
         let (member, memory) = &ranks[0];
         allocate(memory, 0x20_0000, 7);
-        let first = member.addresses(0x20_0000, 0x20_0000, 64).unwrap().0;
+        let first = member.addresses(0x20_0000, 64, 0x20_0000, 64).unwrap().0;
         assert_eq!(first.input[1], 0x7007_0020_0000);
         allocate(memory, 0x20_0000, 8);
-        let second = member.addresses(0x20_0000, 0x20_0000, 64).unwrap().0;
+        let second = member.addresses(0x20_0000, 64, 0x20_0000, 64).unwrap().0;
         assert_eq!(
             second.input[1], 0x7008_0020_0000,
             "read through a stale mapping"
@@ -696,7 +714,7 @@ mod tests {
         let (member, memory) = &ranks[0];
         for id in 1..=PARKED_LIMIT as u64 + 6 {
             allocate(memory, 0x70_0000, id);
-            assert!(member.addresses(0x70_0000, 0x70_0000, 64).is_some());
+            assert!(member.addresses(0x70_0000, 64, 0x70_0000, 64).is_some());
         }
         let deadline = Instant::now() + Duration::from_secs(5);
         while lock(&ranks[1].0.parked).len() != PARKED_LIMIT && Instant::now() < deadline {
@@ -716,8 +734,8 @@ mod tests {
         let (member, memory) = &ranks[0];
         allocate(memory, 0x30_0000, 1);
         let started = Instant::now();
-        assert!(member.addresses(0x30_0000, 0x30_0000, 64).is_none());
-        assert!(member.addresses(0x30_0000, 0x30_0000, 64).is_none());
+        assert!(member.addresses(0x30_0000, 64, 0x30_0000, 64).is_none());
+        assert!(member.addresses(0x30_0000, 64, 0x30_0000, 64).is_none());
         assert!(started.elapsed() < Duration::from_secs(5));
         assert!(
             !member.broken.load(Ordering::Relaxed),
@@ -733,16 +751,16 @@ mod tests {
         let (member, memory) = &ranks[0];
         allocate(memory, 0x58_0000, 1);
         let started = Instant::now();
-        assert!(member.addresses(0x58_0000, 0x58_0000, 64).is_none());
+        assert!(member.addresses(0x58_0000, 64, 0x58_0000, 64).is_none());
         assert!(started.elapsed() >= ANSWER_LIMIT);
         let started = Instant::now();
-        assert!(member.addresses(0x58_0000, 0x58_0000, 64).is_none());
+        assert!(member.addresses(0x58_0000, 64, 0x58_0000, 64).is_none());
         assert!(
             started.elapsed() < Duration::from_millis(100),
             "waited again"
         );
         std::thread::sleep(Duration::from_secs(1));
-        assert!(member.addresses(0x58_0000, 0x58_0000, 64).is_some());
+        assert!(member.addresses(0x58_0000, 64, 0x58_0000, 64).is_some());
         assert!(!member.broken.load(Ordering::Relaxed));
     }
 
@@ -753,7 +771,7 @@ mod tests {
         allocate(&memory, 0x50_0000, 1);
         // Rank 1's process has no service.
         let member = ZeroCopy::join(service, 77, 0, identities(2), Box::new(memory.clone()));
-        assert!(member.addresses(0x50_0000, 0x50_0000, 64).is_none());
+        assert!(member.addresses(0x50_0000, 64, 0x50_0000, 64).is_none());
         assert!(member.broken.load(Ordering::Relaxed));
     }
 
@@ -762,7 +780,7 @@ mod tests {
         let ranks = ranks(2, false);
         let (member, memory) = &ranks[0];
         allocate(memory, 0x60_0000, 1);
-        assert!(member.addresses(0x60_0000, 0x60_0000, 64).is_some());
+        assert!(member.addresses(0x60_0000, 64, 0x60_0000, 64).is_some());
         let peer_open = ranks[1].1.open.clone();
         assert_eq!(peer_open.load(Ordering::SeqCst), 1);
         drop(ranks);
