@@ -253,10 +253,13 @@ static void count_error(Tally* tally, const Test* t, const char* what, ncclResul
 }
 
 // Issues the test on every local rank in one group; in graph mode, inside a capture.
+// One rank per thread (procs, threads) issues a collective alone, as most programs do; a thread
+// driving several ranks, and sends with receives, go in a group.
 static int issue_group(const Test* t, Rank* rs, int nl, const ncclRedOp_t* ops, Tally* tally) {
-  ncclResult_t r = ncclGroupStart();
+  int grouped = nl > 1 || t->coll == C_SENDRECV_RING || t->coll == C_SENDRECV_ALL;
+  ncclResult_t r = grouped ? ncclGroupStart() : ncclSuccess;
   for (int k = 0; k < nl && !call_failed(r); k++) r = issue(t, &rs[k], ops[k]);
-  ncclResult_t end = ncclGroupEnd();
+  ncclResult_t end = grouped ? ncclGroupEnd() : ncclSuccess;
   if (call_failed(r) || call_failed(end)) {
     count_error(tally, t, "issuing", call_failed(r) ? r : end);
     return 0;
