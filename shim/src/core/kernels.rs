@@ -22,8 +22,9 @@ include!(concat!(env!("OUT_DIR"), "/built_in_kernels.rs"));
 /// support the type.
 pub struct Kernels {
     functions: Vec<Option<Function>>,
-    /// Blocks of `policy::MAX_THREADS` that every two-shot kernel (staged and direct) can have
-    /// resident at once on the device: the fewest of any type and op.
+    /// Blocks of `policy::MAX_THREADS` that every kernel whose grid must be resident at once
+    /// (two-shot, staged and direct; all-gather; reduce-scatter) can have on the device: the
+    /// fewest of any type and op.
     pub two_shot_resident_blocks: u32,
 }
 
@@ -50,7 +51,10 @@ impl Kernels {
 
 fn two_shot_resident_blocks(functions: &[Option<Function>], device: &Device) -> cuda::Cuda<u32> {
     let mut fewest = u32::MAX;
-    for algorithm in Algorithm::ALL.into_iter().filter(|a| a.is_two_shot()) {
+    for algorithm in Algorithm::ALL
+        .into_iter()
+        .filter(|a| a.needs_resident_grid())
+    {
         for dtype in DataType::ALL {
             for op in Op::ALL {
                 if let Some(function) = Kernels::index(functions, algorithm, dtype, op) {

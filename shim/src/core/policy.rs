@@ -304,7 +304,7 @@ pub fn plan_all_reduce(
             (Algorithm::TwoShot, 16)
         };
     let (threads, mut max_blocks) = launch_shape(settings, algorithm, bytes, nranks);
-    if algorithm.is_two_shot() {
+    if algorithm.needs_resident_grid() {
         max_blocks = max_blocks.min(comm.resident_blocks.max(1));
     }
     let units = bytes.div_ceil(unit) as u64;

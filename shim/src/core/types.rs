@@ -57,7 +57,7 @@ impl Algorithm {
 
     /// Grids sized to what the GPU holds at once: the two-shot family, whose blocks wait on
     /// each other between windows, and the all-gather and reduce-scatter ones, as large.
-    pub fn is_two_shot(self) -> bool {
+    pub fn needs_resident_grid(self) -> bool {
         matches!(
             self,
             Algorithm::TwoShot
