@@ -6,6 +6,8 @@ use std::ffi::{c_char, c_int, c_void};
 
 use crate::api::ffi::*;
 use crate::api::{Route, if_exported, real, real_functions};
+use crate::core::Call;
+use crate::core::Collective::{AllGather, AllReduce, Broadcast, Reduce, ReduceScatter};
 use crate::{calls, core, error_strings, runtime};
 
 pub struct Router;
@@ -95,16 +97,8 @@ impl Route for Router {
         let forward = || unsafe {
             real::ncclAllReduce(sendbuff, recvbuff, count, datatype, op, comm, stream)
         };
-        let call = core::Call {
-            collective: core::Collective::AllReduce,
-            send: sendbuff,
-            recv: recvbuff,
-            count,
-            dtype: datatype,
-            op,
-            stream,
-        };
-        core::collective(call, comm, forward)
+        let call = Call::new(AllReduce, sendbuff, recvbuff, count, datatype, stream);
+        core::collective(call.with_op(op), comm, forward)
     }
 
     unsafe fn ncclAllGather(
@@ -119,15 +113,7 @@ impl Route for Router {
         let forward = || unsafe {
             real::ncclAllGather(sendbuff, recvbuff, sendcount, datatype, comm, stream)
         };
-        let call = core::Call {
-            collective: core::Collective::AllGather,
-            send: sendbuff,
-            recv: recvbuff,
-            count: sendcount,
-            dtype: datatype,
-            op: 0,
-            stream,
-        };
+        let call = Call::new(AllGather, sendbuff, recvbuff, sendcount, datatype, stream);
         core::collective(call, comm, forward)
     }
 
@@ -144,17 +130,116 @@ impl Route for Router {
         let forward = || unsafe {
             real::ncclReduceScatter(sendbuff, recvbuff, recvcount, datatype, op, comm, stream)
         };
-        let call = core::Call {
-            collective: core::Collective::ReduceScatter,
-            send: sendbuff,
-            recv: recvbuff,
-            count: recvcount,
-            dtype: datatype,
-            op,
+        let call = Call::new(
+            ReduceScatter,
+            sendbuff,
+            recvbuff,
+            recvcount,
+            datatype,
             stream,
-        };
-        core::collective(call, comm, forward)
+        );
+        core::collective(call.with_op(op), comm, forward)
     }
+
+    unsafe fn ncclBroadcast(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        count: usize,
+        datatype: ncclDataType_t,
+        root: c_int,
+        comm: ncclComm_t,
+        stream: cudaStream_t,
+    ) -> ncclResult_t {
+        // SAFETY: the caller's arguments, unchanged.
+        let forward = || unsafe {
+            real::ncclBroadcast(sendbuff, recvbuff, count, datatype, root, comm, stream)
+        };
+        let call = Call::new(Broadcast, sendbuff, recvbuff, count, datatype, stream);
+        core::collective(call.with_root(root), comm, forward)
+    }
+
+    /// The in-place broadcast of NCCL's first API.
+    unsafe fn ncclBcast(
+        buff: *mut c_void,
+        count: usize,
+        datatype: ncclDataType_t,
+        root: c_int,
+        comm: ncclComm_t,
+        stream: cudaStream_t,
+    ) -> ncclResult_t {
+        // SAFETY: the caller's arguments, unchanged.
+        let forward = || unsafe { real::ncclBcast(buff, count, datatype, root, comm, stream) };
+        let call = Call::new(Broadcast, buff, buff, count, datatype, stream);
+        core::collective(call.with_root(root), comm, forward)
+    }
+
+    unsafe fn ncclReduce(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        count: usize,
+        datatype: ncclDataType_t,
+        op: ncclRedOp_t,
+        root: c_int,
+        comm: ncclComm_t,
+        stream: cudaStream_t,
+    ) -> ncclResult_t {
+        // SAFETY: the caller's arguments, unchanged.
+        let forward = || unsafe {
+            real::ncclReduce(sendbuff, recvbuff, count, datatype, op, root, comm, stream)
+        };
+        let call = Call::new(Reduce, sendbuff, recvbuff, count, datatype, stream);
+        core::collective(call.with_op(op).with_root(root), comm, forward)
+    }
+
+    if_exported!(ncclAlltoAll {
+        unsafe fn ncclAlltoAll(
+            sendbuff: *const c_void,
+            recvbuff: *mut c_void,
+            count: usize,
+            datatype: ncclDataType_t,
+            comm: ncclComm_t,
+            stream: cudaStream_t,
+        ) -> ncclResult_t {
+            // SAFETY: the caller's arguments, unchanged.
+            let forward = || unsafe { real::ncclAlltoAll(sendbuff, recvbuff, count, datatype, comm, stream) };
+            let call = Call::new(core::Collective::AllToAll, sendbuff, recvbuff, count, datatype, stream);
+            core::collective(call, comm, forward)
+        }
+    });
+
+    if_exported!(ncclGather {
+        unsafe fn ncclGather(
+            sendbuff: *const c_void,
+            recvbuff: *mut c_void,
+            count: usize,
+            datatype: ncclDataType_t,
+            root: c_int,
+            comm: ncclComm_t,
+            stream: cudaStream_t,
+        ) -> ncclResult_t {
+            // SAFETY: the caller's arguments, unchanged.
+            let forward = || unsafe { real::ncclGather(sendbuff, recvbuff, count, datatype, root, comm, stream) };
+            let call = Call::new(core::Collective::Gather, sendbuff, recvbuff, count, datatype, stream);
+            core::collective(call.with_root(root), comm, forward)
+        }
+    });
+
+    if_exported!(ncclScatter {
+        unsafe fn ncclScatter(
+            sendbuff: *const c_void,
+            recvbuff: *mut c_void,
+            count: usize,
+            datatype: ncclDataType_t,
+            root: c_int,
+            comm: ncclComm_t,
+            stream: cudaStream_t,
+        ) -> ncclResult_t {
+            // SAFETY: the caller's arguments, unchanged.
+            let forward = || unsafe { real::ncclScatter(sendbuff, recvbuff, count, datatype, root, comm, stream) };
+            let call = Call::new(core::Collective::Scatter, sendbuff, recvbuff, count, datatype, stream);
+            core::collective(call.with_root(root), comm, forward)
+        }
+    });
 
     unsafe fn ncclGroupStart() -> ncclResult_t {
         // SAFETY: no arguments.

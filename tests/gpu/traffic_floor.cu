@@ -60,7 +60,7 @@ __global__ void gate(const volatile unsigned* host_ticket, unsigned ticket) {
 
 // Block `blockIdx.x` of every GPU meets block `blockIdx.x` of every other at barrier `which` of
 // run `epoch`, as the core's kernels do (a release store into each peer's slot for us, then
-// acquire loads on ours; see all_reduce.cu).
+// acquire loads on ours; see shim/src/core/device/device.cuh).
 __device__ __forceinline__ void meet(const Buffers& b, int me, int n, int which, unsigned epoch) {
   __syncthreads();
   int k = threadIdx.x;

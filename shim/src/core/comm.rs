@@ -18,10 +18,10 @@ use super::zero_copy::{Uses, ZeroCopy};
 use crate::api::ffi::ncclComm_t;
 use crate::log::log_warn;
 
-/// Bytes at the start of each rank's buffer for the flags (see all_reduce.cu), rounded up.
+/// Bytes at the start of each rank's buffer for the flags (see device/device.cuh), rounded up.
 pub const FLAGS_BYTES: usize = 64 << 10;
 
-/// The kernels' view of every rank's buffer: `struct Peers` in all_reduce.cu.
+/// The kernels' view of every rank's buffer: `struct Peers` in device/device.cuh.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Peers {
@@ -41,7 +41,7 @@ impl Peers {
     }
 }
 
-/// One call's buffers as every rank addresses them: `struct Views` in all_reduce.cu.
+/// One call's buffers as every rank addresses them: `struct Views` in device/device.cuh.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Views {
@@ -57,6 +57,63 @@ impl Views {
             input: [input; MAX_RANKS],
             output: [output; MAX_RANKS],
             usable: usable as i32,
+        }
+    }
+}
+
+/// One call as every kernel takes it: `struct Args` in device/device.cuh.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct KernelArgs {
+    peers: Peers,
+    views: Views,
+    input: u64,
+    output: u64,
+    count: u64,
+    half_bytes: u64,
+    abort: u64,
+    rank: i32,
+    nranks: i32,
+    root: i32,
+}
+
+/// What the peers of a rank touch of its buffers in a direct (zero-copy) call: the bytes of its
+/// input and of its output they read or write (0: none; the kernel uses that buffer only
+/// locally, or not at all), and whether the direct path is allowed at all: the places where
+/// ranks' chunks start in a buffer must be 16-aligned, and all-to-all in place would overwrite
+/// chunks a peer has not sent yet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Touched {
+    input: u64,
+    output: u64,
+    allowed: bool,
+}
+
+impl Touched {
+    fn of(plan: &Plan, rank: usize, nranks: usize, in_place: bool) -> Touched {
+        let chunk = (plan.count * plan.dtype.size()) as u64;
+        let all = chunk * nranks as u64;
+        let root = plan.root == rank as i32;
+        let (input, output) = match plan.algorithm {
+            Algorithm::AllGather | Algorithm::AllToAll => (0, all),
+            Algorithm::ReduceScatter => (all, 0),
+            Algorithm::Broadcast | Algorithm::Scatter => (0, chunk),
+            Algorithm::Reduce => (chunk, if root { chunk } else { 0 }),
+            Algorithm::Gather => (0, if root { all } else { 0 }),
+            _ => (chunk, chunk),
+        };
+        let places_aligned = match plan.algorithm {
+            Algorithm::AllGather
+            | Algorithm::ReduceScatter
+            | Algorithm::AllToAll
+            | Algorithm::Gather => chunk.is_multiple_of(16),
+            _ => true,
+        };
+        let allowed = places_aligned && !(plan.algorithm == Algorithm::AllToAll && in_place);
+        Touched {
+            input,
+            output,
+            allowed,
         }
     }
 }
@@ -112,7 +169,7 @@ pub struct Parts {
     pub buffer: DeviceBuffer,
     pub half_bytes: u64,
     pub control: HostControl,
-    /// Launch with programmatic stream serialization (see all_reduce.cu).
+    /// Launch with programmatic stream serialization (see device/device.cuh).
     pub early_launch: bool,
     pub order: StreamOrder,
 }
@@ -162,32 +219,27 @@ impl CoreComm {
                 call: "launch",
                 error: format!("no {} kernel for {:?}", plan.algorithm.name(), plan.dtype),
             })?;
-        let mut peers = self.peers;
-        let mut rank = self.rank as i32;
-        let mut nranks = self.facts.nranks as i32;
-        let mut input = send as u64;
-        let mut output = recv as u64;
-        let mut count = plan.count as u64;
-        let mut half_bytes = self.half_bytes;
-        let mut abort = self.control.device;
-        let (mut views, uses) = if plan.algorithm.reads_views() {
+        let (input, output) = (send as u64, recv as u64);
+        let (views, uses) = if plan.algorithm.reads_views() {
             self.views(plan, input, output)
         } else {
             (Views::default(), None)
         };
+        let mut args = KernelArgs {
+            peers: self.peers,
+            views,
+            input,
+            output,
+            count: plan.count as u64,
+            half_bytes: self.half_bytes,
+            abort: self.control.device,
+            rank: self.rank as i32,
+            nranks: self.facts.nranks as i32,
+            root: plan.root,
+        };
         self.order.before_launch(stream)?;
-        let mut params: [*mut c_void; 9] = [
-            (&raw mut peers).cast(),
-            (&raw mut rank).cast(),
-            (&raw mut nranks).cast(),
-            (&raw mut input).cast(),
-            (&raw mut output).cast(),
-            (&raw mut count).cast(),
-            (&raw mut half_bytes).cast(),
-            (&raw mut abort).cast(),
-            (&raw mut views).cast(),
-        ];
-        // SAFETY: the parameters are the kernel's, in order; cuLaunchKernel copies them.
+        let mut params: [*mut c_void; 1] = [(&raw mut args).cast()];
+        // SAFETY: the kernel's one parameter, `Args`; cuLaunchKernel copies it.
         unsafe {
             cuda::launch(
                 function,
@@ -207,27 +259,22 @@ impl CoreComm {
     /// Every rank's buffers of a call, for a kernel that reads them straight where it can: the
     /// caller's pointers for every rank where all are in this process, the peers' mappings of
     /// them otherwise (`uses`: what to mark once the kernel is queued); not usable where a peer
-    /// cannot reach them, or where the ranks' places in them are not 16-aligned.
+    /// cannot reach what it touches, or where that is not 16-aligned.
     fn views(&self, plan: &Plan, input: u64, output: u64) -> (Views, Option<Uses>) {
-        let chunk = (plan.count * plan.dtype.size()) as u64;
-        let all = chunk * self.facts.nranks as u64;
-        let (in_bytes, out_bytes) = match plan.algorithm {
-            Algorithm::AllGather => (chunk, all),
-            Algorithm::ReduceScatter => (all, chunk),
-            _ => (chunk, chunk),
-        };
-        // Where each rank's chunk starts in the others' buffers.
-        let places_aligned = plan.algorithm == Algorithm::Direct || chunk.is_multiple_of(16);
+        let touched = Touched::of(plan, self.rank, self.facts.nranks, input == output);
         let Some(zero_copy) = &self.zero_copy else {
-            let usable = places_aligned
-                && input.is_multiple_of(16)
-                && output.is_multiple_of(16)
-                && self.reachable_by_peers(input, in_bytes)
-                && (output == input || self.reachable_by_peers(output, out_bytes));
+            let reachable = |pointer: u64, bytes: u64| {
+                bytes == 0
+                    || (pointer.is_multiple_of(16) && self.reachable_by_peers(pointer, bytes))
+            };
+            let usable = touched.allowed
+                && reachable(input, touched.input)
+                && reachable(output, touched.output);
             return (Views::shared(input, output, usable), None);
         };
-        let found = places_aligned
-            .then(|| zero_copy.addresses(input, in_bytes, output, out_bytes))
+        let found = touched
+            .allowed
+            .then(|| zero_copy.addresses(input, touched.input, output, touched.output))
             .flatten();
         match found {
             Some((addresses, uses)) => (
@@ -299,5 +346,76 @@ impl CoreComm {
         }
         // Our buffer, the peers' mappings and the control block are freed as `self` drops.
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::types::{DataType, Op};
+
+    fn plan(algorithm: Algorithm, count: usize, root: i32) -> Plan {
+        Plan {
+            algorithm,
+            dtype: DataType::Uint8,
+            count,
+            op: Op::Sum,
+            root,
+            blocks: 1,
+            threads: 256,
+        }
+    }
+
+    /// Peers touch only what their kernels read or write: a non-root's buffers the collective
+    /// ignores are never offered (NCCL lets them be anything, NULL included).
+    #[test]
+    fn peers_touch_only_what_the_collective_moves_through_them() {
+        let touched = |algorithm, count, root, rank, in_place| {
+            let t = Touched::of(&plan(algorithm, count, root), rank, 4, in_place);
+            (t.input, t.output, t.allowed)
+        };
+        assert_eq!(touched(Algorithm::Direct, 64, -1, 0, false), (64, 64, true));
+        assert_eq!(
+            touched(Algorithm::AllGather, 64, -1, 0, false),
+            (0, 256, true)
+        );
+        assert_eq!(
+            touched(Algorithm::ReduceScatter, 64, -1, 0, false),
+            (256, 0, true)
+        );
+        assert_eq!(
+            touched(Algorithm::Broadcast, 64, 1, 1, false),
+            (0, 64, true)
+        );
+        assert_eq!(
+            touched(Algorithm::Broadcast, 64, 1, 0, false),
+            (0, 64, true)
+        );
+        assert_eq!(touched(Algorithm::Reduce, 64, 2, 2, false), (64, 64, true));
+        assert_eq!(touched(Algorithm::Reduce, 64, 2, 0, false), (64, 0, true));
+        assert_eq!(touched(Algorithm::Gather, 64, 3, 3, false), (0, 256, true));
+        assert_eq!(touched(Algorithm::Gather, 64, 3, 0, false), (0, 0, true));
+        assert_eq!(touched(Algorithm::Scatter, 64, 0, 1, false), (0, 64, true));
+        assert_eq!(
+            touched(Algorithm::AllToAll, 64, -1, 0, false),
+            (0, 256, true)
+        );
+        // Chunks whose places in a shared buffer are not 16-aligned, and all-to-all in place.
+        assert!(!touched(Algorithm::AllGather, 60, -1, 0, false).2);
+        assert!(!touched(Algorithm::Gather, 60, 0, 0, false).2);
+        assert!(touched(Algorithm::Broadcast, 60, 0, 0, false).2);
+        assert!(touched(Algorithm::Reduce, 60, 0, 0, false).2);
+        assert!(!touched(Algorithm::AllToAll, 64, -1, 0, true).2);
+        assert!(touched(Algorithm::AllGather, 64, -1, 0, true).2);
+    }
+
+    /// The struct every kernel takes, as device/device.cuh lays it out.
+    #[test]
+    fn kernel_args_match_the_kernels_layout() {
+        assert_eq!(size_of::<Peers>(), 128);
+        assert_eq!(size_of::<Views>(), 136);
+        assert_eq!(std::mem::offset_of!(KernelArgs, input), 264);
+        assert_eq!(std::mem::offset_of!(KernelArgs, root), 312);
+        assert_eq!(size_of::<KernelArgs>(), 320);
     }
 }

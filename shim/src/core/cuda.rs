@@ -602,7 +602,7 @@ impl Drop for IpcMapping {
     }
 }
 
-/// Pinned host memory shared with the kernels: their control block (all_reduce.cu, "the host's
+/// Pinned host memory shared with the kernels: their control block (device/device.cuh, "the host's
 /// control block"): [0] abort, raised by the host; [1] how long a kernel may wait for a peer, in
 /// seconds (0: for ever); [2] written by a kernel that gave up waiting: 1 + the rank it waited
 /// for, or `MAX_RANKS + 1` for blocks of its own grid.

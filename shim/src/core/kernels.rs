@@ -1,5 +1,4 @@
-//! The core's kernels on each device: `all_reduce.cu` (program.rs), one program per element
-//! type. The library carries them compiled for the architectures of `BUILT_IN_ARCHS` (the
+//! The core's kernels on each device: `device/` (program.rs), one program per element type. The library carries them compiled for the architectures of `BUILT_IN_ARCHS` (the
 //! build script compiles them); for any other GPU they are compiled at run time by NVRTC, in
 //! parallel, and cached on disk (keyed by source, options and NVRTC version). Loaded functions
 //! are kept in memory, per device.
@@ -19,12 +18,11 @@ use crate::log::log_info;
 include!(concat!(env!("OUT_DIR"), "/built_in_kernels.rs"));
 
 /// Every kernel of one device: `[algorithm][type][op]`, `None` where the algorithm does not
-/// support the type.
+/// support the type and op.
 pub struct Kernels {
     functions: Vec<Option<Function>>,
     /// Blocks of `policy::MAX_THREADS` that every kernel whose grid must be resident at once
-    /// (two-shot, staged and direct; all-gather; reduce-scatter) can have on the device: the
-    /// fewest of any type and op.
+    /// (`Algorithm::needs_resident_grid`) can have on the device: the fewest of any type and op.
     pub two_shot_resident_blocks: u32,
 }
 
@@ -86,7 +84,7 @@ pub fn for_device(device: &Device) -> Result<Arc<Kernels>, String> {
     for algorithm in Algorithm::ALL {
         for (dtype, &module) in DataType::ALL.iter().zip(&modules) {
             for op in Op::ALL {
-                if !algorithm.supports(*dtype) {
+                if !algorithm.supports(*dtype, op) {
                     functions.push(None);
                     continue;
                 }

@@ -1,4 +1,4 @@
-//! The limits compiled into the kernels (`all_reduce.cu` takes them as `-D` options, see
+//! The limits compiled into the kernels (`device/` takes them as `-D` options, see
 //! program.rs): kept apart from the policy so that the build script, which compiles the kernels
 //! ahead of time, reads the very same numbers.
 

@@ -1,10 +1,10 @@
-//! The core: ncclshim's own all-reduce (and, where set, all-gather and reduce-scatter) over
-//! NVLink, for communicators whose ranks are all on this host with peer access between every
+//! The core: ncclshim's own collectives over NVLink (all-reduce; the others where set, see
+//! `policy`), for communicators whose ranks are all on this host with peer access between every
 //! pair of GPUs. Set up when a communicator is created
 //! (`setup`), kept in a side table keyed by the handle (`table`), chosen per call by a policy
 //! that every rank computes alike (`policy`), launched on the caller's stream (`comm`), with
 //! kernels built into the library for common GPUs and compiled by NVRTC for others (`kernels`,
-//! `program`, `all_reduce.cu`).
+//! `program`, `device/`).
 
 mod comm;
 mod cuda;
@@ -196,16 +196,58 @@ pub fn group_end(real_end: impl FnOnce() -> ncclResult_t) -> ncclResult_t {
 }
 
 /// A call of a collective the core can take: its arguments besides the communicator, as the
-/// caller gave them (`count`: all-gather's per-rank input, reduce-scatter's per-rank output).
+/// caller gave them (`count` as NCCL's API takes it: each rank's chunk where there is one).
 pub struct Call {
     pub collective: Collective,
     pub send: *const c_void,
     pub recv: *mut c_void,
     pub count: usize,
     pub dtype: u32,
-    /// Unused for all-gather.
+    /// Unused where the collective does not reduce.
     pub op: u32,
+    /// Unused where the collective has no root.
+    pub root: i32,
     pub stream: cudaStream_t,
+}
+
+impl Call {
+    /// A call without op or root (set them with `with_op`, `with_root`).
+    pub fn new(
+        collective: Collective,
+        send: *const c_void,
+        recv: *mut c_void,
+        count: usize,
+        dtype: u32,
+        stream: cudaStream_t,
+    ) -> Call {
+        Call {
+            collective,
+            send,
+            recv,
+            count,
+            dtype,
+            op: 0,
+            root: -1,
+            stream,
+        }
+    }
+
+    pub fn with_op(self, op: u32) -> Call {
+        Call { op, ..self }
+    }
+
+    pub fn with_root(self, root: i32) -> Call {
+        Call { root, ..self }
+    }
+
+    /// Whether a buffer this rank's part of the call uses is NULL: the real NCCL's to report. A
+    /// non-root's send buffer of a broadcast or scatter, and its receive buffer of a reduce or
+    /// gather, are not used (NCCL allows anything there).
+    fn lacks_buffer(&self, rank: usize) -> bool {
+        let root = self.root == rank as i32;
+        (self.collective.reads_input(root) && self.send.is_null())
+            || (self.collective.writes_output(root) && self.recv.is_null())
+    }
 }
 
 /// A call on `comm`: the core's where it takes it, else `forward` (the real NCCL's). Where a
@@ -247,7 +289,7 @@ pub fn collective(
         return ncclRemoteError;
     }
     // Bad pointers are for the real NCCL to report, as it reports them.
-    if call.send.is_null() || call.recv.is_null() {
+    if call.lacks_buffer(core.rank) {
         return forward();
     }
     let Some(plan) = policy::plan(
@@ -256,6 +298,7 @@ pub fn collective(
         call.count,
         call.dtype,
         call.op,
+        call.root,
         &core.facts,
     ) else {
         return forward();

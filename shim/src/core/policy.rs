@@ -15,9 +15,12 @@
 //!   NCCLSHIM_ZERO_COPY=0                 no direct two-shot for ranks of several processes (their
 //!                                        user buffers are not mapped by the peers: zero_copy/)
 //!   NCCLSHIM_TWO_SHOT_BLOCKS=N           two-shot grids of at most N blocks (1 to 256)
-//!   NCCLSHIM_ALL_GATHER_MAX_BYTES=N      all-gathers of up to N bytes (all ranks' together) on the
-//!   NCCLSHIM_REDUCE_SCATTER_MAX_BYTES=N  core, reduce-scatters likewise (at most 32 MiB; default
-//!                                        0, none: not yet weighed against NCCL)
+//!   NCCLSHIM_<COLLECTIVE>_MAX_BYTES=N    the other collectives (ALL_GATHER, REDUCE_SCATTER,
+//!                                        BROADCAST, REDUCE, ALL_TO_ALL, GATHER, SCATTER) on the
+//!                                        core up to N bytes, as nccl-tests counts them (all ranks'
+//!                                        chunks together; a broadcast's or reduce's count), as far
+//!                                        as the staging holds them (32 MiB of slots); default 0,
+//!                                        none: not yet weighed against NCCL
 //! and three that change only how kernels are launched, not which run (they may differ by rank):
 //!   NCCLSHIM_LAUNCH_HELPERS=0            a group's all-reduces on several GPUs launched in turn
 //!   NCCLSHIM_EARLY_LAUNCH=0              no programmatic stream serialization
@@ -32,13 +35,14 @@ use super::types::{Algorithm, Collective, DataType, Op};
 /// of this size).
 pub const STAGING_HALF_BYTES: usize = 16 << 20;
 /// Largest one-shot: its slot per sender, a staging area (more than `2 * STAGING_HALF_BYTES`)
-/// shared by MAX_RANKS senders (see all_reduce.cu).
+/// shared by MAX_RANKS senders (see device/all_reduce.cu).
 pub const ONE_SHOT_LIMIT_BYTES: usize = 2 * STAGING_HALF_BYTES / MAX_RANKS;
 // The limits compiled into the kernels (MAX_THREADS, MAX_BLOCKS, MAX_RANKS, LL_MAX_BYTES,
 // SENTINEL_MAX_BYTES) live in limits.rs, which the build script reads too.
 pub use super::limits::*;
-/// The most bytes (all ranks' chunks together) of an all-gather or reduce-scatter the core takes:
-/// their staged path puts one slot per rank, each rounded up to 16 bytes, in one staging area.
+/// The most bytes of slots the staged path of a collective other than all-reduce puts in one
+/// staging area: one slot (each rounded up to 16 bytes) per sender, or one in all for a broadcast
+/// and a scatter.
 pub const GATHER_SCATTER_LIMIT_BYTES: usize = 2 * STAGING_HALF_BYTES;
 /// The low-latency inboxes: 2 parities x MAX_RANKS senders x packets of twice the payload.
 pub const INBOX_BYTES: usize = 2 * MAX_RANKS * 2 * LL_MAX_BYTES;
@@ -48,7 +52,7 @@ pub const SENTINEL_INBOX_BYTES: usize = 2 * MAX_RANKS * SENTINEL_MAX_BYTES;
 const SENTINEL_BLOCKS: u32 = (SENTINEL_MAX_BYTES / 16 / 64) as u32;
 
 /// The staging before the inboxes, for all-reduces of up to `half_bytes`: two areas (by epoch
-/// parity) of `2 * half_bytes + 256` bytes, as all_reduce.cu divides them.
+/// parity) of `2 * half_bytes + 256` bytes, as device/device.cuh divides them.
 pub const fn staging_bytes(half_bytes: usize) -> usize {
     2 * (2 * half_bytes + 256)
 }
@@ -78,13 +82,13 @@ pub struct Settings {
     pub two_shot_blocks: Option<u32>,
     /// Helper threads launch a group's all-reduces on other GPUs (launcher.rs).
     pub launch_helpers: bool,
-    /// Kernels launched with programmatic stream serialization (all_reduce.cu).
+    /// Kernels launched with programmatic stream serialization (device/device.cuh).
     pub early_launch: bool,
     /// How long a kernel waits for a peer before it gives up, in seconds (0: for ever).
     pub wait_limit_s: u32,
-    /// The largest all-gather and reduce-scatter (all ranks' chunks together) the core takes.
-    pub all_gather_max_bytes: usize,
-    pub reduce_scatter_max_bytes: usize,
+    /// The largest call of each collective but all-reduce the core takes (`Collective::size`),
+    /// by `Collective as usize`.
+    pub max_bytes: [usize; Collective::ALL.len()],
 }
 
 impl Settings {
@@ -103,8 +107,7 @@ impl Settings {
             launch_helpers: true,
             early_launch: true,
             wait_limit_s: DEFAULT_WAIT_LIMIT_S,
-            all_gather_max_bytes: 0,
-            reduce_scatter_max_bytes: 0,
+            max_bytes: [0; Collective::ALL.len()],
         }
     }
 
@@ -112,11 +115,9 @@ impl Settings {
     /// it looks its communicator up (every other collective's calls forward at once).
     pub fn may_take(&self, collective: Collective) -> bool {
         self.enabled
-            && match collective {
-                Collective::AllReduce => true,
-                Collective::AllGather => self.all_gather_max_bytes > 0,
-                Collective::ReduceScatter => self.reduce_scatter_max_bytes > 0,
-            }
+            && (collective == Collective::AllReduce
+                || self.force_core
+                || self.max_bytes[collective as usize] > 0)
     }
 
     /// The sentinel kernel sends nothing but data and meets no one: on 2 and 4 H200 it was as
@@ -213,8 +214,10 @@ impl Settings {
         s.ll_max_bytes = bytes("NCCLSHIM_LL_MAX_BYTES");
         s.one_shot_max_bytes = bytes("NCCLSHIM_ONE_SHOT_MAX_BYTES");
         s.all_reduce_max_bytes = bytes("NCCLSHIM_ALL_REDUCE_MAX_BYTES");
-        s.all_gather_max_bytes = bytes("NCCLSHIM_ALL_GATHER_MAX_BYTES").unwrap_or(0);
-        s.reduce_scatter_max_bytes = bytes("NCCLSHIM_REDUCE_SCATTER_MAX_BYTES").unwrap_or(0);
+        for collective in Collective::ALL.into_iter().skip(1) {
+            let name = format!("NCCLSHIM_{}_MAX_BYTES", collective.variable_name());
+            s.max_bytes[collective as usize] = bytes(&name).unwrap_or(0);
+        }
         s
     }
 }
@@ -246,6 +249,8 @@ pub struct Plan {
     pub dtype: DataType,
     pub count: usize,
     pub op: Op,
+    /// The root rank of a rooted collective; -1 otherwise.
+    pub root: i32,
     pub blocks: u32,
     pub threads: u32,
 }
@@ -292,7 +297,7 @@ pub fn plan_all_reduce(
     }
     // Each thread moves 8 bytes at a time in the low-latency kernel, 16 in the others.
     let (algorithm, unit) =
-        if Algorithm::Sentinel.supports(dtype) && bytes <= settings.sentinel_max(nranks) {
+        if Algorithm::Sentinel.supports(dtype, op) && bytes <= settings.sentinel_max(nranks) {
             (Algorithm::Sentinel, 16)
         } else if bytes <= settings.ll_max(nranks) {
             (Algorithm::LowLatency, 8)
@@ -314,51 +319,60 @@ pub fn plan_all_reduce(
         dtype,
         count,
         op,
+        root: -1,
         blocks,
         threads,
     })
 }
 
-/// The core's plan for a call of `collective` of `count` elements (all-gather: each rank's
-/// input; reduce-scatter: each rank's output; `op` unused for all-gather), or `None` to leave it
-/// to NCCL.
+/// The core's plan for a call of `collective` of `count` elements (`count` as NCCL's API takes
+/// it: each rank's chunk where there is one), with `op` (ignored where it does not reduce) and
+/// `root` (ignored where it has none), or `None` to leave it to NCCL.
 pub fn plan(
     settings: &Settings,
     collective: Collective,
     count: usize,
     dtype: u32,
     op: u32,
+    root: i32,
     comm: &CommFacts,
 ) -> Option<Plan> {
-    let max_bytes = match collective {
-        Collective::AllReduce => return plan_all_reduce(settings, count, dtype, op, comm),
-        Collective::AllGather => settings.all_gather_max_bytes,
-        Collective::ReduceScatter => settings.reduce_scatter_max_bytes,
+    let Some(algorithm) = Algorithm::of(collective) else {
+        return plan_all_reduce(settings, count, dtype, op, comm);
     };
     let nranks = comm.nranks;
     let dtype = DataType::from_nccl(dtype)?;
-    let op = match collective {
-        Collective::AllGather => Op::Sum,
-        _ => Op::from_nccl(op)?,
+    let op = match collective.reduces() {
+        true => Op::from_nccl(op)?,
+        false => Op::Sum,
+    };
+    let root = match collective.rooted() {
+        // A root out of range is for the real NCCL to report.
+        true if (0..nranks as i32).contains(&root) => root,
+        true => return None,
+        false => -1,
     };
     if !settings.enabled || count == 0 || !(2..=MAX_RANKS).contains(&nranks) {
         return None;
     }
     let chunk = count.checked_mul(dtype.size())?;
-    let slots = chunk.div_ceil(16).checked_mul(16 * nranks)?;
-    if slots > GATHER_SCATTER_LIMIT_BYTES || chunk * nranks > max_bytes {
+    let senders = if matches!(collective, Collective::Broadcast | Collective::Scatter) {
+        1
+    } else {
+        nranks
+    };
+    let slots = chunk.div_ceil(16).checked_mul(16 * senders)?;
+    let size = collective.size(chunk, nranks);
+    let max_bytes = settings.max_bytes[collective as usize];
+    if slots > GATHER_SCATTER_LIMIT_BYTES || (!settings.force_core && size > max_bytes) {
         return None;
     }
-    let (algorithm, dtype, count) = match collective {
-        Collective::AllGather => (Algorithm::AllGather, DataType::Uint8, chunk),
-        _ => (Algorithm::ReduceScatter, dtype, count),
+    let (dtype, count) = match collective.reduces() {
+        true => (dtype, count),
+        false => (DataType::Uint8, chunk),
     };
     // As two-shot's, which moves as much: 16 bytes per thread, grids the GPU holds at once.
-    let threads = if chunk * nranks <= 4 << 20 {
-        256
-    } else {
-        MAX_THREADS
-    };
+    let threads = if size <= 4 << 20 { 256 } else { MAX_THREADS };
     let max_blocks = settings
         .two_shot_blocks(nranks)
         .min(comm.resident_blocks.max(1));
@@ -370,6 +384,7 @@ pub fn plan(
         dtype,
         count,
         op,
+        root,
         blocks,
         threads,
     })
@@ -653,7 +668,7 @@ mod tests {
         assert!(s.may_take(Collective::AllReduce));
         assert!(!s.may_take(Collective::AllGather) && !s.may_take(Collective::ReduceScatter));
         assert_eq!(
-            plan(&s, Collective::AllGather, 1024, 7, 0, &procs(2)),
+            plan(&s, Collective::AllGather, 1024, 7, 0, -1, &procs(2)),
             None,
             "not yet weighed against NCCL: off by default"
         );
@@ -663,12 +678,12 @@ mod tests {
         ]);
         assert!(on.may_take(Collective::AllGather) && on.may_take(Collective::ReduceScatter));
         // All-gather moves bytes, whatever the type; the op plays no part.
-        let gather = plan(&on, Collective::AllGather, 1000, 9, 77, &procs(4)).unwrap();
+        let gather = plan(&on, Collective::AllGather, 1000, 9, 77, -1, &procs(4)).unwrap();
         assert_eq!(
             (gather.algorithm, gather.dtype, gather.count, gather.op),
             (Algorithm::AllGather, DataType::Uint8, 2000, Op::Sum)
         );
-        let scatter = plan(&on, Collective::ReduceScatter, 1000, 9, 3, &procs(4)).unwrap();
+        let scatter = plan(&on, Collective::ReduceScatter, 1000, 9, 3, -1, &procs(4)).unwrap();
         assert_eq!(
             (scatter.algorithm, scatter.dtype, scatter.count, scatter.op),
             (Algorithm::ReduceScatter, DataType::Bfloat16, 1000, Op::Min)
@@ -681,6 +696,7 @@ mod tests {
                 (1 << 20) / 4,
                 7,
                 0,
+                -1,
                 &procs(8)
             )
             .is_some()
@@ -692,11 +708,23 @@ mod tests {
                 (2 << 20) / 4,
                 7,
                 0,
+                -1,
                 &procs(8)
             )
             .is_none()
         );
-        assert!(plan(&on, Collective::AllGather, (16 << 20) / 4, 7, 0, &procs(2)).is_some());
+        assert!(
+            plan(
+                &on,
+                Collective::AllGather,
+                (16 << 20) / 4,
+                7,
+                0,
+                -1,
+                &procs(2)
+            )
+            .is_some()
+        );
         assert!(
             plan(
                 &on,
@@ -704,19 +732,103 @@ mod tests {
                 (16 << 20) / 4 + 1,
                 7,
                 0,
+                -1,
                 &procs(2)
             )
             .is_none(),
             "the staging holds 32 MiB of slots"
         );
         assert_eq!(
-            plan(&on, Collective::ReduceScatter, 100, 7, 9, &procs(2)),
+            plan(&on, Collective::ReduceScatter, 100, 7, 9, -1, &procs(2)),
             None,
             "bad op"
         );
-        assert_eq!(plan(&on, Collective::AllGather, 0, 7, 0, &procs(2)), None);
-        let big = plan(&on, Collective::AllGather, (8 << 20) / 4, 7, 0, &procs(2)).unwrap();
+        assert_eq!(
+            plan(&on, Collective::AllGather, 0, 7, 0, -1, &procs(2)),
+            None
+        );
+        let big = plan(
+            &on,
+            Collective::AllGather,
+            (8 << 20) / 4,
+            7,
+            0,
+            -1,
+            &procs(2),
+        )
+        .unwrap();
         assert!(big.blocks <= 128 && big.threads == MAX_THREADS);
+    }
+
+    #[test]
+    fn rooted_and_exchanging_collectives_only_where_set_with_a_root_in_range() {
+        let s = with(&[]);
+        for collective in Collective::ALL.into_iter().skip(1) {
+            assert!(!s.may_take(collective), "{collective:?} is off by default");
+        }
+        let forced = with(&[("NCCLSHIM_FORCE", "core")]);
+        assert!(Collective::ALL.into_iter().all(|c| forced.may_take(c)));
+        let on = with(&[
+            ("NCCLSHIM_BROADCAST_MAX_BYTES", "1048576"),
+            ("NCCLSHIM_REDUCE_MAX_BYTES", "1048576"),
+            ("NCCLSHIM_ALL_TO_ALL_MAX_BYTES", "1048576"),
+            ("NCCLSHIM_GATHER_MAX_BYTES", "1048576"),
+            ("NCCLSHIM_SCATTER_MAX_BYTES", "1048576"),
+        ]);
+        let reduce = plan(&on, Collective::Reduce, 1000, 9, 3, 1, &procs(4)).unwrap();
+        assert_eq!(
+            (
+                reduce.algorithm,
+                reduce.dtype,
+                reduce.count,
+                reduce.op,
+                reduce.root
+            ),
+            (Algorithm::Reduce, DataType::Bfloat16, 1000, Op::Min, 1)
+        );
+        let broadcast = plan(&on, Collective::Broadcast, 1000, 9, 77, 3, &procs(4)).unwrap();
+        assert_eq!(
+            (
+                broadcast.algorithm,
+                broadcast.dtype,
+                broadcast.count,
+                broadcast.op
+            ),
+            (Algorithm::Broadcast, DataType::Uint8, 2000, Op::Sum),
+            "moved as bytes; the op plays no part"
+        );
+        let all_to_all = plan(&on, Collective::AllToAll, 1000, 7, 0, 5, &procs(4)).unwrap();
+        assert_eq!((all_to_all.count, all_to_all.root), (4000, -1), "no root");
+        for root in [-1, 4] {
+            assert_eq!(
+                plan(&on, Collective::Scatter, 1000, 7, 0, root, &procs(4)),
+                None,
+                "root {root} out of range: NCCL's to report"
+            );
+        }
+        // Sizes as nccl-tests counts them: a broadcast's buffer, every rank's chunks of a gather.
+        assert!(plan(&on, Collective::Broadcast, 1 << 20, 1, 0, 0, &procs(4)).is_some());
+        assert!(
+            plan(
+                &on,
+                Collective::Broadcast,
+                (1 << 20) + 1,
+                1,
+                0,
+                0,
+                &procs(4)
+            )
+            .is_none()
+        );
+        assert!(plan(&on, Collective::Gather, 1 << 18, 1, 0, 0, &procs(4)).is_some());
+        assert!(plan(&on, Collective::Gather, (1 << 18) + 1, 1, 0, 0, &procs(4)).is_none());
+        // Forced, as far as the staging holds the slots: one for a broadcast, one per rank else.
+        let big = |collective, bytes| plan(&forced, collective, bytes, 1, 0, 0, &procs(4));
+        assert!(big(Collective::Broadcast, 32 << 20).is_some());
+        assert!(big(Collective::Broadcast, (32 << 20) + 1).is_none());
+        assert!(big(Collective::Scatter, 32 << 20).is_some());
+        assert!(big(Collective::Reduce, 8 << 20).is_some());
+        assert!(big(Collective::Reduce, (8 << 20) + 1).is_none());
     }
 
     #[test]

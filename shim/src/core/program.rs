@@ -1,4 +1,4 @@
-//! The kernels' program: `all_reduce.cu`, how NVRTC compiles it (one program per element type,
+//! The kernels' program: `device/`, how NVRTC compiles it (one program per element type,
 //! for one GPU architecture), the names of the kernels it defines, and how a set of compiled
 //! programs is packed into the library. Shared by the build script, which compiles them ahead of
 //! time for the architectures in `BUILT_IN_ARCHS`, and the run time, which compiles them only for
@@ -12,7 +12,16 @@ use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
 use super::limits::{LL_MAX_BYTES, MAX_BLOCKS, MAX_RANKS, MAX_THREADS, SENTINEL_MAX_BYTES};
 use super::types::{Algorithm, DataType, Op};
 
-pub const SOURCE: &str = include_str!("all_reduce.cu");
+/// The kernels' source: the shared device header, one file per family, the entry points (which
+/// instantiate the kernels), in that order, compiled as one program.
+pub const SOURCE: &str = concat!(
+    include_str!("device/device.cuh"),
+    include_str!("device/all_reduce.cu"),
+    include_str!("device/gather_scatter.cu"),
+    include_str!("device/rooted.cu"),
+    include_str!("device/exchange.cu"),
+    include_str!("device/entry.cu"),
+);
 
 /// A GPU architecture, as CUDA's compute capability (major, minor).
 pub type Arch = (i32, i32);
@@ -23,7 +32,7 @@ pub type Arch = (i32, i32);
 /// needs sm_90 or newer, so nothing older.
 pub const BUILT_IN_ARCHS: [Arch; 3] = [(9, 0), (10, 0), (12, 0)];
 
-/// The kernel's name for one variant, as `all_reduce.cu` defines it.
+/// The kernel's name for one variant, as `device/entry.cu` defines it.
 pub fn kernel_name(algorithm: Algorithm, dtype: DataType, op: Op) -> String {
     format!(
         "ncclshim_{}_{}_{}",
@@ -37,11 +46,11 @@ pub fn kernel_name(algorithm: Algorithm, dtype: DataType, op: Op) -> String {
 pub fn options(dtype: DataType, arch: Arch) -> Vec<String> {
     let (name, cuda_type) = (dtype.kernel_suffix(), dtype.cuda_type());
     let mut types = format!("KERNELS({name},{cuda_type})");
-    if Algorithm::Sentinel.supports(dtype) {
+    if Algorithm::Sentinel.supports(dtype, Op::Sum) {
         types += &format!(" SENTINEL_KERNELS({name},{cuda_type})");
     }
-    if Algorithm::AllGather.supports(dtype) {
-        types += &format!(" ALL_GATHER_KERNELS({name},{cuda_type})");
+    if Algorithm::AllGather.supports(dtype, Op::Sum) {
+        types += &format!(" MOVE_KERNELS({name},{cuda_type})");
     }
     vec![
         format!("--gpu-architecture=sm_{}{}", arch.0, arch.1),
@@ -97,10 +106,10 @@ pub fn cache_dir(sub: &str) -> Option<PathBuf> {
     Some(base.join(sub))
 }
 
-/// Compiles `all_reduce.cu` with `options` and returns the cubin. Needs NVRTC loaded.
+/// Compiles the kernels' source with `options` and returns the cubin. Needs NVRTC loaded.
 pub fn compile(options: &[String]) -> Result<Vec<u8>, String> {
     let source = CString::new(SOURCE).expect("the kernel source has no NUL");
-    let program = nvrtc::create_program(&source, Some(c"all_reduce.cu"))
+    let program = nvrtc::create_program(&source, Some(c"ncclshim.cu"))
         .map_err(|e| format!("nvrtcCreateProgram: {e:?}"))?;
     // SAFETY: a program just created, destroyed below.
     let compiled = unsafe { nvrtc::compile_program(program, options) };

@@ -281,7 +281,7 @@ pub(super) fn own_parts(device: Device) -> Result<Parts, String> {
         // Flags, epochs and the low-latency inboxes start at zero: no epoch is zero.
         cuda::zero(buffer, FLAGS_BYTES)?;
         cuda::zero(buffer + inbox as u64, INBOX_BYTES)?;
-        // The sentinel inboxes start empty: every byte 0xff (all_reduce.cu, "Sentinel").
+        // The sentinel inboxes start empty: every byte 0xff (device/all_reduce.cu, "Sentinel").
         cuda::fill(buffer + sentinel_inbox as u64, 0xff, SENTINEL_INBOX_BYTES)?;
         let control = HostControl::new(policy::settings().wait_limit_s)?;
         Ok((control, StreamOrder::new()?))
@@ -313,7 +313,7 @@ fn p2p_forbidden(get: impl Fn(&str) -> Option<String>) -> Option<String> {
     None
 }
 
-/// Whether kernels are launched early (programmatic stream serialization, see all_reduce.cu):
+/// Whether kernels are launched early (programmatic stream serialization, see device/device.cuh):
 /// from CUDA 12.3 on, which also keeps it in CUDA graphs, unless the settings turn it off.
 fn early_launch() -> bool {
     policy::settings().early_launch && cuda::driver_version().is_ok_and(|v| v >= 12030)

@@ -9,9 +9,95 @@ pub enum Collective {
     AllGather,
     /// `count` elements to every rank: its chunk of the ranks' inputs, reduced.
     ReduceScatter,
+    /// `count` elements of the root's input to every rank.
+    Broadcast,
+    /// `count` elements of every rank's input, reduced into the root's output.
+    Reduce,
+    /// `count` elements from every rank to every rank: chunk p of each input to rank p.
+    AllToAll,
+    /// `count` elements from every rank, gathered in rank order on the root.
+    Gather,
+    /// `count` elements to every rank: its chunk of the root's input.
+    Scatter,
 }
 
-/// The algorithms of `all_reduce.cu`.
+impl Collective {
+    pub const ALL: [Collective; 8] = [
+        Collective::AllReduce,
+        Collective::AllGather,
+        Collective::ReduceScatter,
+        Collective::Broadcast,
+        Collective::Reduce,
+        Collective::AllToAll,
+        Collective::Gather,
+        Collective::Scatter,
+    ];
+
+    /// The bytes of a call whose `count` (as the API takes it) is `chunk` bytes, as nccl-tests
+    /// counts them: every rank's chunks together, or the one buffer of a broadcast or reduce.
+    pub fn size(self, chunk: usize, nranks: usize) -> usize {
+        match self {
+            Collective::AllReduce | Collective::Broadcast | Collective::Reduce => chunk,
+            _ => chunk.saturating_mul(nranks),
+        }
+    }
+
+    /// Its part of the names of its settings (`NCCLSHIM_ALL_GATHER_MAX_BYTES`).
+    pub fn variable_name(self) -> &'static str {
+        match self {
+            Collective::AllReduce => "ALL_REDUCE",
+            Collective::AllGather => "ALL_GATHER",
+            Collective::ReduceScatter => "REDUCE_SCATTER",
+            Collective::Broadcast => "BROADCAST",
+            Collective::Reduce => "REDUCE",
+            Collective::AllToAll => "ALL_TO_ALL",
+            Collective::Gather => "GATHER",
+            Collective::Scatter => "SCATTER",
+        }
+    }
+
+    /// Whether the collective has a root.
+    pub fn rooted(self) -> bool {
+        matches!(
+            self,
+            Collective::Broadcast | Collective::Reduce | Collective::Gather | Collective::Scatter
+        )
+    }
+
+    /// Whether it reduces (takes an op); the others move bytes.
+    pub fn reduces(self) -> bool {
+        matches!(
+            self,
+            Collective::AllReduce | Collective::ReduceScatter | Collective::Reduce
+        )
+    }
+
+    /// Whether a rank reads its input: all but the non-roots of a broadcast and a scatter, whose
+    /// send buffers NCCL ignores.
+    pub fn reads_input(self, is_root: bool) -> bool {
+        is_root || !matches!(self, Collective::Broadcast | Collective::Scatter)
+    }
+
+    /// Whether a rank writes its output: all but the non-roots of a reduce and a gather.
+    pub fn writes_output(self, is_root: bool) -> bool {
+        is_root || !matches!(self, Collective::Reduce | Collective::Gather)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Collective::AllReduce => "all-reduce",
+            Collective::AllGather => "all-gather",
+            Collective::ReduceScatter => "reduce-scatter",
+            Collective::Broadcast => "broadcast",
+            Collective::Reduce => "reduce",
+            Collective::AllToAll => "all-to-all",
+            Collective::Gather => "gather",
+            Collective::Scatter => "scatter",
+        }
+    }
+}
+
+/// The algorithms of the kernels (`device/`): all-reduce's, then one per other collective.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Algorithm {
     /// Every rank writes its input into every rank's inbox as flagged packets: no barrier, for
@@ -33,10 +119,23 @@ pub enum Algorithm {
     /// Reduce-scatter: every rank reduces its chunk of every rank's input (straight, or pushed
     /// into its staging by the peers).
     ReduceScatter = 6,
+    /// Broadcast: the root pushes its input into every rank's output (or staging). Bytes.
+    Broadcast = 7,
+    /// Reduce: each rank reduces its share of every input into the root's output (or the root
+    /// reduces what every rank pushed into its staging).
+    Reduce = 8,
+    /// All-to-all: every rank pushes each chunk of its input into its rank's output (or
+    /// staging). Bytes.
+    AllToAll = 9,
+    /// Gather: every rank pushes its input into the root's output (or staging). Bytes.
+    Gather = 10,
+    /// Scatter: the root pushes each chunk of its input into its rank's output (or staging).
+    /// Bytes.
+    Scatter = 11,
 }
 
 impl Algorithm {
-    pub const ALL: [Algorithm; 7] = [
+    pub const ALL: [Algorithm; 12] = [
         Algorithm::LowLatency,
         Algorithm::OneShot,
         Algorithm::TwoShot,
@@ -44,34 +143,63 @@ impl Algorithm {
         Algorithm::Sentinel,
         Algorithm::AllGather,
         Algorithm::ReduceScatter,
+        Algorithm::Broadcast,
+        Algorithm::Reduce,
+        Algorithm::AllToAll,
+        Algorithm::Gather,
+        Algorithm::Scatter,
     ];
 
-    /// Whether `all_reduce.cu` has this algorithm's kernels for `dtype`.
-    pub fn supports(self, dtype: DataType) -> bool {
+    /// The algorithm of one of the collectives that have one each (not all-reduce).
+    pub fn of(collective: Collective) -> Option<Algorithm> {
+        Some(match collective {
+            Collective::AllReduce => return None,
+            Collective::AllGather => Algorithm::AllGather,
+            Collective::ReduceScatter => Algorithm::ReduceScatter,
+            Collective::Broadcast => Algorithm::Broadcast,
+            Collective::Reduce => Algorithm::Reduce,
+            Collective::AllToAll => Algorithm::AllToAll,
+            Collective::Gather => Algorithm::Gather,
+            Collective::Scatter => Algorithm::Scatter,
+        })
+    }
+
+    /// Whether it reduces; the others move bytes, with one kernel (`u8`, `sum`).
+    pub fn reduces(self) -> bool {
+        !matches!(
+            self,
+            Algorithm::AllGather
+                | Algorithm::Broadcast
+                | Algorithm::AllToAll
+                | Algorithm::Gather
+                | Algorithm::Scatter
+        )
+    }
+
+    /// Whether the kernels have this algorithm for `dtype` and `op`.
+    pub fn supports(self, dtype: DataType, op: Op) -> bool {
         match self {
             Algorithm::Sentinel => dtype.is_float(),
-            Algorithm::AllGather => dtype == DataType::Uint8,
+            _ if !self.reduces() => dtype == DataType::Uint8 && op == Op::Sum,
             _ => true,
         }
     }
 
-    /// Grids sized to what the GPU holds at once: the two-shot family, whose blocks wait on
-    /// each other between windows, and the all-gather and reduce-scatter ones, as large.
+    /// Grids sized to what the GPU holds at once: all but the small-message kernels. The
+    /// two-shot family's blocks wait on each other between windows, and every block of the
+    /// others waits for its namesake on every peer, which must be running too.
     pub fn needs_resident_grid(self) -> bool {
-        matches!(
+        !matches!(
             self,
-            Algorithm::TwoShot
-                | Algorithm::Direct
-                | Algorithm::AllGather
-                | Algorithm::ReduceScatter
+            Algorithm::LowLatency | Algorithm::OneShot | Algorithm::Sentinel
         )
     }
 
     /// Whether its kernel takes every rank's buffers (`Views`): straight where it can.
     pub fn reads_views(self) -> bool {
-        matches!(
+        !matches!(
             self,
-            Algorithm::Direct | Algorithm::AllGather | Algorithm::ReduceScatter
+            Algorithm::LowLatency | Algorithm::OneShot | Algorithm::TwoShot | Algorithm::Sentinel
         )
     }
 
@@ -84,6 +212,11 @@ impl Algorithm {
             Algorithm::Sentinel => "sentinel",
             Algorithm::AllGather => "all_gather",
             Algorithm::ReduceScatter => "reduce_scatter",
+            Algorithm::Broadcast => "broadcast",
+            Algorithm::Reduce => "reduce",
+            Algorithm::AllToAll => "all_to_all",
+            Algorithm::Gather => "gather",
+            Algorithm::Scatter => "scatter",
         }
     }
 }
@@ -147,14 +280,14 @@ impl DataType {
         )
     }
 
-    /// The suffix of this type's kernels in `all_reduce.cu`.
+    /// The suffix of this type's kernels.
     pub fn kernel_suffix(self) -> &'static str {
         [
             "i8", "u8", "i32", "u32", "i64", "u64", "f16", "f32", "f64", "bf16", "e4m3", "e5m2",
         ][self as usize]
     }
 
-    /// The type's name in `all_reduce.cu`.
+    /// The type's name in the kernels' source.
     pub fn cuda_type(self) -> &'static str {
         [
             "signed char",
@@ -215,8 +348,12 @@ mod tests {
             6,
             "half, float, double, bfloat16 and both fp8"
         );
-        assert!(!Algorithm::Sentinel.supports(DataType::Int32));
-        assert!(Algorithm::Sentinel.supports(DataType::Float64));
-        assert!(Algorithm::LowLatency.supports(DataType::Uint8));
+        assert!(!Algorithm::Sentinel.supports(DataType::Int32, Op::Sum));
+        assert!(Algorithm::Sentinel.supports(DataType::Float64, Op::Max));
+        assert!(Algorithm::LowLatency.supports(DataType::Uint8, Op::Avg));
+        assert!(Algorithm::Reduce.supports(DataType::Bfloat16, Op::Min));
+        assert!(Algorithm::Broadcast.supports(DataType::Uint8, Op::Sum));
+        assert!(!Algorithm::Broadcast.supports(DataType::Uint8, Op::Max));
+        assert!(!Algorithm::Gather.supports(DataType::Float32, Op::Sum));
     }
 }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::super::cuda::Stream;
 use super::super::cuda::{self, Device, DeviceBuffer, HostControl, OwnedStream};
-use super::super::types::Collective::{AllGather, AllReduce, ReduceScatter};
+use super::super::types::Collective::AllReduce;
 use super::{Allocation, DeviceMemory, Mapped, Marker, Memory, Service, Shared, ZeroCopy};
 
 /// The driver's memory, with every buffer id hidden: what zero-copy would be without them.
@@ -320,7 +320,8 @@ fn core_role(rank: usize, dir: &Path, processes: Vec<u64>) {
             (8 << 20, 0, false),
             (4 << 20, 1, false),
         ] {
-            let plan = policy::plan(policy::settings(), AllReduce, bytes, 1, 0, &facts).unwrap();
+            let plan =
+                policy::plan(policy::settings(), AllReduce, bytes, 1, 0, -1, &facts).unwrap();
             assert_eq!(plan.algorithm, Algorithm::Direct);
             let send = DeviceBuffer::alloc(device, bytes + 64).unwrap();
             let recv = DeviceBuffer::alloc(device, bytes + 64).unwrap();
@@ -350,7 +351,7 @@ fn core_role(rank: usize, dir: &Path, processes: Vec<u64>) {
         }
     }
     wrong += graph_replays(&core, device, &stream, rank, &facts);
-    wrong += gather_scatter(&core, device, &stream, rank, &facts);
+    wrong += other_collectives(&core, device, &stream, rank, &facts);
     // Through the routed path under a made-up handle, traced and timed (NCCLSHIM_TRACE and
     // NCCLSHIM_TRACE_TIMING=1 come from the parent): each call's GPU time is in the trace.
     let comm = (0x7e57_0000 + 0x100 * rank) as crate::api::ffi::ncclComm_t;
@@ -366,15 +367,14 @@ fn core_role(rank: usize, dir: &Path, processes: Vec<u64>) {
         DeviceBuffer::alloc(device, bytes).unwrap(),
     );
     for _ in 0..5 {
-        let call = super::super::Call {
-            collective: AllReduce,
-            send: send.pointer as *const std::ffi::c_void,
-            recv: recv.pointer as *mut std::ffi::c_void,
-            count: bytes,
-            dtype: 1,
-            op: 0,
-            stream: stream.stream as crate::api::ffi::cudaStream_t,
-        };
+        let call = super::super::Call::new(
+            AllReduce,
+            send.pointer as *const std::ffi::c_void,
+            recv.pointer as *mut std::ffi::c_void,
+            bytes,
+            1,
+            stream.stream as crate::api::ffi::cudaStream_t,
+        );
         let result = super::super::collective(call, comm, || crate::api::ffi::ncclInternalError);
         let operation = crate::calls::Operation {
             kind,
@@ -407,7 +407,7 @@ fn graph_replays(
     let bytes = 6usize << 20;
     let send = DeviceBuffer::alloc(device, bytes).unwrap();
     let recv = DeviceBuffer::alloc(device, bytes).unwrap();
-    let plan = policy::plan(policy::settings(), AllReduce, bytes, 1, 0, facts).unwrap();
+    let plan = policy::plan(policy::settings(), AllReduce, bytes, 1, 0, -1, facts).unwrap();
     let mut graph: sys::CUgraph = std::ptr::null_mut();
     let mut exec: sys::CUgraphExec = std::ptr::null_mut();
     // SAFETY: driver calls on our own stream, graph and buffers; results checked.
@@ -460,11 +460,59 @@ fn graph_replays(
     wrong
 }
 
-/// All-gathers and reduce-scatters of bytes (NCCLSHIM_ALL_GATHER_MAX_BYTES and
-/// NCCLSHIM_REDUCE_SCATTER_MAX_BYTES come from the parent): straight through zero-copy, and
-/// staged where a chunk's places are not 16-aligned or a buffer is misaligned; in place too.
-/// Wrong bytes.
-fn gather_scatter(
+/// Where a case puts its buffers: apart, in place (as NCCL defines it for the collective), or
+/// one of them 4 bytes past a 16-byte boundary (which takes the staged path where the peers
+/// touch that buffer).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Layout {
+    Apart,
+    InPlace,
+    SendOffset,
+    RecvOffset,
+}
+
+/// Byte i of rank `rank`'s input, in chunk `i / chunk`.
+fn input_byte(rank: usize, chunk_index: usize) -> u8 {
+    0x10 + 0x20 * rank as u8 + chunk_index as u8
+}
+
+/// What byte `i` of rank `rank`'s output holds after the call (`op`: 0 sum, 2 max; the inputs
+/// are bytes small enough that 32-bit integers add and compare bytewise).
+fn expected_byte(
+    collective: super::super::types::Collective,
+    rank: usize,
+    root: usize,
+    chunk: usize,
+    i: usize,
+    layout: Layout,
+    op: u32,
+) -> u8 {
+    use super::super::types::Collective::*;
+    let reduced = |c: usize| match op {
+        0 => input_byte(0, c) + input_byte(1, c),
+        _ => input_byte(0, c).max(input_byte(1, c)),
+    };
+    let is_root = rank == root;
+    match collective {
+        AllReduce => reduced(0),
+        AllGather => input_byte(i / chunk, 0),
+        Gather if is_root => input_byte(i / chunk, 0),
+        ReduceScatter => reduced(rank),
+        Broadcast => input_byte(root, 0),
+        Reduce if is_root => reduced(0),
+        // A non-root's output is not written: in place it still holds its input.
+        Reduce if layout == Layout::InPlace => input_byte(rank, 0),
+        AllToAll => input_byte(i / chunk, rank),
+        Scatter => input_byte(root, rank),
+        Reduce | Gather => 0,
+    }
+}
+
+/// Every collective but all-reduce, of bytes (reduce and reduce-scatter also of 32-bit integers,
+/// summed and maxed): straight through zero-copy, and staged where a chunk's places are not
+/// 16-aligned or a buffer the peer touches is misaligned; in place; each root. The settings that
+/// turn them on come from the parent. Wrong bytes.
+fn other_collectives(
     core: &super::super::comm::CoreComm,
     device: Device,
     stream: &OwnedStream,
@@ -472,36 +520,88 @@ fn gather_scatter(
     facts: &super::super::policy::CommFacts,
 ) -> usize {
     use super::super::policy;
+    use super::super::types::Collective::{self, *};
     let mut wrong = 0;
-    let mine = |r: usize| 0x10u8 + r as u8;
-    // (collective, chunk bytes, send offset, in place)
-    let cases = [
-        (AllGather, 1usize << 20, 0usize, false),
-        (AllGather, (1 << 20) + 4, 0, false),
-        (AllGather, 1 << 20, 4, false),
-        (AllGather, 1 << 20, 0, true),
-        (ReduceScatter, 1 << 20, 0, false),
-        (ReduceScatter, (1 << 20) + 1, 0, false),
-        (ReduceScatter, 1 << 20, 0, true),
-    ];
-    for (collective, chunk, offset, inplace) in cases {
+    let mut cases: Vec<(Collective, usize, usize, Layout, u32, u32)> = Vec::new();
+    for collective in [
+        AllGather,
+        ReduceScatter,
+        Broadcast,
+        Reduce,
+        AllToAll,
+        Gather,
+        Scatter,
+    ] {
+        for layout in [
+            Layout::Apart,
+            Layout::InPlace,
+            Layout::SendOffset,
+            Layout::RecvOffset,
+        ] {
+            for root in [0, 1] {
+                if root == 1 && !collective.rooted() {
+                    continue;
+                }
+                cases.push((collective, 1 << 20, root, layout, 1, 0));
+            }
+        }
+        // Chunks whose places are not 16-aligned, and a small call.
+        cases.push((collective, (1 << 20) + 4, 1, Layout::Apart, 1, 0));
+        cases.push((collective, 100, 0, Layout::Apart, 1, 0));
+        if collective.reduces() {
+            cases.push((collective, 1 << 20, 1, Layout::Apart, 2, 0));
+            cases.push((collective, 1 << 20, 0, Layout::InPlace, 2, 2));
+        }
+    }
+    for (collective, chunk, root, layout, dtype, op) in cases {
         let all = 2 * chunk;
-        let plan = policy::plan(policy::settings(), collective, chunk, 1, 0, facts).unwrap();
-        let send_bytes = if collective == AllGather { chunk } else { all };
-        let recv_bytes = if collective == AllGather { all } else { chunk };
+        let (send_bytes, recv_bytes) = match collective {
+            AllGather | Gather => (chunk, all),
+            ReduceScatter | Scatter => (all, chunk),
+            AllToAll => (all, all),
+            _ => (chunk, chunk),
+        };
+        let count = chunk
+            / super::super::types::DataType::from_nccl(dtype)
+                .unwrap()
+                .size();
+        let plan = policy::plan(
+            policy::settings(),
+            collective,
+            count,
+            dtype,
+            op,
+            root as i32,
+            facts,
+        )
+        .unwrap();
         let send = DeviceBuffer::alloc(device, send_bytes + 64).unwrap();
         let recv = DeviceBuffer::alloc(device, recv_bytes + 64).unwrap();
+        cuda::fill(send.pointer, 0, send_bytes + 64).unwrap();
         cuda::fill(recv.pointer, 0, recv_bytes + 64).unwrap();
-        let input = match (collective, inplace) {
-            (AllGather, true) => recv.pointer + (rank * chunk) as u64,
-            (_, true) => send.pointer,
-            _ => send.pointer + offset as u64,
+        let is_root = rank == root;
+        // In place as NCCL defines it: the input is the rank's place in the output, or the
+        // output the rank's place in the input; one buffer where both are as large.
+        let (input, output) = match (layout, collective) {
+            (Layout::InPlace, AllGather) => (recv.pointer + (rank * chunk) as u64, recv.pointer),
+            (Layout::InPlace, Gather) if is_root => {
+                (recv.pointer + (rank * chunk) as u64, recv.pointer)
+            }
+            (Layout::InPlace, ReduceScatter) => {
+                (send.pointer, send.pointer + (rank * chunk) as u64)
+            }
+            (Layout::InPlace, Scatter) if is_root => {
+                (send.pointer, send.pointer + (rank * chunk) as u64)
+            }
+            (Layout::InPlace, Broadcast | Reduce | AllToAll) => (recv.pointer, recv.pointer),
+            (Layout::SendOffset, _) => (send.pointer + 4, recv.pointer),
+            (Layout::RecvOffset, _) => (send.pointer, recv.pointer + 4),
+            _ => (send.pointer, recv.pointer),
         };
-        let output = match (collective, inplace) {
-            (ReduceScatter, true) => send.pointer + (rank * chunk) as u64,
-            _ => recv.pointer,
-        };
-        cuda::fill(input, mine(rank), send_bytes).unwrap();
+        let host_input: Vec<u8> = (0..send_bytes)
+            .map(|i| input_byte(rank, i / chunk))
+            .collect();
+        cuda::copy_to_device(input, &host_input).unwrap();
         core.launch(
             &plan,
             input as *const std::ffi::c_void,
@@ -515,16 +615,10 @@ fn gather_scatter(
         let bad = got
             .iter()
             .enumerate()
-            .filter(|&(i, &b)| {
-                b != match collective {
-                    AllGather => mine(i / chunk),
-                    _ => mine(0) + mine(1),
-                }
-            })
+            .filter(|&(i, &b)| b != expected_byte(collective, rank, root, chunk, i, layout, op))
             .count();
         println!(
-            "rank {rank} {collective:?} of {chunk} B a rank at +{offset}{}: {bad} wrong",
-            if inplace { " in place" } else { "" }
+            "rank {rank} {collective:?} of {chunk} B a rank, type {dtype} op {op}, root {root}, {layout:?}: {bad} wrong"
         );
         wrong += bad;
     }
@@ -568,8 +662,7 @@ fn two_processes(name: &str, ids: bool) -> (bool, PathBuf) {
                 ])
                 .env("NCCLSHIM_TRACE", dir.join("trace.%p.jsonl"))
                 .env("NCCLSHIM_TRACE_TIMING", "1")
-                .env("NCCLSHIM_ALL_GATHER_MAX_BYTES", "33554432")
-                .env("NCCLSHIM_REDUCE_SCATTER_MAX_BYTES", "33554432")
+                .env("NCCLSHIM_FORCE", "core")
                 .env("ZERO_COPY_ROLE", rank.to_string())
                 .env("ZERO_COPY_DIR", &dir)
                 .env("ZERO_COPY_IDS", &processes)

@@ -6,7 +6,7 @@
 //! where (`wire`). A call whose allocations every peer has mapped gives the kernel every rank's
 //! address of its buffers; the others (first meetings not answered in time, memory that cannot
 //! be shared) let the kernel take the staged path, which every rank then takes alike
-//! (all_reduce.cu, "Direct").
+//! (device/all_reduce.cu, "Direct").
 //!
 //! The first call on an allocation waits for its peers' answers (one round trip through the
 //! service threads, and the time to map it); later calls find it in the table. An allocation
@@ -143,7 +143,8 @@ impl ZeroCopy {
 
     /// Every rank's address of `send` and `recv` (of `send_bytes` and `recv_bytes`, 16-aligned),
     /// offering their allocations to the peers first where needed; `None` where the call
-    /// cannot go zero-copy.
+    /// cannot go zero-copy. A side of no bytes is one the peers do not touch: not offered, its
+    /// addresses zeros.
     pub fn addresses(
         &self,
         send: u64,
@@ -168,22 +169,33 @@ impl ZeroCopy {
         recv: u64,
         recv_bytes: u64,
     ) -> Option<(Addresses, Uses)> {
-        // 16-aligned, as the direct kernel needs.
-        if self.broken.load(Ordering::Relaxed)
-            || !send.is_multiple_of(16)
-            || !recv.is_multiple_of(16)
-        {
+        if self.broken.load(Ordering::Relaxed) {
             return None;
         }
-        let (input, input_base, input_position) = self.offsets_of(send, send_bytes)?;
-        let (output, output_base, output_position) = self.offsets_of(recv, recv_bytes)?;
-        // Past the ranks: zeros, never read.
+        let input = self.side(send, send_bytes)?;
+        let output = self.side(recv, recv_bytes)?;
         let addresses = Addresses {
-            input: input.map(|base| base.wrapping_add(send - input_base)),
-            output: output.map(|base| base.wrapping_add(recv - output_base)),
+            input: input.map_or([0; MAX_RANKS], |(addresses, _)| addresses),
+            output: output.map_or([0; MAX_RANKS], |(addresses, _)| addresses),
         };
-        let uses = Uses([Some(input_position), Some(output_position)]);
+        let uses = Uses([input.map(|(_, p)| p), output.map(|(_, p)| p)]);
         Some((addresses, uses))
+    }
+
+    /// Every rank's address of `bytes` at `pointer` and its position; `Some(None)` for a side the
+    /// peers do not touch (no bytes), `None` where they cannot.
+    fn side(&self, pointer: u64, bytes: u64) -> Option<Option<([u64; MAX_RANKS], usize)>> {
+        if bytes == 0 {
+            return Some(None);
+        }
+        // 16-aligned, as the direct kernels need.
+        if !pointer.is_multiple_of(16) {
+            return None;
+        }
+        let (bases, base, position) = self.offsets_of(pointer, bytes)?;
+        // Past the ranks: zeros, never read.
+        let addresses = bases.map(|b| b.wrapping_add(pointer - base));
+        Some(Some((addresses, position)))
     }
 
     /// Every rank's address of the allocation holding `pointer`, its base here and its

@@ -1,18 +1,23 @@
-// ncclshim's all-reduce over NVLink: kernels that write straight into the peers' staging
-// buffers (peer pointers in one process, CUDA IPC mappings across processes). Writes, not reads:
-// a store to a peer is posted and goes on, a load waits a round trip over NVLink.
-// Compiled by NVRTC (no CUDA headers needed), ahead of time for the architectures the library
-// carries and at run time for others (program.rs), one kernel per (algorithm, type, op):
-//   ncclshim_<ll|one_shot|two_shot|direct|reduce_scatter>_<type>_<op>,
-//   ncclshim_sentinel_<type>_<op> for the floating-point types only, and
-//   ncclshim_all_gather_u8_<op> (all-gather moves bytes)
+// ncclshim's collectives over NVLink: what every kernel family shares (device.cuh), then one
+// file per family (all_reduce.cu, gather_scatter.cu, rooted.cu, exchange.cu) and the kernels'
+// entry points (entry.cu). The host compiles them as one program, in that order (program.rs):
+// NVRTC needs no CUDA headers, ahead of time for the architectures the library carries and at
+// run time for others, one kernel per (algorithm, type, op), named
+//   ncclshim_<algorithm>_<type>_<op>,
+// the floating-point types only for the sentinel kernels, and bytes (u8) with `sum` only for
+// the algorithms that move data without reducing it (all-gather, broadcast, all-to-all, gather,
+// scatter: the host moves any type as bytes).
+//
+// Kernels write straight into the peers' buffers (peer pointers in one process, CUDA IPC
+// mappings across processes). Writes, not reads where it can be helped: a store to a peer is
+// posted and goes on, a load waits a round trip over NVLink.
 //
 // Memory layout of one rank's buffer (allocated and exchanged by the host side):
 //   flags:   [BARRIERS][MAX_BLOCKS][MAX_RANKS] u32  arrival epochs, written by the peers
 //            u32 epoch, u32 blocks done, u32 windows  this rank's call count (see begin_call)
 //            [MAX_RANKS] Published                   each rank's buffers of this call (direct)
 //   staging: two areas, by epoch parity, then the low-latency inboxes and the sentinel inboxes
-//            (see "the kernels")
+//            (see "staging")
 //
 // Ordering. Element i is handled by the same block index in every phase on every rank (the
 // same grid-stride partition), so block b of each rank only ever waits for block b of its
@@ -24,11 +29,12 @@
 // in device memory by the kernel itself, so back-to-back calls and CUDA graph replays (which
 // replay the same parameters) stay in step. A peer may already have moved to the next epoch
 // when we look, so arrival is `flag - epoch >= 0` (wrap-safe). No end barrier is needed: the
-// staging alternates areas by epoch parity (see "the kernels" for why that is enough).
+// staging alternates areas by epoch parity (see "staging" for why that is enough). Every call of
+// every family meets every peer at least once (a barrier, or packets from each), which that
+// proof needs.
 //
-// Results are bitwise identical on every rank: the low-latency, sentinel and one-shot kernels
-// reduce in rank order 0..n-1 on every rank; two-shot reduces each chunk once, on its owner, and
-// the others copy it.
+// Results are bitwise identical on every rank: every reduction is in rank order 0..n-1, or done
+// once, by one rank, and copied.
 
 // MAX_THREADS, MAX_RANKS, MAX_BLOCKS, LL_MAX_BYTES and SENTINEL_MAX_BYTES come from the host
 // (program::options), from limits.rs.
@@ -57,6 +63,23 @@ struct Views {
   u64 out[MAX_RANKS];
   int usable;
 };
+
+// One call, as the host hands it to every kernel (`KernelArgs` in comm.rs): `root` is the root
+// rank of broadcast, reduce, gather and scatter, unused by the others.
+struct Args {
+  Peers peers;
+  Views views;
+  const void* in;
+  void* out;
+  u64 count;
+  u64 half_bytes;
+  const volatile int* abort;
+  int rank;
+  int nranks;
+  int root;
+};
+static_assert(sizeof(Peers) == 128 && sizeof(Views) == 136 && sizeof(Args) == 320,
+              "Args must be laid out as KernelArgs in comm.rs");
 
 // ---- element types and their conversions to and from the accumulator --------------------------
 
@@ -517,14 +540,16 @@ __device__ void copy_out(T* out, const T* src, u64 count, u64 begin, u64 end) {
   if (my_tail_element<T>(count, begin, end, &e)) out[e] = src[e - begin];
 }
 
-// ---- the kernels --------------------------------------------------------------------------------
+// ---- staging ------------------------------------------------------------------------------------
 //
 // Staging, as the kernels divide it (the host allocates staging_bytes(half_bytes), then both
 // kinds of inboxes):
 //   [area of even epochs][area of odd epochs][low-latency inboxes][sentinel inboxes]
 // An area is 2 * half_bytes + 256 bytes: one-shot uses MAX_RANKS slots of area / MAX_RANKS, one
 // per sender; two-shot uses nranks slots of one chunk and 16 bytes (at most half_bytes + 32 *
-// nranks in all), then a result area of half_bytes at RESULTS. A rank writes into an area (or
+// nranks in all), then a result area of half_bytes at RESULTS; the other families' staged paths,
+// one slot per sender (or one in all) of one chunk rounded up to 16 bytes (chunk_slot; the host
+// plans them only where their slots fit in an area). A rank writes into an area (or
 // inbox) of a peer in call E+2 only once it has passed a barrier of (or received packets of)
 // call E+1 with that peer, whose kernel of call E+1 is then running, so its kernel of call E,
 // which read the same area, is done.
@@ -548,36 +573,15 @@ __device__ __forceinline__ Pack* sentinel_slot(char* staging, u64 inbox, u64 par
   return (Pack*)(staging + inbox + (parity * MAX_RANKS + from) * SENTINEL_MAX_BYTES);
 }
 
-// One-shot: every rank pushes its input into a slot of every rank's staging, they meet, and
-// every rank reduces all slots, locally, in rank order.
-template <typename T, int OP>
-__device__ void one_shot(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,
-                         const volatile int* abort, const Views&) {
-  u32 epoch = begin_call(peers, rank);
-  u64 area = area_offset(half_bytes, epoch);
-  u64 slot = area_bytes(half_bytes) / MAX_RANKS / 16 * 16;
-  char* dst[MAX_RANKS];
-  const char* src[MAX_RANKS];
-  for (int p = 0; p < nranks; p++) {
-    // Start with the next rank: the ranks' first stores go to different GPUs.
-    int to = (rank + 1 + p) % nranks;
-    dst[p] = peers.staging[to] + area + rank * slot;
-    src[p] = peers.staging[rank] + area + p * slot;
-  }
-  push_range(in, count, 0, count, dst, nranks);
-  barrier(peers, rank, nranks, BARRIER_START, epoch, abort);
-  reduce_range<T, OP>(src, nranks, count, 0, count, out, (char* const*)0, 0);
-  end_call(peers, rank, epoch);
-}
-
-// Elements in a two-shot chunk: whole packs, so that every chunk starts 16-aligned in staging.
+// Elements in a rank's share of `count` (two-shot's chunk, reduce's): whole packs, so that every
+// share starts 16-aligned in staging.
 template <typename T>
 __device__ __forceinline__ u64 chunk_elements(int nranks, u64 count) {
   const u64 N = PackOf<T>::N;
   return (count / N + nranks - 1) / nranks * N;
 }
 
-// The chunk of `owner` in two-shot; the last owner also takes the elements past the last whole
+// The share of `owner`; the last owner also takes the elements past the last whole
 // pack.
 template <typename T>
 __device__ __forceinline__ void chunk_bounds(int owner, int nranks, u64 count, u64* begin, u64* end) {
@@ -634,406 +638,8 @@ __device__ __forceinline__ bool gather_published(const Peers& peers, int rank, i
   return __syncthreads_and(ready);
 }
 
-// Two-shot: every rank pushes each chunk of its input into a slot of the chunk's owner; they
-// meet; each owner reduces its chunk from its slots, in rank order, into its output and into
-// every other rank's result area; they meet; every rank copies the other chunks from its result
-// area to its output.
-template <typename T, int OP>
-__device__ void two_shot_staged(Peers peers, int rank, int nranks, const T* in, T* out, u64 count,
-                                u64 half_bytes, const volatile int* abort, u32 epoch) {
-  u64 area = area_offset(half_bytes, epoch);
-  // A slot holds one chunk, and the last owner's also the elements past the last whole pack.
-  u64 slot = chunk_elements<T>(nranks, count) * sizeof(T) + 16;
-  u64 begin, end;
-  for (int step = 1; step <= nranks; step++) {
-    int owner = (rank + step) % nranks;
-    chunk_bounds<T>(owner, nranks, count, &begin, &end);
-    char* dst = peers.staging[owner] + area + rank * slot;
-    push_range(in, count, begin, end, &dst, 1);
-  }
-  barrier(peers, rank, nranks, BARRIER_START, epoch, abort);
-  chunk_bounds<T>(rank, nranks, count, &begin, &end);
-  const char* src[MAX_RANKS];
-  char* copies[MAX_RANKS];
-  int ncopies = 0;
-  for (int r = 0; r < nranks; r++) {
-    src[r] = peers.staging[rank] + area + r * slot;
-    if (r != rank) copies[ncopies++] = peers.staging[r] + area + RESULTS(half_bytes) + begin * sizeof(T);
-  }
-  reduce_range<T, OP>(src, nranks, count, begin, end, out, copies, ncopies);
-  barrier(peers, rank, nranks, BARRIER_MIDDLE, epoch, abort);
-  const T* results = (const T*)(peers.staging[rank] + area + RESULTS(half_bytes));
-  for (int step = 1; step < nranks; step++) {
-    int owner = (rank + step) % nranks;
-    chunk_bounds<T>(owner, nranks, count, &begin, &end);
-    copy_out(out, results + begin, count, begin, end);
-  }
-}
-
-// Messages larger than the staging go through it in windows of `half_bytes`, each run as if it
-// were a call of its own, with an epoch of its own (so the staging areas alternate as between
-// calls), and all blocks meet between windows (as kernels do between calls: the proof of the
-// staging layout above needs it, since a window's blocks may handle other elements than the
-// previous one's). Returns the last epoch used.
-template <typename T, int OP>
-__device__ u32 two_shot_windows(Peers peers, int rank, int nranks, const T* in, T* out, u64 count,
-                                u64 half_bytes, const volatile int* abort, u32 epoch) {
-  const u64 window = half_bytes / sizeof(T);
-  u32 w = 0;
-  for (u64 done = 0; done < count; done += window, w++) {
-    if (w > 0) grid_barrier(peers, rank, w - 1, abort);
-    u64 n = count - done < window ? count - done : window;
-    two_shot_staged<T, OP>(peers, rank, nranks, in + done, out + done, n, half_bytes, abort, epoch + w);
-  }
-  return epoch + w - 1;
-}
-
-// The direct kernel's fallback (the staged two-shot), not inlined: inlined, it made the compiler
-// spill registers in the direct path (MAX_THREADS per block leave 128 per thread).
-template <typename T, int OP>
-__device__ __noinline__ u32 direct_fallback(Peers peers, int rank, int nranks, const T* in, T* out, u64 count,
-                                            u64 half_bytes, const volatile int* abort, u32 epoch) {
-  return two_shot_windows<T, OP>(peers, rank, nranks, in, out, count, half_bytes, abort, epoch);
-}
-
-template <typename T, int OP>
-__device__ void two_shot(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,
-                         const volatile int* abort, const Views&) {
-  u32 epoch = begin_call(peers, rank);
-  u32 last = two_shot_windows<T, OP>(peers, rank, nranks, in, out, count, half_bytes, abort, epoch);
-  end_call(peers, rank, last);
-}
-
-// Direct (every rank in one process, or each rank's buffers mapped by every peer: zero_copy/):
-// two-shot without the staging. The ranks tell each other
-// their buffers; each owner reads its chunk straight from every rank's input, reduces it in rank
-// order and writes it straight into every rank's output; they meet once at the end, so that no
-// rank goes on (and reuses its buffers) while a peer still reads or writes them. Pack j is read
-// and written by one thread only, the owner's (j mod grid size), so in-place is safe. A rank's
-// buffers may not be reachable from the other GPUs (cuMem allocations without access for them,
-// other contexts, allocations a peer process has not mapped) or not 16-aligned: the host says so
-// in `usable`, and if any rank's are not, every rank sees it and they all run the staged
-// two-shot instead, in the same call.
-template <typename T, int OP>
-__device__ void direct(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,
-                       const volatile int* abort, const Views& views) {
-  u32 epoch = begin_call(peers, rank);
-  publish(peers, rank, nranks, views, epoch);
-  __shared__ u64 ins[MAX_RANKS], outs[MAX_RANKS];
-  u32 last = epoch;
-  if (gather_published(peers, rank, nranks, epoch, abort, ins, outs)) {
-    u64 begin, end;
-    chunk_bounds<T>(rank, nranks, count, &begin, &end);
-    const char* src[MAX_RANKS];
-    char* copies[MAX_RANKS];
-    int ncopies = 0;
-    for (int r = 0; r < nranks; r++) {
-      src[r] = (const char*)ins[r] + begin * sizeof(T);
-      if (r != rank) copies[ncopies++] = (char*)outs[r] + begin * sizeof(T);
-    }
-    reduce_range<T, OP>(src, nranks, count, begin, end, out, copies, ncopies);
-    barrier(peers, rank, nranks, BARRIER_START, epoch, abort);
-  } else {
-    last = direct_fallback<T, OP>(peers, rank, nranks, in, out, count, half_bytes, abort, epoch);
-  }
-  end_call(peers, rank, last);
-}
-
-// Low latency (small messages): no staging, no barrier. Each rank writes its input straight into
-// every peer's inbox as 8-byte packets of 4 data bytes and a 4-byte flag (the epoch), two to a
-// 16-byte store (an 8-byte half always arrives whole, which is all a packet needs); a receiver
-// spins on each pair until both flags are this call's epoch, then reduces in rank order, its own
-// input read again from memory rather than through its inbox. Inboxes alternate by epoch parity:
-// a rank writes a parity again only two calls later, and to finish the call in between it must
-// have received every peer's packets of that call, which each peer sends only once done with
-// the call before.
-__device__ __forceinline__ void ll_store(u64* address, u32 data0, u32 data1, u32 flag) {
-  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(address), "r"(data0), "r"(flag),
-               "r"(data1), "r"(flag)
-               : "memory");
-}
-__device__ __forceinline__ void ll_wait(const u64* address, u32 flag, const volatile int* abort, int peer,
-                                        u32* data) {
-  u32 seen0, seen1;
-  unsigned spins = 0;
-  u64 since = 0;
-  do {
-    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(data[0]), "=r"(seen0), "=r"(data[1]), "=r"(seen1)
-                 : "l"(address)
-                 : "memory");
-    if ((seen0 != flag || seen1 != flag) && (++spins & 1023u) == 0 && give_up(abort, since, peer)) break;
-  } while (seen0 != flag || seen1 != flag);
-}
-
-// The low-latency kernel's unit of work: 8 bytes, E elements.
-template <typename T, int E> union Unit {
-  u32 w[2];
-  T v[E];
-};
-// Unit u of `in` (zero past the end), whatever its alignment.
-template <typename T, int E>
-__device__ __forceinline__ Unit<T, E> load_unit(const T* in, u64 count, u64 u, bool whole) {
-  Unit<T, E> unit;
-  if (whole && (u + 1) * E <= count) {
-    unit = *(const Unit<T, E>*)(in + u * E);
-  } else {
-    unit.w[0] = unit.w[1] = 0;
-    for (u64 e = 0; e < (u64)E && u * E + e < count; e++) unit.v[e] = in[u * E + e];
-  }
-  return unit;
-}
-
-template <typename T, int OP>
-__device__ void ll_one_shot(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,
-                            const volatile int* abort, const Views&) {
-  const int E = 8 / sizeof(T);  // elements in one 8-byte unit
-  u32 epoch = begin_call(peers, rank);
-  const u64 units = (count * sizeof(T) + 7) / 8;
-  const u64 parity = epoch & 1;
-  const u64 inbox = inbox_offset(half_bytes);
-  const bool whole = ((u64)in & 7) == 0;
-  for (u64 u = thread_index(); u < units; u += grid_threads()) {
-    Unit<T, E> mine = load_unit<T, E>(in, count, u, whole);
-    // Starting with the next rank: the ranks' first stores go to different GPUs.
-    for (int i = 1; i < nranks; i++) {
-      int p = (rank + i) % nranks;
-      ll_store(ll_slot(peers.staging[p], inbox, parity, rank) + 2 * u, mine.w[0], mine.w[1], epoch);
-    }
-  }
-  for (u64 u = thread_index(); u < units; u += grid_threads()) {
-    Unit<T, E> from[MAX_RANKS];
-#pragma unroll
-    for (int p = 0; p < MAX_RANKS; p++) {
-      if (p == rank) {
-        // Not yet overwritten in place: only this thread writes these elements, below.
-        from[p] = load_unit<T, E>(in, count, u, whole);
-      } else if (p < nranks) {
-        ll_wait(ll_slot(peers.staging[rank], inbox, parity, p) + 2 * u, epoch, abort, p, from[p].w);
-      }
-    }
-#pragma unroll
-    for (int e = 0; e < E; e++) {
-      if (u * E + e >= count) break;
-      out[u * E + e] = reduce_element<T, OP>(from, nranks, e);
-    }
-  }
-  end_call(peers, rank, epoch);
-}
-
-// Sentinel (small messages of floating-point types): as low-latency, but the data signals its
-// own arrival, so every byte on NVLink is data. A word of the inbox that holds no data holds the
-// sentinel, every bit set: a NaN in every element of every floating-point type. Senders write
-// their input straight into every peer's inbox in 16-byte stores, each word of it (4 bytes, or 8
-// for double) after one change: a word that is the sentinel gets its top bit cleared, which
-// turns a NaN's sign, nothing else (the all-ones NaN of the top element becomes the positive
-// one; the other elements, all-ones NaNs too, stay). A receiver spins on each 16 bytes until no
-// word is the sentinel, then puts the sentinel back and reduces in rank order, its own input
-// read again from memory and changed alike, so that every rank reduces the same bits. A word is
-// written and read whole (aligned 4- and 8-byte accesses are single-copy atomic), so a word that
-// is not the sentinel is the sender's, whatever order the words of a store arrive in.
-//
-// Inboxes alternate by epoch parity, as the low-latency kernel's: a sender writes a parity again
-// only two calls later, once it has received something every peer sent in the call between,
-// after that peer's kernel of this call had completed, sentinels put back included (a kernel's
-// writes are done before the next one passes griddepcontrol.wait). The host fills the inboxes
-// with the sentinel once; every call leaves them so, as long as every rank gives the same count.
-// Integers have no free bit pattern: their small messages take the low-latency kernel.
-#define SENTINEL 0xffffffffu
-
-// The word a sentinel is a value of: an element, or 4 bytes of smaller ones.
-template <typename T> struct SentinelWord { typedef u32 W; };
-template <> struct SentinelWord<double> { typedef u64 W; };
-
-// Clears the top bit of each word of `p` that is the sentinel (W: the word, u32 or u64).
-template <typename W> __device__ __forceinline__ Pack clear_sentinels(Pack p) {
-  if constexpr (sizeof(W) == 8) {
-#pragma unroll
-    for (int k = 0; k < 4; k += 2) {
-      if (p.w[k] == SENTINEL && p.w[k + 1] == SENTINEL) p.w[k + 1] = SENTINEL >> 1;
-    }
-  } else {
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-      if (p.w[k] == SENTINEL) p.w[k] = SENTINEL >> 1;
-    }
-  }
-  return p;
-}
-
-template <typename W> __device__ __forceinline__ void sentinel_store(Pack* address, Pack p) {
-  if constexpr (sizeof(W) == 8) {
-    asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(address),
-                 "l"(((u64)p.w[1] << 32) | p.w[0]), "l"(((u64)p.w[3] << 32) | p.w[2])
-                 : "memory");
-  } else {
-    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(address), "r"(p.w[0]), "r"(p.w[1]),
-                 "r"(p.w[2]), "r"(p.w[3])
-                 : "memory");
-  }
-}
-
-// Waits until no word at `address` is the sentinel, puts the sentinel back, returns the words.
-template <typename W>
-__device__ __forceinline__ Pack sentinel_take(Pack* address, const volatile int* abort, int peer) {
-  Pack p;
-  bool arrived;
-  unsigned spins = 0;
-  u64 since = 0;
-  do {
-    if constexpr (sizeof(W) == 8) {
-      u64 lo, hi;
-      asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(lo), "=l"(hi) : "l"(address) : "memory");
-      p.w[0] = (u32)lo, p.w[1] = (u32)(lo >> 32), p.w[2] = (u32)hi, p.w[3] = (u32)(hi >> 32);
-      arrived = lo != ~0ull && hi != ~0ull;
-    } else {
-      asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                   : "=r"(p.w[0]), "=r"(p.w[1]), "=r"(p.w[2]), "=r"(p.w[3])
-                   : "l"(address)
-                   : "memory");
-      arrived = p.w[0] != SENTINEL && p.w[1] != SENTINEL && p.w[2] != SENTINEL && p.w[3] != SENTINEL;
-    }
-    if (!arrived && (++spins & 1023u) == 0 && give_up(abort, since, peer)) break;
-  } while (!arrived);
-  sentinel_store<W>(address, Pack{{SENTINEL, SENTINEL, SENTINEL, SENTINEL}});
-  return p;
-}
-
-// Pack j of `src` (zero past `count`), whatever the alignment of `src`.
-template <typename T>
-__device__ __forceinline__ Pack load_padded_pack(const T* src, u64 count, u64 j, bool aligned) {
-  const int N = PackOf<T>::N;
-  if (aligned && (j + 1) * N <= count) return ((const Pack*)src)[j];
-  typename PackOf<T>::U p;
-  p.pack = Pack{{0, 0, 0, 0}};
-  // Unrolled, so that the loads go out together and the pack stays in registers.
-#pragma unroll
-  for (int k = 0; k < N; k++) {
-    if (j * N + k < count) p.v[k] = src[j * N + k];
-  }
-  return p.pack;
-}
-
-template <typename T, int OP>
-__device__ void sentinel(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,
-                         const volatile int* abort, const Views&) {
-  typedef typename SentinelWord<T>::W W;
-  const int N = PackOf<T>::N;
-  const u64 packs = (count + N - 1) / N;
-  const bool in_aligned = aligned16(in), out_aligned = aligned16(out);
-  // Each pack is loaded one turn ahead (past the end: zeros, no access), the first one before
-  // the epoch is read, so that the two loads overlap (2 - 7 % faster on 2 and 4 H200; the same
-  // in the low-latency kernel measured 0.1 us slower, so it is not there). The policy gives a
-  // thread one pack, so only the first load counts there; the loop takes any grid.
-  Pack next = load_padded_pack(in, count, thread_index(), in_aligned);
-  u32 epoch = begin_call(peers, rank);
-  const u64 inbox = sentinel_inbox_offset(half_bytes);
-  const u64 parity = epoch & 1;
-  for (u64 j = thread_index(); j < packs; j += grid_threads()) {
-    Pack mine = clear_sentinels<W>(next);
-    next = load_padded_pack(in, count, j + grid_threads(), in_aligned);
-    // Starting with the next rank: the ranks' first stores go to different GPUs.
-    for (int i = 1; i < nranks; i++) {
-      int p = (rank + i) % nranks;
-      sentinel_store<W>(sentinel_slot(peers.staging[p], inbox, parity, rank) + j, mine);
-    }
-  }
-  for (u64 j = thread_index(); j < packs; j += grid_threads()) {
-    // Not yet overwritten in place: only this thread writes these elements, below. Loaded
-    // before the waits, so that its round trip overlaps theirs.
-    Pack own = clear_sentinels<W>(load_padded_pack(in, count, j, in_aligned));
-    typename PackOf<T>::U from[MAX_RANKS];
-#pragma unroll
-    for (int p = 0; p < MAX_RANKS; p++) {
-      if (p == rank) {
-        from[p].pack = own;
-      } else if (p < nranks) {
-        from[p].pack = sentinel_take<W>(sentinel_slot(peers.staging[rank], inbox, parity, p) + j, abort, p);
-      }
-    }
-    typename PackOf<T>::U result;
-#pragma unroll
-    for (int k = 0; k < N; k++) result.v[k] = reduce_element<T, OP>(from, nranks, k);
-    if (out_aligned && (j + 1) * N <= count) {
-      ((Pack*)out)[j] = result.pack;
-    } else {
-#pragma unroll
-      for (int k = 0; k < N; k++) {
-        if (j * N + k < count) out[j * N + k] = result.v[k];
-      }
-    }
-  }
-  end_call(peers, rank, epoch);
-}
-
-// ---- all-gather and reduce-scatter ------------------------------------------------------------
-//
-// Every rank's chunk is `count` elements: all-gather's input, reduce-scatter's output. Where every
-// rank's buffers can be reached (`Views`, as for the direct all-reduce: the ranks tell each
-// other their buffers and all see whether every rank's are usable), all-gather pushes each
-// rank's input straight into its place in every rank's output, and reduce-scatter has each rank
-// read its chunk of every rank's input and reduce it, in rank order, into its output; they meet
-// once at the end, so that no rank goes on (and reuses its buffers) while a peer still reads or
-// writes them. Otherwise, as one-shot: every rank pushes into a slot of its own in the peers'
-// staging (all-gather: its input to every rank; reduce-scatter: each rank's chunk of its input to
-// that rank), they meet, and every rank copies out (all-gather) or reduces its slots in rank
-// order (reduce-scatter). The host plans them only where nranks slots of a chunk, each rounded
-// up to 16 bytes, fit in an area. Direct needs the chunk's places 16-aligned: the host says in
-// `usable` whether the buffers and the chunk size allow it. Element i of a chunk is handled by
-// the same thread in every phase on every rank (push_range, copy_out and reduce_range partition
-// alike), so per-block barriers are enough, as in two-shot.
-
 // Bytes of one rank's slot in a staging area.
 __device__ __forceinline__ u64 chunk_slot(u64 count, u64 size) { return (count * size + 15) / 16 * 16; }
-
-template <typename T, int OP>
-__device__ void all_gather(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,
-                           const volatile int* abort, const Views& views) {
-  u32 epoch = begin_call(peers, rank);
-  publish(peers, rank, nranks, views, epoch);
-  __shared__ u64 ins[MAX_RANKS], outs[MAX_RANKS];
-  char* dst[MAX_RANKS];
-  if (gather_published(peers, rank, nranks, epoch, abort, ins, outs)) {
-    // Starting with the next rank: the ranks' first stores go to different GPUs.
-    for (int i = 0; i < nranks; i++) dst[i] = (char*)outs[(rank + 1 + i) % nranks] + rank * count * sizeof(T);
-    push_range(in, count, 0, count, dst, nranks);
-    barrier(peers, rank, nranks, BARRIER_START, epoch, abort);
-  } else {
-    u64 area = area_offset(half_bytes, epoch), slot = chunk_slot(count, sizeof(T));
-    for (int i = 0; i < nranks; i++) dst[i] = peers.staging[(rank + 1 + i) % nranks] + area + rank * slot;
-    push_range(in, count, 0, count, dst, nranks);
-    barrier(peers, rank, nranks, BARRIER_START, epoch, abort);
-    for (int p = 0; p < nranks; p++)
-      copy_out(out + p * count, (const T*)(peers.staging[rank] + area + p * slot), count, 0, count);
-  }
-  end_call(peers, rank, epoch);
-}
-
-template <typename T, int OP>
-__device__ void reduce_scatter(Peers peers, int rank, int nranks, const T* in, T* out, u64 count,
-                               u64 half_bytes, const volatile int* abort, const Views& views) {
-  u32 epoch = begin_call(peers, rank);
-  publish(peers, rank, nranks, views, epoch);
-  __shared__ u64 ins[MAX_RANKS], outs[MAX_RANKS];
-  const char* src[MAX_RANKS];
-  char* no_copies[1] = {0};
-  if (gather_published(peers, rank, nranks, epoch, abort, ins, outs)) {
-    for (int p = 0; p < nranks; p++) src[p] = (const char*)ins[p] + rank * count * sizeof(T);
-    reduce_range<T, OP>(src, nranks, count, 0, count, out, no_copies, 0);
-    barrier(peers, rank, nranks, BARRIER_START, epoch, abort);
-  } else {
-    u64 area = area_offset(half_bytes, epoch), slot = chunk_slot(count, sizeof(T));
-    for (int i = 1; i <= nranks; i++) {
-      int p = (rank + i) % nranks;
-      char* dst = peers.staging[p] + area + rank * slot;
-      push_range(in + p * count, count, 0, count, &dst, 1);
-    }
-    barrier(peers, rank, nranks, BARRIER_START, epoch, abort);
-    for (int r = 0; r < nranks; r++) src[r] = peers.staging[rank] + area + r * slot;
-    reduce_range<T, OP>(src, nranks, count, 0, count, out, no_copies, 0);
-  }
-  end_call(peers, rank, epoch);
-}
 
 // Every kernel starts here. The host launches them with programmatic stream serialization
 // (cuda::launch): a kernel may then be scheduled while the one before it on the stream still
@@ -1046,54 +652,3 @@ __device__ __forceinline__ void after_previous_kernel() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
-// M(NAME, T, OPNAME, OP) for each operation, in the host's order (types::Op).
-#define FOR_EACH_OP(M, NAME, T)                                                                       \
-  M(NAME, T, sum, OP_SUM)                                                                             \
-  M(NAME, T, prod, OP_PROD)                                                                           \
-  M(NAME, T, max, OP_MAX)                                                                             \
-  M(NAME, T, min, OP_MIN)                                                                             \
-  M(NAME, T, avg, OP_AVG)
-
-#define KERNELS(NAME, T) FOR_EACH_OP(KERNEL, NAME, T)
-
-#define KERNEL(NAME, T, OPNAME, OP)                                                                   \
-  KERNEL_OF(ll_one_shot, ncclshim_ll_##NAME##_##OPNAME, T, OP)                                        \
-  KERNEL_OF(one_shot, ncclshim_one_shot_##NAME##_##OPNAME, T, OP)                                     \
-  KERNEL_OF(two_shot, ncclshim_two_shot_##NAME##_##OPNAME, T, OP)                                     \
-  KERNEL_OF(direct, ncclshim_direct_##NAME##_##OPNAME, T, OP)                                         \
-  KERNEL_OF(reduce_scatter, ncclshim_reduce_scatter_##NAME##_##OPNAME, T, OP)
-
-// The all-gather kernels, for bytes only (the host gathers any type as bytes); one per op, as
-// the host's table has (the op plays no part).
-#define ALL_GATHER_KERNELS(NAME, T) FOR_EACH_OP(ALL_GATHER_KERNEL, NAME, T)
-#define ALL_GATHER_KERNEL(NAME, T, OPNAME, OP) KERNEL_OF(all_gather, ncclshim_all_gather_##NAME##_##OPNAME, T, OP)
-
-// The sentinel kernels, for the floating-point types only.
-#define SENTINEL_KERNELS(NAME, T) FOR_EACH_OP(SENTINEL_KERNEL, NAME, T)
-#define SENTINEL_KERNEL(NAME, T, OPNAME, OP) KERNEL_OF(sentinel, ncclshim_sentinel_##NAME##_##OPNAME, T, OP)
-
-#define KERNEL_OF(ALGORITHM, SYMBOL, T, OP)                                                           \
-  extern "C" __global__ void __launch_bounds__(MAX_THREADS)                                           \
-      SYMBOL(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,       \
-             const volatile int* abort, Views views) {                                                \
-    after_previous_kernel();                                                                          \
-    ALGORITHM<T, OP>(peers, rank, nranks, in, out, count, half_bytes, abort, views);                  \
-  }
-
-// NCCL_TYPES is defined by the host to the types wanted (all of them by default).
-#ifndef NCCL_TYPES
-#define NCCL_TYPES                                                                                    \
-  KERNELS(i8, signed char)                                                                            \
-  KERNELS(u8, unsigned char) ALL_GATHER_KERNELS(u8, unsigned char)                                   \
-  KERNELS(i32, int)                                                                                   \
-  KERNELS(u32, u32)                                                                                   \
-  KERNELS(i64, long long)                                                                             \
-  KERNELS(u64, u64)                                                                                   \
-  KERNELS(f16, f16) SENTINEL_KERNELS(f16, f16)                                                       \
-  KERNELS(f32, float) SENTINEL_KERNELS(f32, float)                                                    \
-  KERNELS(f64, double) SENTINEL_KERNELS(f64, double)                                                  \
-  KERNELS(bf16, bf16) SENTINEL_KERNELS(bf16, bf16)                                                    \
-  KERNELS(e4m3, e4m3) SENTINEL_KERNELS(e4m3, e4m3)                                                    \
-  KERNELS(e5m2, e5m2) SENTINEL_KERNELS(e5m2, e5m2)
-#endif
-NCCL_TYPES

@@ -1,0 +1,356 @@
+// ---- all-reduce ---------------------------------------------------------------------------------
+
+// One-shot: every rank pushes its input into a slot of every rank's staging, they meet, and
+// every rank reduces all slots, locally, in rank order.
+template <typename T, int OP>
+__device__ void one_shot(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,
+                         const volatile int* abort, const Views&, int) {
+  u32 epoch = begin_call(peers, rank);
+  u64 area = area_offset(half_bytes, epoch);
+  u64 slot = area_bytes(half_bytes) / MAX_RANKS / 16 * 16;
+  char* dst[MAX_RANKS];
+  const char* src[MAX_RANKS];
+  for (int p = 0; p < nranks; p++) {
+    // Start with the next rank: the ranks' first stores go to different GPUs.
+    int to = (rank + 1 + p) % nranks;
+    dst[p] = peers.staging[to] + area + rank * slot;
+    src[p] = peers.staging[rank] + area + p * slot;
+  }
+  push_range(in, count, 0, count, dst, nranks);
+  barrier(peers, rank, nranks, BARRIER_START, epoch, abort);
+  reduce_range<T, OP>(src, nranks, count, 0, count, out, (char* const*)0, 0);
+  end_call(peers, rank, epoch);
+}
+
+// Two-shot: every rank pushes each chunk of its input into a slot of the chunk's owner; they
+// meet; each owner reduces its chunk from its slots, in rank order, into its output and into
+// every other rank's result area; they meet; every rank copies the other chunks from its result
+// area to its output.
+template <typename T, int OP>
+__device__ void two_shot_staged(Peers peers, int rank, int nranks, const T* in, T* out, u64 count,
+                                u64 half_bytes, const volatile int* abort, u32 epoch) {
+  u64 area = area_offset(half_bytes, epoch);
+  // A slot holds one chunk, and the last owner's also the elements past the last whole pack.
+  u64 slot = chunk_elements<T>(nranks, count) * sizeof(T) + 16;
+  u64 begin, end;
+  for (int step = 1; step <= nranks; step++) {
+    int owner = (rank + step) % nranks;
+    chunk_bounds<T>(owner, nranks, count, &begin, &end);
+    char* dst = peers.staging[owner] + area + rank * slot;
+    push_range(in, count, begin, end, &dst, 1);
+  }
+  barrier(peers, rank, nranks, BARRIER_START, epoch, abort);
+  chunk_bounds<T>(rank, nranks, count, &begin, &end);
+  const char* src[MAX_RANKS];
+  char* copies[MAX_RANKS];
+  int ncopies = 0;
+  for (int r = 0; r < nranks; r++) {
+    src[r] = peers.staging[rank] + area + r * slot;
+    if (r != rank) copies[ncopies++] = peers.staging[r] + area + RESULTS(half_bytes) + begin * sizeof(T);
+  }
+  reduce_range<T, OP>(src, nranks, count, begin, end, out, copies, ncopies);
+  barrier(peers, rank, nranks, BARRIER_MIDDLE, epoch, abort);
+  const T* results = (const T*)(peers.staging[rank] + area + RESULTS(half_bytes));
+  for (int step = 1; step < nranks; step++) {
+    int owner = (rank + step) % nranks;
+    chunk_bounds<T>(owner, nranks, count, &begin, &end);
+    copy_out(out, results + begin, count, begin, end);
+  }
+}
+
+// Messages larger than the staging go through it in windows of `half_bytes`, each run as if it
+// were a call of its own, with an epoch of its own (so the staging areas alternate as between
+// calls), and all blocks meet between windows (as kernels do between calls: the proof of the
+// staging layout above needs it, since a window's blocks may handle other elements than the
+// previous one's). Returns the last epoch used.
+template <typename T, int OP>
+__device__ u32 two_shot_windows(Peers peers, int rank, int nranks, const T* in, T* out, u64 count,
+                                u64 half_bytes, const volatile int* abort, u32 epoch) {
+  const u64 window = half_bytes / sizeof(T);
+  u32 w = 0;
+  for (u64 done = 0; done < count; done += window, w++) {
+    if (w > 0) grid_barrier(peers, rank, w - 1, abort);
+    u64 n = count - done < window ? count - done : window;
+    two_shot_staged<T, OP>(peers, rank, nranks, in + done, out + done, n, half_bytes, abort, epoch + w);
+  }
+  return epoch + w - 1;
+}
+
+// The direct kernel's fallback (the staged two-shot), not inlined: inlined, it made the compiler
+// spill registers in the direct path (MAX_THREADS per block leave 128 per thread).
+template <typename T, int OP>
+__device__ __noinline__ u32 direct_fallback(Peers peers, int rank, int nranks, const T* in, T* out, u64 count,
+                                            u64 half_bytes, const volatile int* abort, u32 epoch) {
+  return two_shot_windows<T, OP>(peers, rank, nranks, in, out, count, half_bytes, abort, epoch);
+}
+
+template <typename T, int OP>
+__device__ void two_shot(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,
+                         const volatile int* abort, const Views&, int) {
+  u32 epoch = begin_call(peers, rank);
+  u32 last = two_shot_windows<T, OP>(peers, rank, nranks, in, out, count, half_bytes, abort, epoch);
+  end_call(peers, rank, last);
+}
+
+// Direct (every rank in one process, or each rank's buffers mapped by every peer: zero_copy/):
+// two-shot without the staging. The ranks tell each other
+// their buffers; each owner reads its chunk straight from every rank's input, reduces it in rank
+// order and writes it straight into every rank's output; they meet once at the end, so that no
+// rank goes on (and reuses its buffers) while a peer still reads or writes them. Pack j is read
+// and written by one thread only, the owner's (j mod grid size), so in-place is safe. A rank's
+// buffers may not be reachable from the other GPUs (cuMem allocations without access for them,
+// other contexts, allocations a peer process has not mapped) or not 16-aligned: the host says so
+// in `usable`, and if any rank's are not, every rank sees it and they all run the staged
+// two-shot instead, in the same call.
+template <typename T, int OP>
+__device__ void direct(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,
+                       const volatile int* abort, const Views& views, int) {
+  u32 epoch = begin_call(peers, rank);
+  publish(peers, rank, nranks, views, epoch);
+  __shared__ u64 ins[MAX_RANKS], outs[MAX_RANKS];
+  u32 last = epoch;
+  if (gather_published(peers, rank, nranks, epoch, abort, ins, outs)) {
+    u64 begin, end;
+    chunk_bounds<T>(rank, nranks, count, &begin, &end);
+    const char* src[MAX_RANKS];
+    char* copies[MAX_RANKS];
+    int ncopies = 0;
+    for (int r = 0; r < nranks; r++) {
+      src[r] = (const char*)ins[r] + begin * sizeof(T);
+      if (r != rank) copies[ncopies++] = (char*)outs[r] + begin * sizeof(T);
+    }
+    reduce_range<T, OP>(src, nranks, count, begin, end, out, copies, ncopies);
+    barrier(peers, rank, nranks, BARRIER_START, epoch, abort);
+  } else {
+    last = direct_fallback<T, OP>(peers, rank, nranks, in, out, count, half_bytes, abort, epoch);
+  }
+  end_call(peers, rank, last);
+}
+
+// Low latency (small messages): no staging, no barrier. Each rank writes its input straight into
+// every peer's inbox as 8-byte packets of 4 data bytes and a 4-byte flag (the epoch), two to a
+// 16-byte store (an 8-byte half always arrives whole, which is all a packet needs); a receiver
+// spins on each pair until both flags are this call's epoch, then reduces in rank order, its own
+// input read again from memory rather than through its inbox. Inboxes alternate by epoch parity:
+// a rank writes a parity again only two calls later, and to finish the call in between it must
+// have received every peer's packets of that call, which each peer sends only once done with
+// the call before.
+__device__ __forceinline__ void ll_store(u64* address, u32 data0, u32 data1, u32 flag) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(address), "r"(data0), "r"(flag),
+               "r"(data1), "r"(flag)
+               : "memory");
+}
+__device__ __forceinline__ void ll_wait(const u64* address, u32 flag, const volatile int* abort, int peer,
+                                        u32* data) {
+  u32 seen0, seen1;
+  unsigned spins = 0;
+  u64 since = 0;
+  do {
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(data[0]), "=r"(seen0), "=r"(data[1]), "=r"(seen1)
+                 : "l"(address)
+                 : "memory");
+    if ((seen0 != flag || seen1 != flag) && (++spins & 1023u) == 0 && give_up(abort, since, peer)) break;
+  } while (seen0 != flag || seen1 != flag);
+}
+
+// The low-latency kernel's unit of work: 8 bytes, E elements.
+template <typename T, int E> union Unit {
+  u32 w[2];
+  T v[E];
+};
+// Unit u of `in` (zero past the end), whatever its alignment.
+template <typename T, int E>
+__device__ __forceinline__ Unit<T, E> load_unit(const T* in, u64 count, u64 u, bool whole) {
+  Unit<T, E> unit;
+  if (whole && (u + 1) * E <= count) {
+    unit = *(const Unit<T, E>*)(in + u * E);
+  } else {
+    unit.w[0] = unit.w[1] = 0;
+    for (u64 e = 0; e < (u64)E && u * E + e < count; e++) unit.v[e] = in[u * E + e];
+  }
+  return unit;
+}
+
+template <typename T, int OP>
+__device__ void ll_one_shot(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,
+                            const volatile int* abort, const Views&, int) {
+  const int E = 8 / sizeof(T);  // elements in one 8-byte unit
+  u32 epoch = begin_call(peers, rank);
+  const u64 units = (count * sizeof(T) + 7) / 8;
+  const u64 parity = epoch & 1;
+  const u64 inbox = inbox_offset(half_bytes);
+  const bool whole = ((u64)in & 7) == 0;
+  for (u64 u = thread_index(); u < units; u += grid_threads()) {
+    Unit<T, E> mine = load_unit<T, E>(in, count, u, whole);
+    // Starting with the next rank: the ranks' first stores go to different GPUs.
+    for (int i = 1; i < nranks; i++) {
+      int p = (rank + i) % nranks;
+      ll_store(ll_slot(peers.staging[p], inbox, parity, rank) + 2 * u, mine.w[0], mine.w[1], epoch);
+    }
+  }
+  for (u64 u = thread_index(); u < units; u += grid_threads()) {
+    Unit<T, E> from[MAX_RANKS];
+#pragma unroll
+    for (int p = 0; p < MAX_RANKS; p++) {
+      if (p == rank) {
+        // Not yet overwritten in place: only this thread writes these elements, below.
+        from[p] = load_unit<T, E>(in, count, u, whole);
+      } else if (p < nranks) {
+        ll_wait(ll_slot(peers.staging[rank], inbox, parity, p) + 2 * u, epoch, abort, p, from[p].w);
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < E; e++) {
+      if (u * E + e >= count) break;
+      out[u * E + e] = reduce_element<T, OP>(from, nranks, e);
+    }
+  }
+  end_call(peers, rank, epoch);
+}
+
+// Sentinel (small messages of floating-point types): as low-latency, but the data signals its
+// own arrival, so every byte on NVLink is data. A word of the inbox that holds no data holds the
+// sentinel, every bit set: a NaN in every element of every floating-point type. Senders write
+// their input straight into every peer's inbox in 16-byte stores, each word of it (4 bytes, or 8
+// for double) after one change: a word that is the sentinel gets its top bit cleared, which
+// turns a NaN's sign, nothing else (the all-ones NaN of the top element becomes the positive
+// one; the other elements, all-ones NaNs too, stay). A receiver spins on each 16 bytes until no
+// word is the sentinel, then puts the sentinel back and reduces in rank order, its own input
+// read again from memory and changed alike, so that every rank reduces the same bits. A word is
+// written and read whole (aligned 4- and 8-byte accesses are single-copy atomic), so a word that
+// is not the sentinel is the sender's, whatever order the words of a store arrive in.
+//
+// Inboxes alternate by epoch parity, as the low-latency kernel's: a sender writes a parity again
+// only two calls later, once it has received something every peer sent in the call between,
+// after that peer's kernel of this call had completed, sentinels put back included (a kernel's
+// writes are done before the next one passes griddepcontrol.wait). The host fills the inboxes
+// with the sentinel once; every call leaves them so, as long as every rank gives the same count.
+// Integers have no free bit pattern: their small messages take the low-latency kernel.
+#define SENTINEL 0xffffffffu
+
+// The word a sentinel is a value of: an element, or 4 bytes of smaller ones.
+template <typename T> struct SentinelWord { typedef u32 W; };
+template <> struct SentinelWord<double> { typedef u64 W; };
+
+// Clears the top bit of each word of `p` that is the sentinel (W: the word, u32 or u64).
+template <typename W> __device__ __forceinline__ Pack clear_sentinels(Pack p) {
+  if constexpr (sizeof(W) == 8) {
+#pragma unroll
+    for (int k = 0; k < 4; k += 2) {
+      if (p.w[k] == SENTINEL && p.w[k + 1] == SENTINEL) p.w[k + 1] = SENTINEL >> 1;
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+      if (p.w[k] == SENTINEL) p.w[k] = SENTINEL >> 1;
+    }
+  }
+  return p;
+}
+
+template <typename W> __device__ __forceinline__ void sentinel_store(Pack* address, Pack p) {
+  if constexpr (sizeof(W) == 8) {
+    asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(address),
+                 "l"(((u64)p.w[1] << 32) | p.w[0]), "l"(((u64)p.w[3] << 32) | p.w[2])
+                 : "memory");
+  } else {
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(address), "r"(p.w[0]), "r"(p.w[1]),
+                 "r"(p.w[2]), "r"(p.w[3])
+                 : "memory");
+  }
+}
+
+// Waits until no word at `address` is the sentinel, puts the sentinel back, returns the words.
+template <typename W>
+__device__ __forceinline__ Pack sentinel_take(Pack* address, const volatile int* abort, int peer) {
+  Pack p;
+  bool arrived;
+  unsigned spins = 0;
+  u64 since = 0;
+  do {
+    if constexpr (sizeof(W) == 8) {
+      u64 lo, hi;
+      asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(lo), "=l"(hi) : "l"(address) : "memory");
+      p.w[0] = (u32)lo, p.w[1] = (u32)(lo >> 32), p.w[2] = (u32)hi, p.w[3] = (u32)(hi >> 32);
+      arrived = lo != ~0ull && hi != ~0ull;
+    } else {
+      asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(p.w[0]), "=r"(p.w[1]), "=r"(p.w[2]), "=r"(p.w[3])
+                   : "l"(address)
+                   : "memory");
+      arrived = p.w[0] != SENTINEL && p.w[1] != SENTINEL && p.w[2] != SENTINEL && p.w[3] != SENTINEL;
+    }
+    if (!arrived && (++spins & 1023u) == 0 && give_up(abort, since, peer)) break;
+  } while (!arrived);
+  sentinel_store<W>(address, Pack{{SENTINEL, SENTINEL, SENTINEL, SENTINEL}});
+  return p;
+}
+
+// Pack j of `src` (zero past `count`), whatever the alignment of `src`.
+template <typename T>
+__device__ __forceinline__ Pack load_padded_pack(const T* src, u64 count, u64 j, bool aligned) {
+  const int N = PackOf<T>::N;
+  if (aligned && (j + 1) * N <= count) return ((const Pack*)src)[j];
+  typename PackOf<T>::U p;
+  p.pack = Pack{{0, 0, 0, 0}};
+  // Unrolled, so that the loads go out together and the pack stays in registers.
+#pragma unroll
+  for (int k = 0; k < N; k++) {
+    if (j * N + k < count) p.v[k] = src[j * N + k];
+  }
+  return p.pack;
+}
+
+template <typename T, int OP>
+__device__ void sentinel(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,
+                         const volatile int* abort, const Views&, int) {
+  typedef typename SentinelWord<T>::W W;
+  const int N = PackOf<T>::N;
+  const u64 packs = (count + N - 1) / N;
+  const bool in_aligned = aligned16(in), out_aligned = aligned16(out);
+  // Each pack is loaded one turn ahead (past the end: zeros, no access), the first one before
+  // the epoch is read, so that the two loads overlap (2 - 7 % faster on 2 and 4 H200; the same
+  // in the low-latency kernel measured 0.1 us slower, so it is not there). The policy gives a
+  // thread one pack, so only the first load counts there; the loop takes any grid.
+  Pack next = load_padded_pack(in, count, thread_index(), in_aligned);
+  u32 epoch = begin_call(peers, rank);
+  const u64 inbox = sentinel_inbox_offset(half_bytes);
+  const u64 parity = epoch & 1;
+  for (u64 j = thread_index(); j < packs; j += grid_threads()) {
+    Pack mine = clear_sentinels<W>(next);
+    next = load_padded_pack(in, count, j + grid_threads(), in_aligned);
+    // Starting with the next rank: the ranks' first stores go to different GPUs.
+    for (int i = 1; i < nranks; i++) {
+      int p = (rank + i) % nranks;
+      sentinel_store<W>(sentinel_slot(peers.staging[p], inbox, parity, rank) + j, mine);
+    }
+  }
+  for (u64 j = thread_index(); j < packs; j += grid_threads()) {
+    // Not yet overwritten in place: only this thread writes these elements, below. Loaded
+    // before the waits, so that its round trip overlaps theirs.
+    Pack own = clear_sentinels<W>(load_padded_pack(in, count, j, in_aligned));
+    typename PackOf<T>::U from[MAX_RANKS];
+#pragma unroll
+    for (int p = 0; p < MAX_RANKS; p++) {
+      if (p == rank) {
+        from[p].pack = own;
+      } else if (p < nranks) {
+        from[p].pack = sentinel_take<W>(sentinel_slot(peers.staging[rank], inbox, parity, p) + j, abort, p);
+      }
+    }
+    typename PackOf<T>::U result;
+#pragma unroll
+    for (int k = 0; k < N; k++) result.v[k] = reduce_element<T, OP>(from, nranks, k);
+    if (out_aligned && (j + 1) * N <= count) {
+      ((Pack*)out)[j] = result.pack;
+    } else {
+#pragma unroll
+      for (int k = 0; k < N; k++) {
+        if (j * N + k < count) out[j * N + k] = result.v[k];
+      }
+    }
+  }
+  end_call(peers, rank, epoch);
+}
+

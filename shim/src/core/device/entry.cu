@@ -1,0 +1,58 @@
+// ---- entry points -------------------------------------------------------------------------------
+
+// M(NAME, T, OPNAME, OP) for each operation, in the host's order (types::Op).
+#define FOR_EACH_OP(M, NAME, T)                                                                       \
+  M(NAME, T, sum, OP_SUM)                                                                             \
+  M(NAME, T, prod, OP_PROD)                                                                           \
+  M(NAME, T, max, OP_MAX)                                                                             \
+  M(NAME, T, min, OP_MIN)                                                                             \
+  M(NAME, T, avg, OP_AVG)
+
+// The reducing kernels, for every type and op.
+#define KERNELS(NAME, T) FOR_EACH_OP(KERNEL, NAME, T)
+
+#define KERNEL(NAME, T, OPNAME, OP)                                                                   \
+  KERNEL_OF(ll_one_shot, ncclshim_ll_##NAME##_##OPNAME, T, OP)                                        \
+  KERNEL_OF(one_shot, ncclshim_one_shot_##NAME##_##OPNAME, T, OP)                                     \
+  KERNEL_OF(two_shot, ncclshim_two_shot_##NAME##_##OPNAME, T, OP)                                     \
+  KERNEL_OF(direct, ncclshim_direct_##NAME##_##OPNAME, T, OP)                                         \
+  KERNEL_OF(reduce_scatter, ncclshim_reduce_scatter_##NAME##_##OPNAME, T, OP)                         \
+  KERNEL_OF(reduce, ncclshim_reduce_##NAME##_##OPNAME, T, OP)
+
+// The kernels that move data without reducing it, for bytes only (the host moves any type as
+// bytes), under the op `sum` (the host asks for no other).
+#define MOVE_KERNELS(NAME, T)                                                                         \
+  KERNEL_OF(all_gather, ncclshim_all_gather_##NAME##_sum, T, OP_SUM)                                  \
+  KERNEL_OF(broadcast, ncclshim_broadcast_##NAME##_sum, T, OP_SUM)                                    \
+  KERNEL_OF(all_to_all, ncclshim_all_to_all_##NAME##_sum, T, OP_SUM)                                  \
+  KERNEL_OF(gather, ncclshim_gather_##NAME##_sum, T, OP_SUM)                                          \
+  KERNEL_OF(scatter, ncclshim_scatter_##NAME##_sum, T, OP_SUM)
+
+// The sentinel kernels, for the floating-point types only.
+#define SENTINEL_KERNELS(NAME, T) FOR_EACH_OP(SENTINEL_KERNEL, NAME, T)
+#define SENTINEL_KERNEL(NAME, T, OPNAME, OP) KERNEL_OF(sentinel, ncclshim_sentinel_##NAME##_##OPNAME, T, OP)
+
+#define KERNEL_OF(ALGORITHM, SYMBOL, T, OP)                                                           \
+  extern "C" __global__ void __launch_bounds__(MAX_THREADS) SYMBOL(const Args args) {                \
+    after_previous_kernel();                                                                          \
+    ALGORITHM<T, OP>(args.peers, args.rank, args.nranks, (const T*)args.in, (T*)args.out, args.count, \
+                     args.half_bytes, args.abort, args.views, args.root);                             \
+  }
+
+// NCCL_TYPES is defined by the host to the types wanted (all of them by default).
+#ifndef NCCL_TYPES
+#define NCCL_TYPES                                                                                    \
+  KERNELS(i8, signed char)                                                                            \
+  KERNELS(u8, unsigned char) MOVE_KERNELS(u8, unsigned char)                                          \
+  KERNELS(i32, int)                                                                                   \
+  KERNELS(u32, u32)                                                                                   \
+  KERNELS(i64, long long)                                                                             \
+  KERNELS(u64, u64)                                                                                   \
+  KERNELS(f16, f16) SENTINEL_KERNELS(f16, f16)                                                       \
+  KERNELS(f32, float) SENTINEL_KERNELS(f32, float)                                                    \
+  KERNELS(f64, double) SENTINEL_KERNELS(f64, double)                                                  \
+  KERNELS(bf16, bf16) SENTINEL_KERNELS(bf16, bf16)                                                    \
+  KERNELS(e4m3, e4m3) SENTINEL_KERNELS(e4m3, e4m3)                                                    \
+  KERNELS(e5m2, e5m2) SENTINEL_KERNELS(e5m2, e5m2)
+#endif
+NCCL_TYPES
