@@ -43,6 +43,9 @@ done
 [ ${#built[@]} -gt 0 ] || exit 1
 verdict build 0 "nccl-tests built against the headers of ${built[*]%%:*}"
 
+# Settings added to the shim's runs (VAR=VALUE each), e.g. the core on for every collective.
+shim_env=()
+
 # One run: NAME LIB(shim|real) FLAVOR MODE(mpi|group) BINARY ARGS...; its log is $dir/NAME.log.
 # Lines are stamped with the seconds since the start, for the cold start's timing.
 run_one() {
@@ -55,10 +58,17 @@ run_one() {
   [ "$lib" = real ] && libdir=$real_dir
   local vars=(LD_LIBRARY_PATH="$libdir" NCCLSHIM_REAL_NCCL="$real" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT
     NCCLSHIM_CACHE="${NCCLSHIM_CACHE:-$HOME/.cache/ncclshim}")
+  local exports=() setting
+  if [ "$lib" = shim ]; then
+    for setting in "${shim_env[@]}"; do
+      vars+=("$setting")
+      exports+=(-x "${setting%%=*}")
+    done
+  fi
   local launch=()
   if [ "$mode" = mpi ]; then
     launch=(mpirun --allow-run-as-root --bind-to none -np "$n" -x LD_LIBRARY_PATH -x NCCLSHIM_REAL_NCCL
-      -x NCCL_DEBUG -x NCCL_DEBUG_SUBSYS -x NCCLSHIM_CACHE -x NCCL_NVLS_ENABLE "$bin" -g 1)
+      -x NCCL_DEBUG -x NCCL_DEBUG_SUBSYS -x NCCLSHIM_CACHE -x NCCL_NVLS_ENABLE "${exports[@]}" "$bin" -g 1)
   else
     launch=("$bin" -g "$n")
   fi
@@ -138,19 +148,46 @@ for mode in mpi group; do
   matrix types 2.28.9 "$mode" all_reduce -b 1K -e 1M -f 32 -w 2 -n 5 -c 1 -d all -o all
   matrix types 2.28.9 "$mode" reduce_scatter -b 1K -e 1M -f 32 -w 2 -n 5 -c 1 -d all -o all
 done
+# Every collective on the core (each up to its staged limit, 32 MiB), eager and in CUDA graphs:
+# results checked, and the core must have served them (its summary at exit names the kernel).
+core_settings=()
+for collective in ALL_GATHER REDUCE_SCATTER BROADCAST REDUCE ALL_TO_ALL GATHER SCATTER; do
+  core_settings+=("NCCLSHIM_${collective}_MAX_BYTES=33554432")
+done
+shim_env=("${core_settings[@]}")
+for mode in mpi group; do
+  for binary in all_gather reduce_scatter broadcast reduce alltoall gather scatter; do
+    matrix core 2.28.9 "$mode" "$binary" "${sizes[@]}"
+    matrix coregraph 2.28.9 "$mode" "$binary" "${sizes[@]}" -G 1
+  done
+done
+matrix coretypes 2.28.9 mpi reduce -b 1K -e 1M -f 32 -w 2 -n 5 -c 1 -d all -o all
+matrix coretypes 2.28.9 mpi reduce_scatter -b 1K -e 1M -f 32 -w 2 -n 5 -c 1 -d all -o all
+shim_env=()
+
 # Large all-reduces with ncclMemAlloc buffers, one process driving every GPU: the direct
 # two-shot reaches them and must not be slower than NCCL at any size (a regression seen at
 # 128 MiB, 1.09 x NCCL, when cuMem memory sent it to the staged fallback).
 matrix large 2.28.9 group all_reduce -b 16M -e 256M -f 2 -w 5 -n 30 -c 0
 
 # --- Verdicts per group, and the ratio table ---
-for group in basic reg1 reg2 graph types large; do
+# The core's kernel for each nccl-tests binary, as the shim's summary names it.
+core_kernel() {
+  case $1 in
+    alltoall) echo all_to_all ;;
+    *) echo "$1" ;;
+  esac
+}
+for group in basic reg1 reg2 graph types core coregraph coretypes large; do
   status=0 problems="" count=0
   for name in "${pairs[@]}"; do
     [[ $name == $group-* ]] || continue
     count=$((count + 1))
     p=$(check_run "$name-shim" shim) || { status=1; problems="$problems $p;"; }
     p=$(check_run "$name-real" real) || { status=1; problems="$problems $p;"; }
+    if [[ $group == core* ]] && ! grep -q "summary: .* core $(core_kernel "${name##*-}") [1-9]" "$dir/$name-shim.log"; then
+      status=1 problems="$problems $name-shim: the core served none;"
+    fi
   done
   [ $count -gt 0 ] || continue
   verdict "$group" $status "$count pairs of runs${problems:+; failed:$problems}"

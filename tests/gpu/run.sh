@@ -96,8 +96,11 @@ collectives() {
   # the same addresses between tests, and in graphs), with cudaMalloc and with ncclMemAlloc
   # (cuMem, mapped for every GPU) buffers.
   local direct="NCCLSHIM_FORCE=core NCCLSHIM_SENTINEL_MAX_BYTES=0 NCCLSHIM_LL_MAX_BYTES=0 NCCLSHIM_ONE_SHOT_MAX_BYTES=0"
-  # All-gather and reduce-scatter on the core (off by default) at every size it takes.
-  local gather_scatter="NCCLSHIM_ALL_GATHER_MAX_BYTES=33554432 NCCLSHIM_REDUCE_SCATTER_MAX_BYTES=33554432"
+  # Every collective on the core (all but all-reduce off by default) at every size it takes.
+  local every="" collective
+  for collective in ALL_GATHER REDUCE_SCATTER BROADCAST REDUCE ALL_TO_ALL GATHER SCATTER; do
+    every+=" NCCLSHIM_${collective}_MAX_BYTES=33554432"
+  done
   mkdir -p "$dir"
   # name | library (shim or nccl) | environment | arguments
   local runs=(
@@ -111,8 +114,9 @@ collectives() {
     "procs-$full-forcedirect|shim|$direct|--launch procs --matrix $full --max-bytes $big"
     "procs-realloc-forcedirect|shim|$direct|--launch procs --matrix quick --realloc --max-bytes 32M"
     "procs-graph-forcedirect|shim|$direct|--launch procs --matrix quick --graph --max-bytes 32M"
-    "procs-quick-gatherscatter|shim|$gather_scatter|--launch procs --matrix quick --max-bytes 32M"
-    "group-quick-gatherscatter|shim|$gather_scatter|--launch group --matrix quick --max-bytes 32M"
+    "procs-quick-everycore|shim|$every|--launch procs --matrix quick --max-bytes 32M"
+    "group-quick-everycore|shim|$every|--launch group --matrix quick --max-bytes 32M"
+    "procs-graph-everycore|shim|$every|--launch procs --matrix quick --graph --max-bytes 32M"
     "group-split|shim||--launch group --matrix quick --split --max-bytes 0"
     "group-graph-memalloc|shim||--launch group --matrix quick --graph --memalloc --max-bytes 0"
     "threads-split|shim||--launch threads --matrix quick --split --max-bytes 0"
