@@ -1,7 +1,7 @@
 //! The core: ncclshim's own collectives over NVLink (all-reduce; the others where set, see
 //! `policy`), for communicators whose ranks are all on this host with peer access between every
 //! pair of GPUs. Set up when a communicator is created
-//! (`setup`), kept in a side table keyed by the handle (`table`), chosen per call by a policy
+//! (`setup`), its life kept in a side table keyed by the handle (`lifecycle`), chosen per call by a policy
 //! that every rank computes alike (`policy`), launched on the caller's stream (`comm`), with
 //! kernels built into the library for common GPUs and compiled by NVRTC for others (`kernels`,
 //! `program`, `device/`).
@@ -11,12 +11,12 @@ mod cuda;
 mod group;
 pub mod kernels;
 mod launcher;
+mod lifecycle;
 mod limits;
 mod nvrtc;
 pub mod policy;
 pub mod program;
 mod setup;
-mod table;
 pub mod types;
 mod zero_copy;
 
@@ -45,7 +45,7 @@ pub fn created(comms: &[ncclComm_t]) {
     }
     let comms: Vec<ncclComm_t> = comms.iter().copied().filter(|c| !c.is_null()).collect();
     comms.iter().for_each(|&c| {
-        table::know(c, true);
+        lifecycle::made(c, true);
     });
     if group::inside() {
         comms.into_iter().for_each(|c| group::defer_setup(c, true));
@@ -55,11 +55,11 @@ pub fn created(comms: &[ncclComm_t]) {
 }
 
 /// A nonblocking communicator was created (the real NCCL may still be initialising it): its
-/// core is set up after its first all-reduce (table.rs).
+/// core is set up after its first all-reduce (lifecycle.rs).
 pub fn created_nonblocking(comm: ncclComm_t) {
     if policy::settings().enabled && !comm.is_null() {
         log_info!("comm {comm:p} is nonblocking: its core is set up after its first all-reduce");
-        table::wait(comm);
+        lifecycle::awaits_first_all_reduce(comm);
     }
 }
 
@@ -78,7 +78,7 @@ pub unsafe fn child_created(parent: ncclComm_t, slot: *mut ncclComm_t, blocking:
         group::defer_child(slot, blocking);
         return;
     }
-    if !table::blocking(parent) {
+    if !lifecycle::blocking(parent) {
         return;
     }
     // SAFETY: the caller's; a blocking parent's call wrote it before returning.
@@ -127,7 +127,7 @@ pub fn group_end(real_end: impl FnOnce() -> ncclResult_t) -> ncclResult_t {
                 continue;
             }
             if child.blocking {
-                table::know(comm, true);
+                lifecycle::made(comm, true);
                 deferred.push(group::Deferred {
                     comm,
                     blocking: true,
@@ -149,9 +149,7 @@ pub fn group_end(real_end: impl FnOnce() -> ncclResult_t) -> ncclResult_t {
     let (blocking, nonblocking): (Vec<_>, Vec<_>) = deferred.into_iter().partition(|d| d.blocking);
     let comms_of = |d: Vec<group::Deferred>| d.into_iter().map(|d| d.comm).collect::<Vec<_>>();
     // Whatever is not set up says why.
-    let left = |comm: ncclComm_t, why: String| {
-        log_info!("core off for comm {comm:p}: {why}; its calls forward");
-    };
+    let left = |comm: ncclComm_t, why: String| lifecycle::declined(comm, None, &why);
     if result == ncclSuccess && !blocking.is_empty() {
         setup::set_up(&comms_of(blocking), true);
     } else {
@@ -265,19 +263,21 @@ pub fn collective(
         return forward();
     }
     let all_reduce = call.collective == Collective::AllReduce;
-    let core = match table::lookup(comm) {
-        table::Lookup::Core(core) => core,
-        table::Lookup::NoCore => return forward(),
-        table::Lookup::Waiting if all_reduce && table::stop_waiting(comm) => {
+    let core = match lifecycle::lookup(comm) {
+        lifecycle::Lookup::Core(core) => core,
+        lifecycle::Lookup::NoCore => return forward(),
+        lifecycle::Lookup::Waiting if all_reduce && lifecycle::first_all_reduce(comm) => {
             return first_all_reduce(comm, forward);
         }
         // Taken by another thread's call meanwhile, or not an all-reduce.
-        table::Lookup::Waiting => return forward(),
+        lifecycle::Lookup::Waiting => return forward(),
         // NULL (or a stray handle whose call fails) is for the real NCCL to report.
-        table::Lookup::Unknown if !all_reduce || comm.is_null() || !table::know(comm, false) => {
+        lifecycle::Lookup::Unknown
+            if !all_reduce || comm.is_null() || !lifecycle::met_at_first_all_reduce(comm) =>
+        {
             return forward();
         }
-        table::Lookup::Unknown => {
+        lifecycle::Lookup::Unknown => {
             log_info!(
                 "comm {comm:p} was made where the shim could not see its handle (such as a nonblocking parent's split or shrink): its core is set up after this all-reduce"
             );
@@ -380,6 +380,9 @@ fn first_all_reduce(comm: ncclComm_t, forward: impl FnOnce() -> ncclResult_t) ->
     let state = setup::settle(comm);
     if state == ncclSuccess {
         setup::set_up(&[comm], false);
+    } else {
+        let why = format!("its first all-reduce ended with result {state}");
+        lifecycle::declined(comm, None, &why);
     }
     state
 }
@@ -390,8 +393,8 @@ pub fn async_error(comm: ncclComm_t, real: ncclResult_t) -> ncclResult_t {
     if real != ncclSuccess {
         return real;
     }
-    match table::lookup(comm) {
-        table::Lookup::Core(core) if core.failed(comm) => ncclRemoteError,
+    match lifecycle::lookup(comm) {
+        lifecycle::Lookup::Core(core) if core.failed(comm) => ncclRemoteError,
         _ => real,
     }
 }
@@ -399,7 +402,7 @@ pub fn async_error(comm: ncclComm_t, real: ncclResult_t) -> ncclResult_t {
 /// The communicator is going away (ncclCommDestroy, or ncclCommAbort with `abort`): release its
 /// core, never hanging.
 pub fn destroyed(comm: ncclComm_t, abort: bool) {
-    if let Some(core) = table::remove(comm) {
+    if let Some(core) = lifecycle::forget(comm) {
         release(comm, core, abort);
     }
 }
@@ -407,7 +410,7 @@ pub fn destroyed(comm: ncclComm_t, abort: bool) {
 /// The communicator was revoked (ncclCommRevoke): its core goes, as at an abort, and its later
 /// calls go to NCCL, which refuses them.
 pub fn revoked(comm: ncclComm_t) {
-    if let Some(core) = table::drop_core(comm) {
+    if let Some(core) = lifecycle::revoked(comm) {
         release(comm, core, true);
     }
 }
@@ -465,7 +468,7 @@ mod tests {
             child_created(PARENT, &raw mut no_color, false);
         }
         assert!(
-            !table::stop_waiting(CHILD as ncclComm_t),
+            !lifecycle::first_all_reduce(CHILD as ncclComm_t),
             "not before the group's end"
         );
         let result = group_end(|| {
@@ -478,15 +481,15 @@ mod tests {
         });
         assert_eq!(result, ncclSuccess);
         assert!(
-            table::stop_waiting(CHILD as ncclComm_t),
+            lifecycle::first_all_reduce(CHILD as ncclComm_t),
             "read at the group's end"
         );
         let blocking_child = (CHILD + 48) as ncclComm_t;
         assert!(!matches!(
-            table::lookup(blocking_child),
-            table::Lookup::Unknown
+            lifecycle::lookup(blocking_child),
+            lifecycle::Lookup::Unknown
         ));
-        table::remove(blocking_child);
+        lifecycle::forget(blocking_child);
     }
 
     /// A nonblocking group's children are made later, by NCCL's own thread: never read, even
@@ -504,10 +507,10 @@ mod tests {
             ncclInProgress
         });
         assert_eq!(result, ncclInProgress);
-        assert!(!table::stop_waiting((CHILD + 16) as ncclComm_t));
+        assert!(!lifecycle::first_all_reduce((CHILD + 16) as ncclComm_t));
         assert!(matches!(
-            table::lookup((CHILD + 16) as ncclComm_t),
-            table::Lookup::Unknown
+            lifecycle::lookup((CHILD + 16) as ncclComm_t),
+            lifecycle::Lookup::Unknown
         ));
     }
 
@@ -517,20 +520,23 @@ mod tests {
     fn outside_a_group_only_a_blocking_parents_child_is_read() {
         let (blocking_parent, nonblocking_parent) =
             (0x7200_0000 as ncclComm_t, 0x7300_0000 as ncclComm_t);
-        table::know(blocking_parent, true);
-        table::know(nonblocking_parent, false);
+        lifecycle::made(blocking_parent, true);
+        lifecycle::made(nonblocking_parent, false);
         let mut child = (CHILD + 32) as ncclComm_t;
         // SAFETY: written, as NCCL does before a blocking parent's split returns.
         unsafe { child_created(blocking_parent, &raw mut child, false) };
-        assert!(table::stop_waiting(child));
+        assert!(lifecycle::first_all_reduce(child));
         for parent in [nonblocking_parent, 0x7400_0000 as ncclComm_t] {
             let mut child = (CHILD + 64) as ncclComm_t;
             // SAFETY: written, as NCCL's thread may have done by the time the split returns.
             unsafe { child_created(parent, &raw mut child, false) };
-            assert!(!table::stop_waiting(child));
-            assert!(matches!(table::lookup(child), table::Lookup::Unknown));
+            assert!(!lifecycle::first_all_reduce(child));
+            assert!(matches!(
+                lifecycle::lookup(child),
+                lifecycle::Lookup::Unknown
+            ));
         }
-        table::remove(blocking_parent);
-        table::remove(nonblocking_parent);
+        lifecycle::forget(blocking_parent);
+        lifecycle::forget(nonblocking_parent);
     }
 }

@@ -16,7 +16,7 @@ use super::policy::{
     self, CommFacts, INBOX_BYTES, MAX_RANKS, SENTINEL_INBOX_BYTES, STAGING_HALF_BYTES,
 };
 use super::zero_copy::{DeviceMemory, Service, ZeroCopy};
-use super::{kernels, table};
+use super::{kernels, lifecycle};
 use crate::api::ffi::{
     cudaStream_t, ncclComm_t, ncclInProgress, ncclResult_t, ncclSuccess, ncclUint8,
 };
@@ -114,7 +114,13 @@ struct Mapped {
 /// nonblocking ones, as NCCL allows no group of both), after the real NCCL has initialised them
 /// and settled their last operation, outside any group; or leaves them to NCCL.
 pub fn set_up(comms: &[ncclComm_t], blocking: bool) {
-    if !policy::settings().enabled || comms.is_empty() || !cuda_ready() {
+    if !policy::settings().enabled || comms.is_empty() {
+        return;
+    }
+    if !cuda_ready() {
+        for &comm in comms {
+            lifecycle::declined(comm, None, "CUDA cannot be used in this process");
+        }
         return;
     }
     let started = Instant::now();
@@ -582,7 +588,7 @@ fn finish(
                 parts,
                 mapped.reach,
             );
-            table::insert(candidate.comm, Arc::new(core));
+            lifecycle::came_on(candidate.comm, Arc::new(core));
         }
         (parts, mapped, _) => {
             let why = match (&mapped, &candidate.why_not) {
@@ -590,11 +596,7 @@ fn finish(
                 (Err(why), _) => why.clone(),
                 (Ok(_), None) => "another rank cannot use it".into(),
             };
-            log_info!(
-                "core off for comm {:p} rank {}: {why}; its calls forward",
-                candidate.comm,
-                candidate.rank
-            );
+            lifecycle::declined(candidate.comm, Some(candidate.rank), &why);
             // The peers' buffers this rank mapped, and its own, are freed as they drop.
             drop((mapped, parts));
         }

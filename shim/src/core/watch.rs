@@ -5,7 +5,7 @@
 use std::sync::Once;
 use std::time::Duration;
 
-use super::table;
+use super::lifecycle;
 
 pub fn start() {
     static STARTED: Once = Once::new();
@@ -15,7 +15,7 @@ pub fn start() {
             .spawn(|| {
                 loop {
                     std::thread::sleep(Duration::from_secs(1));
-                    for (comm, core) in table::cores() {
+                    for (comm, core) in lifecycle::cores() {
                         core.failed(comm);
                     }
                 }

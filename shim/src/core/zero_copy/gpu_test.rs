@@ -355,7 +355,7 @@ fn core_role(rank: usize, dir: &Path, processes: Vec<u64>) {
     // Through the routed path under a made-up handle, traced and timed (NCCLSHIM_TRACE and
     // NCCLSHIM_TRACE_TIMING=1 come from the parent): each call's GPU time is in the trace.
     let comm = (0x7e57_0000 + 0x100 * rank) as crate::api::ffi::ncclComm_t;
-    super::super::table::insert(comm, std::sync::Arc::new(core));
+    super::super::lifecycle::came_on(comm, std::sync::Arc::new(core));
     crate::calls::core_decided(comm, true, rank as i32, 2, device.ordinal);
     let kind = crate::api::OPERATIONS
         .iter()
@@ -388,7 +388,7 @@ fn core_role(rank: usize, dir: &Path, processes: Vec<u64>) {
         assert_eq!(result, crate::api::ffi::ncclSuccess);
     }
     stream.synchronize().unwrap();
-    drop(super::super::table::remove(comm));
+    drop(super::super::lifecycle::forget(comm));
     drop(zero_copy);
     assert_eq!(wrong, 0);
 }

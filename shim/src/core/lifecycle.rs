@@ -1,0 +1,286 @@
+//! A communicator's life as the core sees it, in a side table keyed by the real NCCL's handle:
+//! every state it can be in, and the named transitions between them, each the one place where
+//! that change happens.
+//!
+//! ```text
+//!   unknown --made--------------------> Made ------\
+//!   unknown --awaits_first_all_reduce--> AwaitsFirstAllReduce --first_all_reduce--> SettingUp
+//!   unknown --met_at_first_all_reduce------------------------------------------> SettingUp
+//!   Made, SettingUp --came_on--> Core --revoked--> Declined
+//!   Made, SettingUp, AwaitsFirstAllReduce --declined--> Declined
+//!   any --forget (destroyed, aborted)--> unknown
+//! ```
+//!
+//! A communicator is known from the moment the shim sees it made (or, made where the shim could
+//! not see its handle, from its first all-reduce), so that each gets one set-up only.
+//! Nonblocking ones wait for their first all-reduce: their creation returns before the real NCCL
+//! is ready, and the set-up's exchange is an operation on the communicator, which NCCL refuses
+//! until the previous one has settled; that first all-reduce is the same point in every rank's
+//! sequence of operations, whatever the timing. Every communicator that does not get the core
+//! says why, once (`declined`). Calls on unknown handles while none is known check one atomic.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+
+use super::comm::CoreComm;
+use crate::api::ffi::ncclComm_t;
+use crate::log::log_info;
+
+/// Where a known communicator's core stands.
+enum State {
+    /// Seen made: its set-up is due, now or at the end of the group it was made in.
+    Made,
+    /// Nonblocking, or made where the shim could not see its handle: set up after its first
+    /// all-reduce (which goes to NCCL).
+    AwaitsFirstAllReduce,
+    /// Its first all-reduce was taken: set up once that has settled.
+    SettingUp,
+    Core(Arc<CoreComm>),
+    /// Left to NCCL (the reason was said).
+    Declined,
+}
+
+struct Entry {
+    state: State,
+    /// Made blocking, as far as the shim knows (a communicator it never saw made: no).
+    blocking: bool,
+}
+
+static TABLE: RwLock<Option<HashMap<usize, Entry>>> = RwLock::new(None);
+static ENTRIES: AtomicUsize = AtomicUsize::new(0);
+
+/// What a call needs to know of a handle.
+pub enum Lookup {
+    Core(Arc<CoreComm>),
+    /// Known, without a core (yet, or for good): its calls go to NCCL.
+    NoCore,
+    /// Waiting for its first all-reduce.
+    Waiting,
+    /// Never seen made.
+    Unknown,
+}
+
+fn with_table<T>(f: impl FnOnce(&mut HashMap<usize, Entry>) -> T) -> T {
+    let mut table = TABLE.write().unwrap_or_else(|e| e.into_inner());
+    f(table.get_or_insert_with(HashMap::new))
+}
+
+/// Records `comm`, if unknown, in `state`; whether it was unknown.
+fn add(comm: ncclComm_t, state: State, blocking: bool) -> bool {
+    with_table(|table| {
+        let unknown = !table.contains_key(&(comm as usize));
+        if unknown {
+            table.insert(comm as usize, Entry { state, blocking });
+            ENTRIES.fetch_add(1, Ordering::Release);
+        }
+        unknown
+    })
+}
+
+/// unknown -> Made: `comm` was seen made; whether it was unknown (a handle seen twice is set up
+/// once).
+pub fn made(comm: ncclComm_t, blocking: bool) -> bool {
+    add(comm, State::Made, blocking)
+}
+
+/// unknown -> AwaitsFirstAllReduce, for the nonblocking `comm` (NULL is no communicator).
+pub fn awaits_first_all_reduce(comm: ncclComm_t) {
+    if !comm.is_null() {
+        add(comm, State::AwaitsFirstAllReduce, false);
+    }
+}
+
+/// unknown -> SettingUp: `comm` was never seen made (such as a nonblocking parent's split), and
+/// this is its first all-reduce; whether it was unknown.
+pub fn met_at_first_all_reduce(comm: ncclComm_t) -> bool {
+    add(comm, State::SettingUp, false)
+}
+
+/// AwaitsFirstAllReduce -> SettingUp: whether `comm` was waiting (only one call takes it).
+pub fn first_all_reduce(comm: ncclComm_t) -> bool {
+    with_table(|table| match table.get_mut(&(comm as usize)) {
+        Some(entry) if matches!(entry.state, State::AwaitsFirstAllReduce) => {
+            entry.state = State::SettingUp;
+            true
+        }
+        _ => false,
+    })
+}
+
+/// Made or SettingUp (or unknown, for tests that set a core up by hand) -> Core.
+pub fn came_on(comm: ncclComm_t, core: Arc<CoreComm>) {
+    with_table(|table| {
+        let blocking = core.blocking;
+        let entry = table.entry(comm as usize).or_insert_with(|| {
+            ENTRIES.fetch_add(1, Ordering::Release);
+            Entry {
+                state: State::Made,
+                blocking,
+            }
+        });
+        entry.state = State::Core(core);
+    });
+    super::watch::start();
+}
+
+/// Made, SettingUp or AwaitsFirstAllReduce -> Declined, saying why, with this rank where known
+/// (a communicator that has a core keeps it).
+pub fn declined(comm: ncclComm_t, rank: Option<usize>, why: &str) {
+    let changed = with_table(|table| match table.get_mut(&(comm as usize)) {
+        Some(entry) if !matches!(entry.state, State::Core(_) | State::Declined) => {
+            entry.state = State::Declined;
+            true
+        }
+        _ => false,
+    });
+    if changed {
+        let rank = rank.map_or(String::new(), |r| format!(" rank {r}"));
+        log_info!("core off for comm {comm:p}{rank}: {why}; its calls forward");
+    }
+}
+
+#[inline]
+pub fn lookup(comm: ncclComm_t) -> Lookup {
+    if ENTRIES.load(Ordering::Acquire) == 0 {
+        return Lookup::Unknown;
+    }
+    let table = TABLE.read().unwrap_or_else(|e| e.into_inner());
+    match table.as_ref().and_then(|t| t.get(&(comm as usize))) {
+        Some(entry) => match &entry.state {
+            State::Core(core) => Lookup::Core(core.clone()),
+            State::Made | State::SettingUp | State::Declined => Lookup::NoCore,
+            State::AwaitsFirstAllReduce => Lookup::Waiting,
+        },
+        None => Lookup::Unknown,
+    }
+}
+
+/// Whether `comm` is known to have been made blocking.
+pub fn blocking(comm: ncclComm_t) -> bool {
+    let table = TABLE.read().unwrap_or_else(|e| e.into_inner());
+    table
+        .as_ref()
+        .and_then(|t| t.get(&(comm as usize)))
+        .is_some_and(|entry| entry.blocking)
+}
+
+/// Core -> Declined (ncclCommRevoke): takes `comm`'s core away, if it has one; its calls go to
+/// NCCL from then on.
+pub fn revoked(comm: ncclComm_t) -> Option<Arc<CoreComm>> {
+    with_table(|table| {
+        let entry = table.get_mut(&(comm as usize))?;
+        match std::mem::replace(&mut entry.state, State::Declined) {
+            State::Core(core) => Some(core),
+            other => {
+                entry.state = other;
+                None
+            }
+        }
+    })
+}
+
+/// Every communicator with a core, for the watcher (watch.rs).
+pub fn cores() -> Vec<(ncclComm_t, Arc<CoreComm>)> {
+    let table = TABLE.read().unwrap_or_else(|e| e.into_inner());
+    let entries = table.iter().flat_map(|t| t.iter());
+    entries
+        .filter_map(|(&comm, entry)| match &entry.state {
+            State::Core(core) => Some((comm as ncclComm_t, core.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// any -> unknown (ncclCommDestroy, ncclCommAbort): forgets `comm`, whose handle may come back
+/// for another communicator; its core, if it had one.
+pub fn forget(comm: ncclComm_t) -> Option<Arc<CoreComm>> {
+    with_table(|table| {
+        let removed = table.remove(&(comm as usize))?;
+        ENTRIES.fetch_sub(1, Ordering::Release);
+        match removed.state {
+            State::Core(core) => Some(core),
+            _ => None,
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_communicator_is_known_once_until_removed() {
+        let comm = 0x6000_0040 as ncclComm_t;
+        assert!(matches!(lookup(comm), Lookup::Unknown));
+        assert!(made(comm, true), "first seen");
+        assert!(!made(comm, false), "seen already");
+        assert!(matches!(lookup(comm), Lookup::NoCore));
+        assert!(blocking(comm), "as first seen");
+        assert!(forget(comm).is_none(), "it had no core");
+        assert!(matches!(lookup(comm), Lookup::Unknown));
+        assert!(!blocking(comm), "not known");
+        assert!(made(comm, false), "a new communicator at the same address");
+        assert!(!blocking(comm));
+        forget(comm);
+    }
+
+    #[test]
+    fn a_communicator_is_taken_once() {
+        let (a, b) = (0x1000 as ncclComm_t, 0x2000 as ncclComm_t);
+        awaits_first_all_reduce(a);
+        awaits_first_all_reduce(a);
+        awaits_first_all_reduce(std::ptr::null_mut());
+        assert!(!first_all_reduce(b), "never inserted");
+        assert!(
+            !first_all_reduce(std::ptr::null_mut()),
+            "NULL is no communicator"
+        );
+        assert!(matches!(lookup(a), Lookup::Waiting));
+        assert!(first_all_reduce(a));
+        assert!(!first_all_reduce(a), "taken already");
+        assert!(matches!(lookup(a), Lookup::NoCore), "known, without a core");
+        forget(a);
+    }
+
+    #[test]
+    fn a_declined_communicator_forwards_for_good() {
+        let (made_one, waiting, unseen) = (
+            0x6100_0040 as ncclComm_t,
+            0x6100_0080 as ncclComm_t,
+            0x6100_00c0 as ncclComm_t,
+        );
+        made(made_one, true);
+        awaits_first_all_reduce(waiting);
+        for comm in [made_one, waiting] {
+            declined(comm, Some(1), "a test says so");
+            assert!(matches!(lookup(comm), Lookup::NoCore));
+        }
+        assert!(
+            !first_all_reduce(waiting),
+            "declined: no set-up after its first all-reduce"
+        );
+        assert!(met_at_first_all_reduce(unseen));
+        assert!(!met_at_first_all_reduce(unseen), "met once");
+        assert!(matches!(lookup(unseen), Lookup::NoCore), "being set up");
+        declined(unseen, None, "a test says so");
+        assert!(revoked(unseen).is_none(), "it had no core");
+        for comm in [made_one, waiting, unseen] {
+            assert!(forget(comm).is_none());
+            assert!(matches!(lookup(comm), Lookup::Unknown));
+        }
+    }
+
+    #[test]
+    fn many_wait_at_once() {
+        let comms: Vec<ncclComm_t> = (1..=67)
+            .map(|i| (0x10_0000 + 16 * i) as ncclComm_t)
+            .collect();
+        comms.iter().for_each(|&c| awaits_first_all_reduce(c));
+        assert!(comms.iter().rev().all(|&c| first_all_reduce(c)));
+        assert!(comms.iter().all(|&c| !first_all_reduce(c)));
+        comms.iter().for_each(|&c| {
+            forget(c);
+        });
+    }
+}
