@@ -12,7 +12,7 @@ use super::cuda::{
     StreamOrder,
 };
 use super::kernels::Kernels;
-use super::policy::{self, CommFacts, MAX_RANKS, Plan};
+use super::policy::{self, CommFacts, MAX_BATCH, MAX_RANKS, Plan};
 use super::types::Algorithm;
 use super::zero_copy::{Uses, ZeroCopy};
 use crate::api::ffi::ncclComm_t;
@@ -61,20 +61,36 @@ impl Views {
     }
 }
 
-/// One call as every kernel takes it: `struct Args` in device/device.cuh.
+/// One call as the kernels take it: `struct Call` in device/device.cuh.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct KernelCall {
+    input: u64,
+    output: u64,
+    count: u64,
+    views: Views,
+    root: i32,
+}
+
+/// What every kernel takes: `struct Args` in device/device.cuh.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 struct KernelArgs {
     peers: Peers,
-    views: Views,
-    input: u64,
-    output: u64,
-    count: u64,
     half_bytes: u64,
     abort: u64,
     rank: i32,
     nranks: i32,
-    root: i32,
+    ncalls: i32,
+    calls: [KernelCall; MAX_BATCH],
+}
+
+/// One call of a launch: its plan and buffers.
+#[derive(Clone, Copy)]
+pub struct Launched<'a> {
+    pub plan: &'a Plan,
+    pub send: *const c_void,
+    pub recv: *mut c_void,
 }
 
 /// What the peers of a rank touch of its buffers in a direct (zero-copy) call: the bytes of its
@@ -210,48 +226,75 @@ impl CoreComm {
         recv: *mut c_void,
         stream: cuda::Stream,
     ) -> Cuda<()> {
+        self.launch_batch(&[Launched { plan, send, recv }], stream)
+    }
+
+    /// Whether calls of `plan` may share a launch (`launch_batch`): its blocks wait for each
+    /// other between calls, so all of them must be on the GPU at once.
+    pub fn may_batch(&self, plan: &Plan) -> bool {
+        plan.blocks <= self.kernels.batch_resident_blocks
+    }
+
+    /// Launches `calls` (1 to MAX_BATCH, every plan of the same kernel and grid, each allowed by
+    /// `may_batch` where there are several) as one kernel on the caller's stream, which runs
+    /// them one after the other: a group's calls at the cost of one launch.
+    pub fn launch_batch(&self, calls: &[Launched], stream: cuda::Stream) -> Cuda<()> {
+        let first = calls[0].plan;
+        debug_assert!(calls.len() <= MAX_BATCH && calls.iter().all(|c| c.plan.same_launch(first)));
         let _context = self.device.enter_if_needed()?;
         // The policy plans no algorithm for a type it lacks (policy::plan).
         let function = self
             .kernels
-            .get(plan.algorithm, plan.dtype, plan.op)
+            .get(first.algorithm, first.dtype, first.op)
             .ok_or_else(|| CudaError {
                 call: "launch",
-                error: format!("no {} kernel for {:?}", plan.algorithm.name(), plan.dtype),
+                error: format!("no {} kernel for {:?}", first.algorithm.name(), first.dtype),
             })?;
-        let (input, output) = (send as u64, recv as u64);
-        let (views, uses) = if plan.algorithm.reads_views() {
-            self.views(plan, input, output)
-        } else {
-            (Views::default(), None)
-        };
         let mut args = KernelArgs {
             peers: self.peers,
-            views,
-            input,
-            output,
-            count: plan.count as u64,
             half_bytes: self.half_bytes,
             abort: self.control.device,
             rank: self.rank as i32,
             nranks: self.facts.nranks as i32,
-            root: plan.root,
+            ncalls: calls.len() as i32,
+            calls: [KernelCall::default(); MAX_BATCH],
         };
+        let mut uses: [Option<Uses>; MAX_BATCH] = [None; MAX_BATCH];
+        for (k, call) in calls.iter().enumerate() {
+            let (input, output) = (call.send as u64, call.recv as u64);
+            let views = if call.plan.algorithm.reads_views() {
+                let (views, used) = self.views(call.plan, input, output);
+                uses[k] = used;
+                views
+            } else {
+                Views::default()
+            };
+            args.calls[k] = KernelCall {
+                input,
+                output,
+                count: call.plan.count as u64,
+                views,
+                root: call.plan.root,
+            };
+        }
         self.order.before_launch(stream)?;
         let mut params: [*mut c_void; 1] = [(&raw mut args).cast()];
         // SAFETY: the kernel's one parameter, `Args`; cuLaunchKernel copies it.
         unsafe {
             cuda::launch(
                 function,
-                plan.blocks,
-                plan.threads,
+                first.blocks,
+                first.threads,
                 stream,
                 &mut params,
                 self.early_launch,
             )
         }?;
-        if let (Some(zero_copy), Some(uses)) = (&self.zero_copy, uses) {
-            zero_copy.used(uses, (!cuda::capturing(stream)).then_some(stream));
+        if let Some(zero_copy) = &self.zero_copy {
+            let marked = (!cuda::capturing(stream)).then_some(stream);
+            uses.into_iter()
+                .flatten()
+                .for_each(|used| zero_copy.used(used, marked));
         }
         Ok(())
     }
@@ -414,8 +457,8 @@ mod tests {
     fn kernel_args_match_the_kernels_layout() {
         assert_eq!(size_of::<Peers>(), 128);
         assert_eq!(size_of::<Views>(), 136);
-        assert_eq!(std::mem::offset_of!(KernelArgs, input), 264);
-        assert_eq!(std::mem::offset_of!(KernelArgs, root), 312);
-        assert_eq!(size_of::<KernelArgs>(), 320);
+        assert_eq!(size_of::<KernelCall>(), 168);
+        assert_eq!(std::mem::offset_of!(KernelArgs, calls), 160);
+        assert_eq!(size_of::<KernelArgs>(), 160 + 168 * MAX_BATCH);
     }
 }

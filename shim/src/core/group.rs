@@ -7,12 +7,13 @@
 
 use std::cell::{Cell, RefCell};
 use std::ffi::c_void;
+use std::ops::Range;
 use std::sync::Arc;
 
-use super::comm::CoreComm;
+use super::comm::{CoreComm, Launched};
 use super::cuda::{Cuda, Stream};
 use super::launcher::DeviceOp;
-use super::policy::Plan;
+use super::policy::{self, MAX_BATCH, Plan};
 use crate::api::ffi::ncclComm_t;
 
 pub struct Queued {
@@ -25,22 +26,102 @@ pub struct Queued {
     pub captured: bool,
 }
 
-impl DeviceOp for Queued {
+/// Queued calls launched together (`CoreComm::launch_batch`): consecutive calls of one device
+/// in the group, on one communicator and stream, of one kernel and grid.
+pub struct Batch<'a> {
+    calls: &'a [Queued],
+}
+
+impl DeviceOp for Batch<'_> {
     fn ordinal(&self) -> i32 {
-        self.core.device.ordinal
+        self.calls[0].core.device.ordinal
     }
 
     fn launch(&self) -> Cuda<()> {
-        self.core
-            .launch(&self.plan, self.send, self.recv, self.stream)
+        let launched: Vec<Launched> = self
+            .calls
+            .iter()
+            .map(|call| Launched {
+                plan: &call.plan,
+                send: call.send,
+                recv: call.recv,
+            })
+            .collect();
+        let first = &self.calls[0];
+        first.core.launch_batch(&launched, first.stream)
     }
 
     fn prepare_thread(&self) -> impl FnOnce() + Send + 'static {
-        let device = self.core.device;
+        let device = self.calls[0].core.device;
         // The helper's own context is the device's: its launches need no switch.
         move || {
             let _ = device.make_current();
         }
+    }
+}
+
+/// Whether `call` may join `batch`, the last batch of its device so far.
+fn joins(batch: &[Queued], call: &Queued) -> bool {
+    let first = &batch[0];
+    batch.len() < MAX_BATCH
+        && Arc::ptr_eq(&first.core, &call.core)
+        && first.stream == call.stream
+        && first.plan.same_launch(&call.plan)
+        && call.core.may_batch(&call.plan)
+}
+
+/// The batches of `queued` (each device's calls together, as `drain_queued` hands them):
+/// consecutive calls that `joins` allows in one launch (each alone with NCCLSHIM_BATCH=0).
+/// Batching is a local choice: a launch of several calls runs them as launches of one each would.
+pub fn batches(queued: &[Queued]) -> Vec<Batch<'_>> {
+    let batching = policy::settings().batch;
+    runs(queued, |run, call| batching && joins(run, call))
+        .into_iter()
+        .map(|range| Batch {
+            calls: &queued[range],
+        })
+        .collect()
+}
+
+/// Splits `items` into runs of consecutive items of one device, each item joining the run before
+/// it where `joins(run, item)` allows.
+fn runs<T: OnDevice>(items: &[T], joins: impl Fn(&[T], &T) -> bool) -> Vec<Range<usize>> {
+    let mut runs: Vec<Range<usize>> = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        match runs.last_mut() {
+            Some(last)
+                if items[last.start].device() == item.device()
+                    && joins(&items[last.clone()], item) =>
+            {
+                last.end = i + 1
+            }
+            _ => runs.push(i..i + 1),
+        }
+    }
+    runs
+}
+
+/// Puts each device's items together: devices in the order they first come, each one's items in
+/// their order (what a device's stream sees is unchanged; devices are launched apart anyway).
+fn by_device<T: OnDevice>(items: &mut [T]) {
+    let mut devices: Vec<i32> = Vec::new();
+    for item in items.iter() {
+        if !devices.contains(&item.device()) {
+            devices.push(item.device());
+        }
+    }
+    // Stable: each device's items keep their order.
+    items.sort_by_key(|item| devices.iter().position(|&d| d == item.device()));
+}
+
+/// What `runs` needs of an item: its device.
+trait OnDevice {
+    fn device(&self) -> i32;
+}
+
+impl OnDevice for Queued {
+    fn device(&self) -> i32 {
+        self.core.device.ordinal
     }
 }
 
@@ -102,11 +183,12 @@ pub fn end() -> Option<Ended> {
     })
 }
 
-/// Hands the operations queued in the group to `f` and empties the queue (keeping its memory
-/// for the next group).
+/// Hands the operations queued in the group to `f`, each device's together (`by_device`), and
+/// empties the queue (keeping its memory for the next group).
 pub fn drain_queued<T>(f: impl FnOnce(&[Queued]) -> T) -> T {
     QUEUED.with(|q| {
         let mut queued = q.borrow_mut();
+        by_device(&mut queued);
         let result = f(&queued);
         queued.clear();
         result
@@ -165,6 +247,52 @@ pub fn queue(op: Queued) -> Result<(), ()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// (device, kernel): calls of one kernel may join.
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    struct Item(i32, char);
+
+    impl OnDevice for Item {
+        fn device(&self) -> i32 {
+            self.0
+        }
+    }
+
+    /// nccl-tests `-g 2 -m 3` queues each GPU's call in turn; each device's calls come together,
+    /// in their order, and batch by kernel up to the limit.
+    #[test]
+    fn each_devices_calls_batch_in_order() {
+        let mut items = [
+            Item(1, 'a'),
+            Item(0, 'a'),
+            Item(1, 'a'),
+            Item(0, 'a'),
+            Item(1, 'b'),
+            Item(0, 'a'),
+            Item(1, 'a'),
+        ];
+        by_device(&mut items);
+        assert_eq!(
+            items,
+            [
+                Item(1, 'a'),
+                Item(1, 'a'),
+                Item(1, 'b'),
+                Item(1, 'a'),
+                Item(0, 'a'),
+                Item(0, 'a'),
+                Item(0, 'a'),
+            ]
+        );
+        let at_most_two = |run: &[Item], item: &Item| run.len() < 2 && run[0].1 == item.1;
+        assert_eq!(runs(&items, at_most_two), [0..2, 2..3, 3..4, 4..6, 6..7]);
+        assert_eq!(runs(&items, |_, _| false).len(), items.len(), "each alone");
+        assert_eq!(
+            runs(&items, |_, _| true),
+            [0..4, 4..7],
+            "never across devices"
+        );
+    }
 
     #[test]
     fn a_communicators_calls_in_a_group_are_all_captured_or_none() {

@@ -24,6 +24,9 @@ pub struct Kernels {
     /// Blocks of `policy::MAX_THREADS` that every kernel whose grid must be resident at once
     /// (`Algorithm::needs_resident_grid`) can have on the device: the fewest of any type and op.
     pub two_shot_resident_blocks: u32,
+    /// Blocks of `policy::MAX_THREADS` that every kernel can have on the device at once: the
+    /// most a launch of several calls may have (its blocks wait for each other between calls).
+    pub batch_resident_blocks: u32,
 }
 
 // SAFETY: CUfunction handles may be used from any thread.
@@ -47,12 +50,15 @@ impl Kernels {
     }
 }
 
-fn two_shot_resident_blocks(functions: &[Option<Function>], device: &Device) -> cuda::Cuda<u32> {
+/// The fewest blocks of `policy::MAX_THREADS` that any kernel of the algorithms `which` picks
+/// can have on the device at once (fewer threads per block fit at least as many blocks).
+fn resident_blocks(
+    functions: &[Option<Function>],
+    device: &Device,
+    which: impl Fn(Algorithm) -> bool,
+) -> cuda::Cuda<u32> {
     let mut fewest = u32::MAX;
-    for algorithm in Algorithm::ALL
-        .into_iter()
-        .filter(|a| a.needs_resident_grid())
-    {
+    for algorithm in Algorithm::ALL.into_iter().filter(|&a| which(a)) {
         for dtype in DataType::ALL {
             for op in Op::ALL {
                 if let Some(function) = Kernels::index(functions, algorithm, dtype, op) {
@@ -95,11 +101,14 @@ pub fn for_device(device: &Device) -> Result<Arc<Kernels>, String> {
             }
         }
     }
-    let two_shot_resident_blocks =
-        two_shot_resident_blocks(&functions, device).map_err(|e| e.to_string())?;
+    let two_shot_resident_blocks = resident_blocks(&functions, device, |a| a.needs_resident_grid())
+        .map_err(|e| e.to_string())?;
+    let batch_resident_blocks =
+        resident_blocks(&functions, device, |_| true).map_err(|e| e.to_string())?;
     let kernels = Arc::new(Kernels {
         functions,
         two_shot_resident_blocks,
+        batch_resident_blocks,
     });
     loaded
         .get_or_insert_with(HashMap::new)

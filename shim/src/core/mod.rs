@@ -106,7 +106,7 @@ pub fn group_end(real_end: impl FnOnce() -> ncclResult_t) -> ncclResult_t {
         group::discard_queued();
     }
     let first = (group::ending_outermost() && group::queued_nonblocking())
-        .then(|| group::drain_queued(launcher::launch_group));
+        .then(|| group::drain_queued(|queued| launcher::launch_group(&group::batches(queued))));
     let result = match real_end() {
         result if result == ncclSuccess && failed => ncclInvalidUsage,
         result => result,
@@ -183,7 +183,9 @@ pub fn group_end(real_end: impl FnOnce() -> ncclResult_t) -> ncclResult_t {
         }
     }
     // What is still queued (a blocking group's) goes after the set-ups.
-    let launched = launched.and_then(|()| group::drain_queued(launcher::launch_group));
+    let launched = launched.and_then(|()| {
+        group::drain_queued(|queued| launcher::launch_group(&group::batches(queued)))
+    });
     match launched {
         Ok(()) => result,
         Err((ordinal, e)) => {

@@ -21,8 +21,10 @@
 //!                                        chunks together; a broadcast's or reduce's count), as far
 //!                                        as the staging holds them (32 MiB of slots); default 0,
 //!                                        none: not yet weighed against NCCL
-//! and three that change only how kernels are launched, not which run (they may differ by rank):
+//! and four that change only how kernels are launched, not which run (they may differ by rank):
 //!   NCCLSHIM_LAUNCH_HELPERS=0            a group's all-reduces on several GPUs launched in turn
+//!   NCCLSHIM_BATCH=0                     a group's calls launched one kernel each (not several
+//!                                        of one communicator and kernel in one launch)
 //!   NCCLSHIM_EARLY_LAUNCH=0              no programmatic stream serialization
 //!   NCCLSHIM_TIMEOUT=S                   a kernel gives up waiting for a peer after S seconds
 //!                                        (default 1800; 0: never), and the shim says so
@@ -82,6 +84,8 @@ pub struct Settings {
     pub two_shot_blocks: Option<u32>,
     /// Helper threads launch a group's all-reduces on other GPUs (launcher.rs).
     pub launch_helpers: bool,
+    /// A group's calls of one communicator, stream and kernel share launches (group.rs).
+    pub batch: bool,
     /// Kernels launched with programmatic stream serialization (device/device.cuh).
     pub early_launch: bool,
     /// How long a kernel waits for a peer before it gives up, in seconds (0: for ever).
@@ -105,6 +109,7 @@ impl Settings {
             zero_copy: true,
             two_shot_blocks: None,
             launch_helpers: true,
+            batch: true,
             early_launch: true,
             wait_limit_s: DEFAULT_WAIT_LIMIT_S,
             max_bytes: [0; Collective::ALL.len()],
@@ -198,6 +203,7 @@ impl Settings {
         s.two_shot_blocks =
             bytes("NCCLSHIM_TWO_SHOT_BLOCKS").map(|n| n.clamp(1, MAX_BLOCKS as usize) as u32);
         s.launch_helpers = !off("NCCLSHIM_LAUNCH_HELPERS");
+        s.batch = !off("NCCLSHIM_BATCH");
         s.early_launch = !off("NCCLSHIM_EARLY_LAUNCH");
         if let Some(seconds) = get("NCCLSHIM_TIMEOUT").and_then(|v| v.trim().parse::<u64>().ok()) {
             s.wait_limit_s = seconds.min(u32::MAX as u64) as u32;
@@ -253,6 +259,26 @@ pub struct Plan {
     pub root: i32,
     pub blocks: u32,
     pub threads: u32,
+}
+
+impl Plan {
+    /// Whether calls of this plan and `other` may share a launch: the same kernel and grid (their
+    /// counts and roots may differ).
+    pub fn same_launch(&self, other: &Plan) -> bool {
+        (
+            self.algorithm,
+            self.dtype,
+            self.op,
+            self.blocks,
+            self.threads,
+        ) == (
+            other.algorithm,
+            other.dtype,
+            other.op,
+            other.blocks,
+            other.threads,
+        )
+    }
 }
 
 /// Threads per block and the most blocks, measured on H200 (docs/performance.md): latency-bound

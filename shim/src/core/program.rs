@@ -9,7 +9,9 @@ use std::path::PathBuf;
 
 use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
 
-use super::limits::{LL_MAX_BYTES, MAX_BLOCKS, MAX_RANKS, MAX_THREADS, SENTINEL_MAX_BYTES};
+use super::limits::{
+    LL_MAX_BYTES, MAX_BATCH, MAX_BLOCKS, MAX_RANKS, MAX_THREADS, SENTINEL_MAX_BYTES,
+};
 use super::types::{Algorithm, DataType, Op};
 
 /// The kernels' source: the shared device header, one file per family, the entry points (which
@@ -58,6 +60,7 @@ pub fn options(dtype: DataType, arch: Arch) -> Vec<String> {
         format!("-DMAX_THREADS={MAX_THREADS}"),
         format!("-DMAX_RANKS={MAX_RANKS}"),
         format!("-DMAX_BLOCKS={MAX_BLOCKS}"),
+        format!("-DMAX_BATCH={MAX_BATCH}"),
         format!("-DLL_MAX_BYTES={LL_MAX_BYTES}"),
         format!("-DSENTINEL_MAX_BYTES={SENTINEL_MAX_BYTES}"),
         format!("-DNCCL_TYPES={types}"),

@@ -14,7 +14,7 @@
 //
 // Memory layout of one rank's buffer (allocated and exchanged by the host side):
 //   flags:   [BARRIERS][MAX_BLOCKS][MAX_RANKS] u32  arrival epochs, written by the peers
-//            u32 epoch, u32 blocks done, u32 windows  this rank's call count (see begin_call)
+//            u32 epoch, blocks done, windows, calls    this rank's call count (see begin_call)
 //            [MAX_RANKS] Published                   each rank's buffers of this call (direct)
 //   staging: two areas, by epoch parity, then the low-latency inboxes and the sentinel inboxes
 //            (see "staging")
@@ -36,11 +36,11 @@
 // Results are bitwise identical on every rank: every reduction is in rank order 0..n-1, or done
 // once, by one rank, and copied.
 
-// MAX_THREADS, MAX_RANKS, MAX_BLOCKS, LL_MAX_BYTES and SENTINEL_MAX_BYTES come from the host
-// (program::options), from limits.rs.
-#if !defined(MAX_THREADS) || !defined(MAX_RANKS) || !defined(MAX_BLOCKS) || !defined(LL_MAX_BYTES) || \
-    !defined(SENTINEL_MAX_BYTES)
-#error "compile with -DMAX_THREADS, -DMAX_RANKS, -DMAX_BLOCKS, -DLL_MAX_BYTES and -DSENTINEL_MAX_BYTES"
+// MAX_THREADS, MAX_RANKS, MAX_BLOCKS, MAX_BATCH, LL_MAX_BYTES and SENTINEL_MAX_BYTES come from
+// the host (program::options), from limits.rs.
+#if !defined(MAX_THREADS) || !defined(MAX_RANKS) || !defined(MAX_BLOCKS) || !defined(MAX_BATCH) || \
+    !defined(LL_MAX_BYTES) || !defined(SENTINEL_MAX_BYTES)
+#error "compile with -DMAX_THREADS, -DMAX_RANKS, -DMAX_BLOCKS, -DMAX_BATCH, -DLL_MAX_BYTES and -DSENTINEL_MAX_BYTES"
 #endif
 #define BARRIERS 2
 #define BARRIER_START 0
@@ -64,21 +64,29 @@ struct Views {
   int usable;
 };
 
-// One call, as the host hands it to every kernel (`KernelArgs` in comm.rs): `root` is the root
-// rank of broadcast, reduce, gather and scatter, unused by the others.
-struct Args {
-  Peers peers;
-  Views views;
+// One call: its buffers, count and root (broadcast, reduce, gather and scatter; unused by the
+// others), as the host hands it (`KernelCall` in comm.rs).
+struct Call {
   const void* in;
   void* out;
   u64 count;
+  Views views;
+  int root;
+};
+
+// What every kernel takes (`KernelArgs` in comm.rs): the communicator's side, and `ncalls` calls
+// of this kernel, run one after the other (a group's, see "batches" below).
+struct Args {
+  Peers peers;
   u64 half_bytes;
   const volatile int* abort;
   int rank;
   int nranks;
-  int root;
+  int ncalls;
+  Call calls[MAX_BATCH];
 };
-static_assert(sizeof(Peers) == 128 && sizeof(Views) == 136 && sizeof(Args) == 320,
+static_assert(sizeof(Peers) == 128 && sizeof(Views) == 136 && sizeof(Call) == 168 &&
+                  sizeof(Args) == 160 + 168 * MAX_BATCH,
               "Args must be laid out as KernelArgs in comm.rs");
 
 // ---- element types and their conversions to and from the accumulator --------------------------
@@ -303,7 +311,8 @@ __device__ __forceinline__ void barrier(const Peers& peers, int rank, int nranks
 // in one call may be handled by block 0 in the next; with per-block counts the two could carry
 // the same epoch, and a stale packet or flag could pass for a fresh one.
 __device__ __forceinline__ u32* epoch_state(const Peers& peers, int rank) {
-  // [0]: epoch, [1]: blocks done, [2]: blocks past windows (grid_barrier)
+  // [0]: epoch, [1]: blocks done, [2]: blocks past windows (grid_barrier), [3]: blocks past
+  // calls of a batch (between_calls)
   return peers.flags[rank] + BARRIERS * MAX_BLOCKS * MAX_RANKS;
 }
 __device__ __forceinline__ u32 begin_call(const Peers& peers, int rank) {
@@ -343,6 +352,40 @@ __device__ __forceinline__ void grid_barrier(const Peers& peers, int rank, u32 w
     __threadfence();
   }
   __syncthreads();
+}
+
+// ---- batches ------------------------------------------------------------------------------------
+//
+// A launch may carry several calls of one kernel (a group's calls on one communicator and stream,
+// of the same kernel and grid), run one after the other, each as if it were a kernel of its own:
+// its own epoch, read by begin_call and moved on by end_call, and every block of the grid done
+// with one call before any starts the next (between_calls), as the end of a kernel would
+// ensure. The host never batches more blocks than the GPU holds at once. The count of blocks
+// past each call is the fourth word of the epoch state; the last block past the last call puts
+// it back to zero, when no block waits on it any more.
+__device__ __forceinline__ void between_calls(const Peers& peers, int rank, int done, const volatile int* abort) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    u32* passed = &epoch_state(peers, rank)[3];
+    // System scope: what this block wrote (into peers' memory too, and its own inboxes put back
+    // to empty) is seen before anything of the next call, by every GPU.
+    __threadfence_system();
+    atomicAdd(passed, 1u);
+    u32 target = gridDim.x * done;
+    unsigned spins = 0;
+    u64 since = 0;
+    while (*(volatile u32*)passed < target) {
+      if ((++spins & 1023u) == 0 && give_up(abort, since, -1)) break;
+    }
+    __threadfence();
+  }
+  __syncthreads();
+}
+
+__device__ __forceinline__ void batch_done(const Peers& peers, int rank, int ncalls) {
+  if (threadIdx.x != 0 || ncalls < 2) return;
+  u32* passed = &epoch_state(peers, rank)[3];
+  if (atomicAdd(passed, 1u) == gridDim.x * ncalls - 1) *passed = 0;
 }
 
 // ---- data movement ------------------------------------------------------------------------------

@@ -32,11 +32,17 @@
 #define SENTINEL_KERNELS(NAME, T) FOR_EACH_OP(SENTINEL_KERNEL, NAME, T)
 #define SENTINEL_KERNEL(NAME, T, OPNAME, OP) KERNEL_OF(sentinel, ncclshim_sentinel_##NAME##_##OPNAME, T, OP)
 
+// Runs the launch's calls one after the other (see "batches").
 #define KERNEL_OF(ALGORITHM, SYMBOL, T, OP)                                                           \
-  extern "C" __global__ void __launch_bounds__(MAX_THREADS) SYMBOL(const Args args) {                \
+  extern "C" __global__ void __launch_bounds__(MAX_THREADS) SYMBOL(const __grid_constant__ Args args) { \
     after_previous_kernel();                                                                          \
-    ALGORITHM<T, OP>(args.peers, args.rank, args.nranks, (const T*)args.in, (T*)args.out, args.count, \
-                     args.half_bytes, args.abort, args.views, args.root);                             \
+    for (int k = 0; k < args.ncalls; k++) {                                                           \
+      if (k > 0) between_calls(args.peers, args.rank, k, args.abort);                                 \
+      const Call& c = args.calls[k];                                                                  \
+      ALGORITHM<T, OP>(args.peers, args.rank, args.nranks, (const T*)c.in, (T*)c.out, c.count,        \
+                       args.half_bytes, args.abort, c.views, c.root);                                 \
+    }                                                                                                 \
+    batch_done(args.peers, args.rank, args.ncalls);                                                   \
   }
 
 // NCCL_TYPES is defined by the host to the types wanted (all of them by default).

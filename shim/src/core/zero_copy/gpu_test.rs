@@ -352,6 +352,7 @@ fn core_role(rank: usize, dir: &Path, processes: Vec<u64>) {
     }
     wrong += graph_replays(&core, device, &stream, rank, &facts);
     wrong += other_collectives(&core, device, &stream, rank, &facts);
+    wrong += batches(&core, device, &stream, rank, &facts);
     // Through the routed path under a made-up handle, traced and timed (NCCLSHIM_TRACE and
     // NCCLSHIM_TRACE_TIMING=1 come from the parent): each call's GPU time is in the trace.
     let comm = (0x7e57_0000 + 0x100 * rank) as crate::api::ffi::ncclComm_t;
@@ -621,6 +622,101 @@ fn other_collectives(
             "rank {rank} {collective:?} of {chunk} B a rank, type {dtype} op {op}, root {root}, {layout:?}: {bad} wrong"
         );
         wrong += bad;
+    }
+    wrong
+}
+
+/// Calls launched several to a kernel (`launch_batch`, as a group's are): all-reduces of each
+/// small-message kernel and of the direct two-shot (one of them in place), and broadcasts from
+/// alternating roots, each call on its own buffers; twice, so that the batch's count of blocks
+/// must have been put back. Wrong bytes.
+fn batches(
+    core: &super::super::comm::CoreComm,
+    device: Device,
+    stream: &OwnedStream,
+    rank: usize,
+    facts: &super::super::policy::CommFacts,
+) -> usize {
+    use super::super::comm::Launched;
+    use super::super::policy::{self, MAX_BATCH};
+    use super::super::types::Collective::{self, Broadcast};
+    let mut wrong = 0;
+    // (collective, bytes, type: 7 f32 takes the sentinel kernel, 2 i32 the low-latency one)
+    let cases: [(Collective, usize, u32); 5] = [
+        (AllReduce, 4 << 10, 7),
+        (AllReduce, 4 << 10, 2),
+        (AllReduce, 1 << 20, 2),
+        (AllReduce, 4 << 20, 2),
+        (Broadcast, 1 << 20, 1),
+    ];
+    for round in 0..2 {
+        for (collective, bytes, dtype) in cases {
+            let size = super::super::types::DataType::from_nccl(dtype)
+                .unwrap()
+                .size();
+            let plans: Vec<_> = (0..MAX_BATCH)
+                .map(|k| {
+                    let root = (k % 2) as i32;
+                    policy::plan(
+                        policy::settings(),
+                        collective,
+                        bytes / size,
+                        dtype,
+                        0,
+                        root,
+                        facts,
+                    )
+                    .unwrap()
+                })
+                .collect();
+            assert!(core.may_batch(&plans[0]), "{collective:?} of {bytes} B");
+            let buffers: Vec<_> = (0..MAX_BATCH)
+                .map(|_| {
+                    let send = DeviceBuffer::alloc(device, bytes).unwrap();
+                    let recv = DeviceBuffer::alloc(device, bytes).unwrap();
+                    (send, recv)
+                })
+                .collect();
+            // Small integers, the same bytes in every word: sums and copies read alike.
+            let mine = |k: usize| (1 + rank + 2 * k) as u8;
+            for (k, (send, recv)) in buffers.iter().enumerate() {
+                cuda::fill(send.pointer, mine(k), bytes).unwrap();
+                cuda::fill(recv.pointer, if k == 1 { mine(k) } else { 0 }, bytes).unwrap();
+            }
+            let launched: Vec<Launched> = plans
+                .iter()
+                .zip(&buffers)
+                .enumerate()
+                .map(|(k, (plan, (send, recv)))| Launched {
+                    plan,
+                    // The second call in place.
+                    send: if k == 1 { recv.pointer } else { send.pointer } as *const _,
+                    recv: recv.pointer as *mut _,
+                })
+                .collect();
+            core.launch_batch(&launched, stream.stream).unwrap();
+            stream.synchronize().unwrap();
+            for (k, (_, recv)) in buffers.iter().enumerate() {
+                let want = match collective {
+                    Broadcast => (1 + k % 2 + 2 * k) as u8,
+                    _ => (3 + 4 * k) as u8,
+                };
+                let want = if dtype == 7 {
+                    // f32 sum of two words of repeated bytes: compare as floats.
+                    let word = |b: u8| f32::from_le_bytes([b; 4]);
+                    (word((1 + 2 * k) as u8) + word((2 + 2 * k) as u8)).to_le_bytes()
+                } else {
+                    [want; 4]
+                };
+                let mut got = vec![0u8; bytes];
+                cuda::copy_to_host(&mut got, recv.pointer).unwrap();
+                let bad = got.chunks(4).filter(|w| *w != want).count();
+                println!(
+                    "rank {rank} round {round} batch of {MAX_BATCH} {collective:?} of {bytes} B type {dtype}, call {k}: {bad} wrong words"
+                );
+                wrong += bad;
+            }
+        }
     }
     wrong
 }
