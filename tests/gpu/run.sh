@@ -190,6 +190,14 @@ torch_suite() {
   env "${common[@]}" "${preload[@]}" timeout "$step_timeout" "${launch[@]}" "$dir/shim" \
     >"$dir/shim.log" 2>&1
   local s_shim=$?
+  # Every collective the core has on it (all but all-reduce are off by default).
+  local every=() collective
+  for collective in ALL_GATHER REDUCE_SCATTER BROADCAST REDUCE ALL_TO_ALL GATHER SCATTER; do
+    every+=("NCCLSHIM_${collective}_MAX_BYTES=33554432")
+  done
+  env "${common[@]}" "${preload[@]}" "${every[@]}" timeout "$step_timeout" "${launch[@]}" \
+    "$dir/shim-every" >"$dir/shim-every.log" 2>&1
+  local s_every=$?
   # PyTorch's nonblocking communicators (their core is set up after their first all-reduce),
   # without and with the shim. PyTorch 2.11's all_to_all_single fails there with NCCL alone
   # ("NCCL Error 7: NCCL operation in progress"), so both leave it out.
@@ -206,11 +214,18 @@ torch_suite() {
   local c_fwd=$?
   $python "$here/torch_compare.py" --ddp-rtol 1e-5 "$dir/shim" "$dir/nccl" >"$dir/compare.log" 2>&1
   local c_shim=$?
+  $python "$here/torch_compare.py" --ddp-rtol 1e-5 "$dir/shim-every" "$dir/nccl" >"$dir/compare-every.log" 2>&1
+  local c_every=$?
+  # The core must have served each collective PyTorch issues through NCCL's own API.
+  local served="" kernel
+  for kernel in all_gather reduce_scatter broadcast all_to_all; do
+    grep -q "summary: .* core $kernel [1-9]" "$dir/shim-every.log" && served+=" $kernel" || c_every=1
+  done
   $python "$here/torch_compare.py" --ddp-rtol 1e-5 "$dir/shim-nonblocking" "$dir/nccl-nonblocking" \
     >"$dir/compare-nonblocking.log" 2>&1
   local c_nb=$? used=no
   shim_used "$dir/shim.log" && shim_used "$dir/shim-forward.log" && used=yes
-  local status=$((s_nccl | s_fwd | s_shim | s_nb_nccl | s_nb | c_fwd | c_shim | c_nb))
+  local status=$((s_nccl | s_fwd | s_shim | s_every | s_nb_nccl | s_nb | c_fwd | c_shim | c_every | c_nb))
   [ $used = yes ] || status=1
   # Every communicator PyTorch made (each all-reduces) gets the core, split children included.
   local core made core_nb made_nb
@@ -220,6 +235,7 @@ torch_suite() {
   verdict "torch $n GPUs" $status "exit codes: without shim $s_nccl, forwarding $s_fwd, as built $s_shim, nonblocking without shim $s_nb_nccl and as built $s_nb; shim in use: $used; core on/off: $core of $made comms, nonblocking $core_nb of $made_nb ($(grep -c 'is nonblocking' "$dir/shim-nonblocking.log") made nonblocking, $(grep -c 'could not see its handle' "$dir/shim-nonblocking.log") children seen at their first all-reduce); $((SECONDS - t)) s"
   echo "  forwarding (NCCLSHIM_CORE=0) vs NCCL: $(tail -1 "$dir/compare-forward.log" | cut -c1-200)" | tee -a "$summary"
   echo "  as built vs NCCL: $(tail -1 "$dir/compare.log" | cut -c1-200)" | tee -a "$summary"
+  echo "  every collective on the core (exit $s_every; served:${served:- none}) vs NCCL: $(tail -1 "$dir/compare-every.log" | cut -c1-200)" | tee -a "$summary"
   echo "  nonblocking (TORCH_NCCL_USE_COMM_NONBLOCKING=1, no all_to_all) vs NCCL alike: $(tail -1 "$dir/compare-nonblocking.log" | cut -c1-200)" | tee -a "$summary"
   grep -h "^torch rank" "$dir/shim.log" | sed 's/^/  as built: /' | tee -a "$summary"
 }
