@@ -105,24 +105,22 @@ __device__ void two_shot(Peers peers, int rank, int nranks, const T* in, T* out,
 template <typename T, int OP>
 __device__ void direct(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,
                        const volatile int* abort, const Views& views, int) {
-  u32 epoch = begin_call(peers, rank);
-  publish(peers, rank, nranks, views, epoch);
-  __shared__ u64 ins[MAX_RANKS], outs[MAX_RANKS];
-  u32 last = epoch;
-  if (gather_published(peers, rank, nranks, epoch, abort, ins, outs)) {
+  const Start start = start_call(peers, rank, nranks, views, abort);
+  u32 last = start.epoch;
+  if (start.direct) {
     u64 begin, end;
     chunk_bounds<T>(rank, nranks, count, &begin, &end);
     const char* src[MAX_RANKS];
     char* copies[MAX_RANKS];
     int ncopies = 0;
     for (int r = 0; r < nranks; r++) {
-      src[r] = (const char*)ins[r] + begin * sizeof(T);
-      if (r != rank) copies[ncopies++] = (char*)outs[r] + begin * sizeof(T);
+      src[r] = (const char*)start.ins[r] + begin * sizeof(T);
+      if (r != rank) copies[ncopies++] = (char*)start.outs[r] + begin * sizeof(T);
     }
     reduce_range<T, OP>(src, nranks, count, begin, end, out, copies, ncopies);
-    barrier(peers, rank, nranks, BARRIER_START, epoch, abort);
+    barrier(peers, rank, nranks, BARRIER_START, start.epoch, abort);
   } else {
-    last = direct_fallback<T, OP>(peers, rank, nranks, in, out, count, half_bytes, abort, epoch);
+    last = direct_fallback<T, OP>(peers, rank, nranks, in, out, count, half_bytes, abort, start.epoch);
   }
   end_call(peers, rank, last);
 }

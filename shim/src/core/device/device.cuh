@@ -334,24 +334,34 @@ __device__ __forceinline__ void end_call(const Peers& peers, int rank, u32 epoch
   }
 }
 
-// Waits for every block of this grid to finish window `window` of the call (see two_shot). The
-// host never launches more blocks than the GPU holds at once, so they all run. The count goes
-// back to zero in end_call, when no block waits on it any more.
-__device__ __forceinline__ void grid_barrier(const Peers& peers, int rank, u32 window, const volatile int* abort) {
+// Counts this block at `count` and waits until `target` blocks of the grid have been counted
+// there, what each wrote before ordered before what any does after (at system scope with
+// SYSTEM: for peers too).
+template <bool SYSTEM>
+__device__ __forceinline__ void blocks_meet(u32* count, u32 target, const volatile int* abort) {
   __syncthreads();
   if (threadIdx.x == 0) {
-    u32* windows = &epoch_state(peers, rank)[2];
-    __threadfence();
-    atomicAdd(windows, 1u);
-    u32 target = gridDim.x * (window + 1);
+    if (SYSTEM) {
+      __threadfence_system();
+    } else {
+      __threadfence();
+    }
+    atomicAdd(count, 1u);
     unsigned spins = 0;
     u64 since = 0;
-    while (*(volatile u32*)windows < target) {
+    while (*(volatile u32*)count < target) {
       if ((++spins & 1023u) == 0 && give_up(abort, since, -1)) break;
     }
     __threadfence();
   }
   __syncthreads();
+}
+
+// Waits for every block of this grid to finish window `window` of the call (see two_shot). The
+// host never launches more blocks than the GPU holds at once, so they all run. The count goes
+// back to zero in end_call, when no block waits on it any more.
+__device__ __forceinline__ void grid_barrier(const Peers& peers, int rank, u32 window, const volatile int* abort) {
+  blocks_meet<false>(&epoch_state(peers, rank)[2], gridDim.x * (window + 1), abort);
 }
 
 // ---- batches ------------------------------------------------------------------------------------
@@ -364,22 +374,9 @@ __device__ __forceinline__ void grid_barrier(const Peers& peers, int rank, u32 w
 // past each call is the fourth word of the epoch state; the last block past the last call puts
 // it back to zero, when no block waits on it any more.
 __device__ __forceinline__ void between_calls(const Peers& peers, int rank, int done, const volatile int* abort) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    u32* passed = &epoch_state(peers, rank)[3];
-    // System scope: what this block wrote (into peers' memory too, and its own inboxes put back
-    // to empty) is seen before anything of the next call, by every GPU.
-    __threadfence_system();
-    atomicAdd(passed, 1u);
-    u32 target = gridDim.x * done;
-    unsigned spins = 0;
-    u64 since = 0;
-    while (*(volatile u32*)passed < target) {
-      if ((++spins & 1023u) == 0 && give_up(abort, since, -1)) break;
-    }
-    __threadfence();
-  }
-  __syncthreads();
+  // System scope: what this block wrote (into peers' memory too, and its own inboxes put back to
+  // empty) is seen before anything of the next call, by every GPU.
+  blocks_meet<true>(&epoch_state(peers, rank)[3], gridDim.x * done, abort);
 }
 
 __device__ __forceinline__ void batch_done(const Peers& peers, int rank, int ncalls) {
@@ -679,6 +676,24 @@ __device__ __forceinline__ bool gather_published(const Peers& peers, int rank, i
     outs[p] = theirs->out;
   }
   return __syncthreads_and(ready);
+}
+
+// How a call whose kernel may go direct starts: its epoch, every rank's buffers of the call
+// (published and gathered, in shared memory), and whether every rank's are usable.
+struct Start {
+  u32 epoch;
+  bool direct;
+  const u64* ins;
+  const u64* outs;
+};
+
+__device__ __forceinline__ Start start_call(const Peers& peers, int rank, int nranks, const Views& views,
+                                            const volatile int* abort) {
+  __shared__ u64 ins[MAX_RANKS], outs[MAX_RANKS];
+  u32 epoch = begin_call(peers, rank);
+  publish(peers, rank, nranks, views, epoch);
+  bool direct = gather_published(peers, rank, nranks, epoch, abort, ins, outs);
+  return Start{epoch, direct, ins, outs};
 }
 
 // Bytes of one rank's slot in a staging area.

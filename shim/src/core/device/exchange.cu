@@ -15,60 +15,53 @@
 template <typename T, int OP>
 __device__ void all_to_all(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,
                            const volatile int* abort, const Views& views, int) {
-  u32 epoch = begin_call(peers, rank);
-  publish(peers, rank, nranks, views, epoch);
-  __shared__ u64 ins[MAX_RANKS], outs[MAX_RANKS];
-  bool direct = gather_published(peers, rank, nranks, epoch, abort, ins, outs);
-  u64 area = area_offset(half_bytes, epoch), slot = chunk_slot(count, sizeof(T));
+  const Start start = start_call(peers, rank, nranks, views, abort);
+  u64 area = area_offset(half_bytes, start.epoch), slot = chunk_slot(count, sizeof(T));
   // Starting with the next rank: the ranks' first stores go to different GPUs.
   for (int i = 1; i <= nranks; i++) {
     int p = (rank + i) % nranks;
-    char* dst = direct ? (char*)outs[p] + rank * count * sizeof(T) : peers.staging[p] + area + rank * slot;
+    char* dst = start.direct ? (char*)start.outs[p] + rank * count * sizeof(T)
+                             : peers.staging[p] + area + rank * slot;
     push_range(in + p * count, count, 0, count, &dst, 1);
   }
-  barrier(peers, rank, nranks, BARRIER_START, epoch, abort);
-  if (!direct) {
+  barrier(peers, rank, nranks, BARRIER_START, start.epoch, abort);
+  if (!start.direct) {
     for (int p = 0; p < nranks; p++)
       copy_out(out + p * count, (const T*)(peers.staging[rank] + area + p * slot), count, 0, count);
   }
-  end_call(peers, rank, epoch);
+  end_call(peers, rank, start.epoch);
 }
 
 template <typename T, int OP>
 __device__ void gather(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,
                        const volatile int* abort, const Views& views, int root) {
-  u32 epoch = begin_call(peers, rank);
-  publish(peers, rank, nranks, views, epoch);
-  __shared__ u64 ins[MAX_RANKS], outs[MAX_RANKS];
-  bool direct = gather_published(peers, rank, nranks, epoch, abort, ins, outs);
-  u64 area = area_offset(half_bytes, epoch), slot = chunk_slot(count, sizeof(T));
-  char* dst = direct ? (char*)outs[root] + rank * count * sizeof(T) : peers.staging[root] + area + rank * slot;
+  const Start start = start_call(peers, rank, nranks, views, abort);
+  u64 area = area_offset(half_bytes, start.epoch), slot = chunk_slot(count, sizeof(T));
+  char* dst = start.direct ? (char*)start.outs[root] + rank * count * sizeof(T)
+                           : peers.staging[root] + area + rank * slot;
   push_range(in, count, 0, count, &dst, 1);
-  barrier(peers, rank, nranks, BARRIER_START, epoch, abort);
-  if (!direct && rank == root) {
+  barrier(peers, rank, nranks, BARRIER_START, start.epoch, abort);
+  if (!start.direct && rank == root) {
     for (int p = 0; p < nranks; p++)
       copy_out(out + p * count, (const T*)(peers.staging[rank] + area + p * slot), count, 0, count);
   }
-  end_call(peers, rank, epoch);
+  end_call(peers, rank, start.epoch);
 }
 
 template <typename T, int OP>
 __device__ void scatter(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,
                         const volatile int* abort, const Views& views, int root) {
-  u32 epoch = begin_call(peers, rank);
-  publish(peers, rank, nranks, views, epoch);
-  __shared__ u64 ins[MAX_RANKS], outs[MAX_RANKS];
-  bool direct = gather_published(peers, rank, nranks, epoch, abort, ins, outs);
-  u64 area = area_offset(half_bytes, epoch);
+  const Start start = start_call(peers, rank, nranks, views, abort);
+  u64 area = area_offset(half_bytes, start.epoch);
   if (rank == root) {
     // Starting with the next rank: the root's first stores go to a peer.
     for (int i = 1; i <= nranks; i++) {
       int p = (rank + i) % nranks;
-      char* dst = direct ? (char*)outs[p] : peers.staging[p] + area;
+      char* dst = start.direct ? (char*)start.outs[p] : peers.staging[p] + area;
       push_range(in + p * count, count, 0, count, &dst, 1);
     }
   }
-  barrier(peers, rank, nranks, BARRIER_START, epoch, abort);
-  if (!direct) copy_out(out, (const T*)(peers.staging[rank] + area), count, 0, count);
-  end_call(peers, rank, epoch);
+  barrier(peers, rank, nranks, BARRIER_START, start.epoch, abort);
+  if (!start.direct) copy_out(out, (const T*)(peers.staging[rank] + area), count, 0, count);
+  end_call(peers, rank, start.epoch);
 }

@@ -18,49 +18,45 @@
 template <typename T, int OP>
 __device__ void all_gather(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,
                            const volatile int* abort, const Views& views, int) {
-  u32 epoch = begin_call(peers, rank);
-  publish(peers, rank, nranks, views, epoch);
-  __shared__ u64 ins[MAX_RANKS], outs[MAX_RANKS];
+  const Start start = start_call(peers, rank, nranks, views, abort);
   char* dst[MAX_RANKS];
-  if (gather_published(peers, rank, nranks, epoch, abort, ins, outs)) {
+  if (start.direct) {
     // Starting with the next rank: the ranks' first stores go to different GPUs.
-    for (int i = 0; i < nranks; i++) dst[i] = (char*)outs[(rank + 1 + i) % nranks] + rank * count * sizeof(T);
+    for (int i = 0; i < nranks; i++) dst[i] = (char*)start.outs[(rank + 1 + i) % nranks] + rank * count * sizeof(T);
     push_range(in, count, 0, count, dst, nranks);
-    barrier(peers, rank, nranks, BARRIER_START, epoch, abort);
+    barrier(peers, rank, nranks, BARRIER_START, start.epoch, abort);
   } else {
-    u64 area = area_offset(half_bytes, epoch), slot = chunk_slot(count, sizeof(T));
+    u64 area = area_offset(half_bytes, start.epoch), slot = chunk_slot(count, sizeof(T));
     for (int i = 0; i < nranks; i++) dst[i] = peers.staging[(rank + 1 + i) % nranks] + area + rank * slot;
     push_range(in, count, 0, count, dst, nranks);
-    barrier(peers, rank, nranks, BARRIER_START, epoch, abort);
+    barrier(peers, rank, nranks, BARRIER_START, start.epoch, abort);
     for (int p = 0; p < nranks; p++)
       copy_out(out + p * count, (const T*)(peers.staging[rank] + area + p * slot), count, 0, count);
   }
-  end_call(peers, rank, epoch);
+  end_call(peers, rank, start.epoch);
 }
 
 template <typename T, int OP>
 __device__ void reduce_scatter(Peers peers, int rank, int nranks, const T* in, T* out, u64 count,
                                u64 half_bytes, const volatile int* abort, const Views& views, int) {
-  u32 epoch = begin_call(peers, rank);
-  publish(peers, rank, nranks, views, epoch);
-  __shared__ u64 ins[MAX_RANKS], outs[MAX_RANKS];
+  const Start start = start_call(peers, rank, nranks, views, abort);
   const char* src[MAX_RANKS];
   char* no_copies[1] = {0};
-  if (gather_published(peers, rank, nranks, epoch, abort, ins, outs)) {
-    for (int p = 0; p < nranks; p++) src[p] = (const char*)ins[p] + rank * count * sizeof(T);
+  if (start.direct) {
+    for (int p = 0; p < nranks; p++) src[p] = (const char*)start.ins[p] + rank * count * sizeof(T);
     reduce_range<T, OP>(src, nranks, count, 0, count, out, no_copies, 0);
-    barrier(peers, rank, nranks, BARRIER_START, epoch, abort);
+    barrier(peers, rank, nranks, BARRIER_START, start.epoch, abort);
   } else {
-    u64 area = area_offset(half_bytes, epoch), slot = chunk_slot(count, sizeof(T));
+    u64 area = area_offset(half_bytes, start.epoch), slot = chunk_slot(count, sizeof(T));
     for (int i = 1; i <= nranks; i++) {
       int p = (rank + i) % nranks;
       char* dst = peers.staging[p] + area + rank * slot;
       push_range(in + p * count, count, 0, count, &dst, 1);
     }
-    barrier(peers, rank, nranks, BARRIER_START, epoch, abort);
+    barrier(peers, rank, nranks, BARRIER_START, start.epoch, abort);
     for (int r = 0; r < nranks; r++) src[r] = peers.staging[rank] + area + r * slot;
     reduce_range<T, OP>(src, nranks, count, 0, count, out, no_copies, 0);
   }
-  end_call(peers, rank, epoch);
+  end_call(peers, rank, start.epoch);
 }
 

@@ -13,11 +13,8 @@
 template <typename T, int OP>
 __device__ void broadcast(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,
                           const volatile int* abort, const Views& views, int root) {
-  u32 epoch = begin_call(peers, rank);
-  publish(peers, rank, nranks, views, epoch);
-  __shared__ u64 ins[MAX_RANKS], outs[MAX_RANKS];
-  bool direct = gather_published(peers, rank, nranks, epoch, abort, ins, outs);
-  u64 area = area_offset(half_bytes, epoch);
+  const Start start = start_call(peers, rank, nranks, views, abort);
+  u64 area = area_offset(half_bytes, start.epoch);
   bool in_place = (const void*)in == (const void*)out;
   if (rank == root) {
     char* dst[MAX_RANKS];
@@ -26,14 +23,14 @@ __device__ void broadcast(Peers peers, int rank, int nranks, const T* in, T* out
     for (int i = 1; i <= nranks; i++) {
       int p = (rank + i) % nranks;
       if (p == rank && in_place) continue;
-      dst[ndst++] = direct ? (char*)outs[p] : peers.staging[p] + area;
+      dst[ndst++] = start.direct ? (char*)start.outs[p] : peers.staging[p] + area;
     }
     push_range(in, count, 0, count, dst, ndst);
   }
-  barrier(peers, rank, nranks, BARRIER_START, epoch, abort);
-  if (!direct && !(rank == root && in_place))
+  barrier(peers, rank, nranks, BARRIER_START, start.epoch, abort);
+  if (!start.direct && !(rank == root && in_place))
     copy_out(out, (const T*)(peers.staging[rank] + area), count, 0, count);
-  end_call(peers, rank, epoch);
+  end_call(peers, rank, start.epoch);
 }
 
 // Reduce: every rank's input reduced, in rank order, into the root's output. Direct, each rank
@@ -44,25 +41,23 @@ __device__ void broadcast(Peers peers, int rank, int nranks, const T* in, T* out
 template <typename T, int OP>
 __device__ void reduce(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,
                        const volatile int* abort, const Views& views, int root) {
-  u32 epoch = begin_call(peers, rank);
-  publish(peers, rank, nranks, views, epoch);
-  __shared__ u64 ins[MAX_RANKS], outs[MAX_RANKS];
+  const Start start = start_call(peers, rank, nranks, views, abort);
   const char* src[MAX_RANKS];
-  if (gather_published(peers, rank, nranks, epoch, abort, ins, outs)) {
+  if (start.direct) {
     u64 begin, end;
     chunk_bounds<T>(rank, nranks, count, &begin, &end);
-    for (int r = 0; r < nranks; r++) src[r] = (const char*)ins[r] + begin * sizeof(T);
-    reduce_range<T, OP>(src, nranks, count, begin, end, (T*)outs[root], (char* const*)0, 0);
-    barrier(peers, rank, nranks, BARRIER_START, epoch, abort);
+    for (int r = 0; r < nranks; r++) src[r] = (const char*)start.ins[r] + begin * sizeof(T);
+    reduce_range<T, OP>(src, nranks, count, begin, end, (T*)start.outs[root], (char* const*)0, 0);
+    barrier(peers, rank, nranks, BARRIER_START, start.epoch, abort);
   } else {
-    u64 area = area_offset(half_bytes, epoch), slot = chunk_slot(count, sizeof(T));
+    u64 area = area_offset(half_bytes, start.epoch), slot = chunk_slot(count, sizeof(T));
     char* dst = peers.staging[root] + area + rank * slot;
     push_range(in, count, 0, count, &dst, 1);
-    barrier(peers, rank, nranks, BARRIER_START, epoch, abort);
+    barrier(peers, rank, nranks, BARRIER_START, start.epoch, abort);
     if (rank == root) {
       for (int r = 0; r < nranks; r++) src[r] = peers.staging[rank] + area + r * slot;
       reduce_range<T, OP>(src, nranks, count, 0, count, out, (char* const*)0, 0);
     }
   }
-  end_call(peers, rank, epoch);
+  end_call(peers, rank, start.epoch);
 }
