@@ -385,21 +385,6 @@ pub fn live_resources() -> (usize, usize) {
     )
 }
 
-pub fn zero(pointer: DevicePtr, bytes: usize) -> Cuda<()> {
-    fill(pointer, 0, bytes)
-}
-
-/// Sets `bytes` bytes at `pointer` to `value`.
-pub fn fill(pointer: DevicePtr, value: u8, bytes: usize) -> Cuda<()> {
-    // SAFETY: `bytes` of device memory at `pointer`.
-    unsafe { result::memset_d8_sync(pointer, value, bytes) }.named("cuMemsetD8")
-}
-
-pub fn copy_to_device(dst: DevicePtr, src: &[u8]) -> Cuda<()> {
-    // SAFETY: `dst` holds at least `src.len()` bytes.
-    unsafe { result::memcpy_htod_sync(dst, src) }.named("cuMemcpyHtoD")
-}
-
 pub fn copy_to_host(dst: &mut [u8], src: DevicePtr) -> Cuda<()> {
     // SAFETY: `src` holds at least `dst.len()` bytes.
     unsafe { result::memcpy_dtoh_sync(dst, src) }.named("cuMemcpyDtoH")
@@ -694,6 +679,25 @@ impl OwnedStream {
     pub fn synchronize(&self) -> Cuda<()> {
         // SAFETY: our stream, alive while `self` is.
         unsafe { result::stream::synchronize(self.stream) }.named("cuStreamSynchronize")
+    }
+
+    // Memsets and copies from pageable memory may still be under way when the driver's
+    // synchronous calls return, on the legacy stream that no non-blocking stream waits for: ours
+    // go on this stream, and are done when these return.
+
+    /// Sets `bytes` bytes at `pointer` to `value`.
+    pub fn fill(&self, pointer: DevicePtr, value: u8, bytes: usize) -> Cuda<()> {
+        // SAFETY: `bytes` of device memory at `pointer`; our stream.
+        unsafe { result::memset_d8_async(pointer, value, bytes, self.stream) }
+            .named("cuMemsetD8Async")?;
+        self.synchronize()
+    }
+
+    /// Copies `src` to `dst` on the device.
+    pub fn copy_to_device(&self, dst: DevicePtr, src: &[u8]) -> Cuda<()> {
+        // SAFETY: `dst` holds at least `src.len()` bytes; our stream.
+        unsafe { result::memcpy_htod_async(dst, src, self.stream) }.named("cuMemcpyHtoDAsync")?;
+        self.synchronize()
     }
 }
 

@@ -147,6 +147,14 @@ impl Settings {
             .min(LL_MAX_BYTES)
     }
 
+    /// The largest chunk (the bytes one rank sends another) of an all-gather, broadcast,
+    /// all-to-all, gather or scatter sent as packets: as for the low-latency all-reduce, whose
+    /// packets carry as many flag bytes as data (not yet measured for these collectives).
+    pub fn ll_move_max(&self, nranks: usize) -> usize {
+        let by_ranks = if nranks <= 2 { 128 << 10 } else { 32 << 10 };
+        self.ll_max_bytes.unwrap_or(by_ranks).min(LL_MAX_BYTES)
+    }
+
     /// One-shot sends every rank's whole message to every rank: worth it longer with fewer
     /// ranks (on 2 H200 it beat two-shot up to 2 MiB, on 4 up to 512 KiB).
     pub fn one_shot_max(&self, nranks: usize) -> usize {
@@ -397,6 +405,24 @@ pub fn plan(
         true => (dtype, count),
         false => (DataType::Uint8, chunk),
     };
+    // Small chunks of bytes go as packets, as the low-latency all-reduce's: 8 bytes per thread.
+    if let Some(low_latency) = Algorithm::low_latency_of(collective)
+        && chunk <= settings.ll_move_max(nranks)
+    {
+        let (threads, max_blocks) = launch_shape(settings, Algorithm::LowLatency, chunk, nranks);
+        let blocks = (chunk.div_ceil(8) as u64)
+            .div_ceil(threads as u64)
+            .clamp(1, max_blocks as u64) as u32;
+        return Some(Plan {
+            algorithm: low_latency,
+            dtype,
+            count,
+            op,
+            root,
+            blocks,
+            threads,
+        });
+    }
     // As two-shot's, which moves as much: 16 bytes per thread, grids the GPU holds at once.
     let threads = if size <= 4 << 20 { 256 } else { MAX_THREADS };
     let max_blocks = settings
@@ -707,8 +733,18 @@ mod tests {
         let gather = plan(&on, Collective::AllGather, 1000, 9, 77, -1, &procs(4)).unwrap();
         assert_eq!(
             (gather.algorithm, gather.dtype, gather.count, gather.op),
-            (Algorithm::AllGather, DataType::Uint8, 2000, Op::Sum)
+            (Algorithm::LlAllGather, DataType::Uint8, 2000, Op::Sum)
         );
+        // Past the packets' limit (32 KiB a chunk on 4 ranks, 128 KiB on 2), the direct kernel.
+        let gather = |count, nranks| {
+            plan(&on, Collective::AllGather, count, 9, 0, -1, &procs(nranks))
+                .unwrap()
+                .algorithm
+        };
+        assert_eq!(gather(16 << 10, 4), Algorithm::LlAllGather);
+        assert_eq!(gather((16 << 10) + 1, 4), Algorithm::AllGather);
+        assert_eq!(gather(64 << 10, 2), Algorithm::LlAllGather);
+        assert_eq!(gather((64 << 10) + 1, 2), Algorithm::AllGather);
         let scatter = plan(&on, Collective::ReduceScatter, 1000, 9, 3, -1, &procs(4)).unwrap();
         assert_eq!(
             (scatter.algorithm, scatter.dtype, scatter.count, scatter.op),
@@ -820,7 +856,7 @@ mod tests {
                 broadcast.count,
                 broadcast.op
             ),
-            (Algorithm::Broadcast, DataType::Uint8, 2000, Op::Sum),
+            (Algorithm::LlBroadcast, DataType::Uint8, 2000, Op::Sum),
             "moved as bytes; the op plays no part"
         );
         let all_to_all = plan(&on, Collective::AllToAll, 1000, 7, 0, 5, &procs(4)).unwrap();

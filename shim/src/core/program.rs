@@ -22,6 +22,7 @@ pub const SOURCE: &str = concat!(
     include_str!("device/gather_scatter.cu"),
     include_str!("device/rooted.cu"),
     include_str!("device/exchange.cu"),
+    include_str!("device/ll_moves.cu"),
     include_str!("device/entry.cu"),
 );
 

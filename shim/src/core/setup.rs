@@ -254,16 +254,17 @@ fn exchange_space(ordinal: i32, nranks: usize) -> Cuda<Exchange> {
     let device = Device::open(ordinal)?;
     let bytes = nranks.max(1) * RECORD_BYTES;
     let buffer = DeviceBuffer::alloc(device, bytes)?;
+    let stream = OwnedStream::create(device)?;
     // Zeroed, so that every byte read back is one written (compute-sanitizer's initcheck does
     // not see NCCL's kernels write it).
     {
         let _context = device.enter()?;
-        cuda::zero(buffer.pointer, bytes)?;
+        stream.fill(buffer.pointer, 0, bytes)?;
     }
     Ok(Exchange {
         device,
         buffer,
-        stream: OwnedStream::create(device)?,
+        stream,
     })
 }
 
@@ -284,11 +285,12 @@ pub(super) fn own_parts(device: Device) -> Result<Parts, String> {
     let buffer = DeviceBuffer::alloc(device, sentinel_inbox + SENTINEL_INBOX_BYTES)
         .map_err(|e| e.to_string())?;
     let rest = |buffer: DevicePtr| -> Cuda<(HostControl, StreamOrder)> {
+        let stream = OwnedStream::create(device)?;
         // Flags, epochs and the low-latency inboxes start at zero: no epoch is zero.
-        cuda::zero(buffer, FLAGS_BYTES)?;
-        cuda::zero(buffer + inbox as u64, INBOX_BYTES)?;
+        stream.fill(buffer, 0, FLAGS_BYTES)?;
+        stream.fill(buffer + inbox as u64, 0, INBOX_BYTES)?;
         // The sentinel inboxes start empty: every byte 0xff (device/all_reduce.cu, "Sentinel").
-        cuda::fill(buffer + sentinel_inbox as u64, 0xff, SENTINEL_INBOX_BYTES)?;
+        stream.fill(buffer + sentinel_inbox as u64, 0xff, SENTINEL_INBOX_BYTES)?;
         let control = HostControl::new(policy::settings().wait_limit_s)?;
         Ok((control, StreamOrder::new()?))
     };
@@ -384,7 +386,8 @@ fn all_gather(candidates: &[Candidate], payloads: &[Vec<u8>]) -> Vec<Option<Vec<
         .map(|(c, payload)| {
             c.exchange.as_ref().is_some_and(|x| {
                 let _context = x.device.enter();
-                cuda::copy_to_device(x.buffer.pointer + (c.rank * len) as u64, payload).is_ok()
+                let at = x.buffer.pointer + (c.rank * len) as u64;
+                x.stream.copy_to_device(at, payload).is_ok()
             })
         })
         .collect();

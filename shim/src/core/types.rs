@@ -132,10 +132,17 @@ pub enum Algorithm {
     /// Scatter: the root pushes each chunk of its input into its rank's output (or staging).
     /// Bytes.
     Scatter = 11,
+    /// Low latency (small messages): every chunk goes straight into its receiver's inbox as
+    /// flagged packets, one trip, no barrier; one kernel per collective that moves bytes.
+    LlAllGather = 12,
+    LlBroadcast = 13,
+    LlAllToAll = 14,
+    LlGather = 15,
+    LlScatter = 16,
 }
 
 impl Algorithm {
-    pub const ALL: [Algorithm; 12] = [
+    pub const ALL: [Algorithm; 17] = [
         Algorithm::LowLatency,
         Algorithm::OneShot,
         Algorithm::TwoShot,
@@ -148,6 +155,11 @@ impl Algorithm {
         Algorithm::AllToAll,
         Algorithm::Gather,
         Algorithm::Scatter,
+        Algorithm::LlAllGather,
+        Algorithm::LlBroadcast,
+        Algorithm::LlAllToAll,
+        Algorithm::LlGather,
+        Algorithm::LlScatter,
     ];
 
     /// The algorithm of one of the collectives that have one each (not all-reduce).
@@ -164,15 +176,41 @@ impl Algorithm {
         })
     }
 
+    /// The low-latency algorithm of a collective that moves bytes.
+    pub fn low_latency_of(collective: Collective) -> Option<Algorithm> {
+        Some(match collective {
+            Collective::AllGather => Algorithm::LlAllGather,
+            Collective::Broadcast => Algorithm::LlBroadcast,
+            Collective::AllToAll => Algorithm::LlAllToAll,
+            Collective::Gather => Algorithm::LlGather,
+            Collective::Scatter => Algorithm::LlScatter,
+            _ => return None,
+        })
+    }
+
     /// Whether it reduces; the others move bytes, with one kernel (`u8`, `sum`).
     pub fn reduces(self) -> bool {
-        !matches!(
+        matches!(
             self,
-            Algorithm::AllGather
-                | Algorithm::Broadcast
-                | Algorithm::AllToAll
-                | Algorithm::Gather
-                | Algorithm::Scatter
+            Algorithm::LowLatency
+                | Algorithm::OneShot
+                | Algorithm::TwoShot
+                | Algorithm::Direct
+                | Algorithm::Sentinel
+                | Algorithm::ReduceScatter
+                | Algorithm::Reduce
+        )
+    }
+
+    /// Whether it is the low-latency kernel of a collective that moves bytes.
+    fn is_low_latency_move(self) -> bool {
+        matches!(
+            self,
+            Algorithm::LlAllGather
+                | Algorithm::LlBroadcast
+                | Algorithm::LlAllToAll
+                | Algorithm::LlGather
+                | Algorithm::LlScatter
         )
     }
 
@@ -192,7 +230,7 @@ impl Algorithm {
         !matches!(
             self,
             Algorithm::LowLatency | Algorithm::OneShot | Algorithm::Sentinel
-        )
+        ) && !self.is_low_latency_move()
     }
 
     /// Whether its kernel takes every rank's buffers (`Views`): straight where it can.
@@ -200,7 +238,7 @@ impl Algorithm {
         !matches!(
             self,
             Algorithm::LowLatency | Algorithm::OneShot | Algorithm::TwoShot | Algorithm::Sentinel
-        )
+        ) && !self.is_low_latency_move()
     }
 
     pub fn name(self) -> &'static str {
@@ -217,6 +255,11 @@ impl Algorithm {
             Algorithm::AllToAll => "all_to_all",
             Algorithm::Gather => "gather",
             Algorithm::Scatter => "scatter",
+            Algorithm::LlAllGather => "ll_all_gather",
+            Algorithm::LlBroadcast => "ll_broadcast",
+            Algorithm::LlAllToAll => "ll_all_to_all",
+            Algorithm::LlGather => "ll_gather",
+            Algorithm::LlScatter => "ll_scatter",
         }
     }
 }
@@ -355,5 +398,8 @@ mod tests {
         assert!(Algorithm::Broadcast.supports(DataType::Uint8, Op::Sum));
         assert!(!Algorithm::Broadcast.supports(DataType::Uint8, Op::Max));
         assert!(!Algorithm::Gather.supports(DataType::Float32, Op::Sum));
+        assert!(Algorithm::LlGather.supports(DataType::Uint8, Op::Sum));
+        assert!(!Algorithm::LlGather.needs_resident_grid() && !Algorithm::LlGather.reads_views());
+        assert!(Algorithm::Gather.needs_resident_grid() && Algorithm::Gather.reads_views());
     }
 }

@@ -133,43 +133,6 @@ __device__ void direct(Peers peers, int rank, int nranks, const T* in, T* out, u
 // a rank writes a parity again only two calls later, and to finish the call in between it must
 // have received every peer's packets of that call, which each peer sends only once done with
 // the call before.
-__device__ __forceinline__ void ll_store(u64* address, u32 data0, u32 data1, u32 flag) {
-  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(address), "r"(data0), "r"(flag),
-               "r"(data1), "r"(flag)
-               : "memory");
-}
-__device__ __forceinline__ void ll_wait(const u64* address, u32 flag, const volatile int* abort, int peer,
-                                        u32* data) {
-  u32 seen0, seen1;
-  unsigned spins = 0;
-  u64 since = 0;
-  do {
-    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(data[0]), "=r"(seen0), "=r"(data[1]), "=r"(seen1)
-                 : "l"(address)
-                 : "memory");
-    if ((seen0 != flag || seen1 != flag) && (++spins & 1023u) == 0 && give_up(abort, since, peer)) break;
-  } while (seen0 != flag || seen1 != flag);
-}
-
-// The low-latency kernel's unit of work: 8 bytes, E elements.
-template <typename T, int E> union Unit {
-  u32 w[2];
-  T v[E];
-};
-// Unit u of `in` (zero past the end), whatever its alignment.
-template <typename T, int E>
-__device__ __forceinline__ Unit<T, E> load_unit(const T* in, u64 count, u64 u, bool whole) {
-  Unit<T, E> unit;
-  if (whole && (u + 1) * E <= count) {
-    unit = *(const Unit<T, E>*)(in + u * E);
-  } else {
-    unit.w[0] = unit.w[1] = 0;
-    for (u64 e = 0; e < (u64)E && u * E + e < count; e++) unit.v[e] = in[u * E + e];
-  }
-  return unit;
-}
-
 template <typename T, int OP>
 __device__ void ll_one_shot(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,
                             const volatile int* abort, const Views&, int) {

@@ -1,8 +1,8 @@
 // ncclshim's collectives over NVLink: what every kernel family shares (device.cuh), then one
-// file per family (all_reduce.cu, gather_scatter.cu, rooted.cu, exchange.cu) and the kernels'
-// entry points (entry.cu). The host compiles them as one program, in that order (program.rs):
-// NVRTC needs no CUDA headers, ahead of time for the architectures the library carries and at
-// run time for others, one kernel per (algorithm, type, op), named
+// file per family (all_reduce.cu, gather_scatter.cu, rooted.cu, exchange.cu, ll_moves.cu) and
+// the kernels' entry points (entry.cu). The host compiles them as one program, in that order
+// (program.rs): NVRTC needs no CUDA headers, ahead of time for the architectures the library
+// carries and at run time for others, one kernel per (algorithm, type, op), named
 //   ncclshim_<algorithm>_<type>_<op>,
 // the floating-point types only for the sentinel kernels, and bytes (u8) with `sum` only for
 // the algorithms that move data without reducing it (all-gather, broadcast, all-to-all, gather,
@@ -628,6 +628,49 @@ __device__ __forceinline__ void chunk_bounds(int owner, int nranks, u64 count, u
   u64 chunk = chunk_elements<T>(nranks, count);
   *begin = owner * chunk < count ? owner * chunk : count;
   *end = owner == nranks - 1 ? count : (*begin + chunk < count ? *begin + chunk : count);
+}
+
+// ---- packets ------------------------------------------------------------------------------------
+//
+// The low-latency kernels' packets: 8 bytes of 4 data bytes and a 4-byte flag (the call's
+// epoch), two to a 16-byte store (an 8-byte half always arrives whole, which is all a packet
+// needs), written into a slot of the receiver's inbox that is the sender's own (ll_slot); the
+// receiver spins on each pair until both flags are this call's epoch.
+__device__ __forceinline__ void ll_store(u64* address, u32 data0, u32 data1, u32 flag) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(address), "r"(data0), "r"(flag),
+               "r"(data1), "r"(flag)
+               : "memory");
+}
+__device__ __forceinline__ void ll_wait(const u64* address, u32 flag, const volatile int* abort, int peer,
+                                        u32* data) {
+  u32 seen0, seen1;
+  unsigned spins = 0;
+  u64 since = 0;
+  do {
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(data[0]), "=r"(seen0), "=r"(data[1]), "=r"(seen1)
+                 : "l"(address)
+                 : "memory");
+    if ((seen0 != flag || seen1 != flag) && (++spins & 1023u) == 0 && give_up(abort, since, peer)) break;
+  } while (seen0 != flag || seen1 != flag);
+}
+
+// The low-latency kernel's unit of work: 8 bytes, E elements.
+template <typename T, int E> union Unit {
+  u32 w[2];
+  T v[E];
+};
+// Unit u of `in` (zero past the end), whatever its alignment.
+template <typename T, int E>
+__device__ __forceinline__ Unit<T, E> load_unit(const T* in, u64 count, u64 u, bool whole) {
+  Unit<T, E> unit;
+  if (whole && (u + 1) * E <= count) {
+    unit = *(const Unit<T, E>*)(in + u * E);
+  } else {
+    unit.w[0] = unit.w[1] = 0;
+    for (u64 e = 0; e < (u64)E && u * E + e < count; e++) unit.v[e] = in[u * E + e];
+  }
+  return unit;
 }
 
 // What a rank tells every rank of its call's buffers, for the direct algorithm: written by the

@@ -26,7 +26,12 @@
   KERNEL_OF(broadcast, ncclshim_broadcast_##NAME##_sum, T, OP_SUM)                                    \
   KERNEL_OF(all_to_all, ncclshim_all_to_all_##NAME##_sum, T, OP_SUM)                                  \
   KERNEL_OF(gather, ncclshim_gather_##NAME##_sum, T, OP_SUM)                                          \
-  KERNEL_OF(scatter, ncclshim_scatter_##NAME##_sum, T, OP_SUM)
+  KERNEL_OF(scatter, ncclshim_scatter_##NAME##_sum, T, OP_SUM)                                      \
+  KERNEL_OF(ll_all_gather, ncclshim_ll_all_gather_##NAME##_sum, T, OP_SUM)                            \
+  KERNEL_OF(ll_broadcast, ncclshim_ll_broadcast_##NAME##_sum, T, OP_SUM)                              \
+  KERNEL_OF(ll_all_to_all, ncclshim_ll_all_to_all_##NAME##_sum, T, OP_SUM)                            \
+  KERNEL_OF(ll_gather, ncclshim_ll_gather_##NAME##_sum, T, OP_SUM)                                    \
+  KERNEL_OF(ll_scatter, ncclshim_ll_scatter_##NAME##_sum, T, OP_SUM)
 
 // The sentinel kernels, for the floating-point types only.
 #define SENTINEL_KERNELS(NAME, T) FOR_EACH_OP(SENTINEL_KERNEL, NAME, T)

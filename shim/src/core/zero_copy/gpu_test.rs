@@ -161,13 +161,14 @@ fn role(rank: usize, dir: &Path, processes: Vec<u64>, ids: bool) {
         Box::new(WithoutIds(DeviceMemory(device)))
     };
     let member = ZeroCopy::join(service, 42, rank, processes, memory);
+    let stream = OwnedStream::create(device).unwrap();
     post(dir, &format!("joined{rank}"), "yes");
     await_file(dir, &format!("joined{}", 1 - rank));
     if rank == 0 {
         let mut bases = Vec::new();
         for (round, value) in [(1, 0x11u8), (2, 0x22u8)] {
             let buffer = DeviceBuffer::alloc(device, BYTES).unwrap();
-            cuda::fill(buffer.pointer, value, BYTES).unwrap();
+            stream.fill(buffer.pointer, value, BYTES).unwrap();
             bases.push(buffer.pointer);
             let started = Instant::now();
             let (addresses, _) = member
@@ -209,7 +210,7 @@ fn role(rank: usize, dir: &Path, processes: Vec<u64>, ids: bool) {
         // Round 3: cuMem memory of one allocation (ncclMemAlloc's), by file descriptor.
         let chunk = 2 << 20;
         let start = cumem(device, chunk, 1);
-        cuda::fill(start, 0x33, chunk).unwrap();
+        stream.fill(start, 0x33, chunk).unwrap();
         let inside = start + 256;
         let allocation = cuda::shareable_allocation(inside, device.ordinal);
         println!("round 3: allocation {allocation:x?}");
@@ -225,7 +226,7 @@ fn role(rank: usize, dir: &Path, processes: Vec<u64>, ids: bool) {
         // Several allocations in one reservation (PyTorch's expandable segments): a buffer in
         // one of them is mapped alone; one across two cannot be.
         let pair = cumem(device, chunk, 2);
-        cuda::fill(pair + chunk as u64, 0x44, chunk).unwrap();
+        stream.fill(pair + chunk as u64, 0x44, chunk).unwrap();
         let second = pair + chunk as u64 + 512;
         let started = Instant::now();
         let (in_second, _) = member
@@ -326,8 +327,10 @@ fn core_role(rank: usize, dir: &Path, processes: Vec<u64>) {
             let send = DeviceBuffer::alloc(device, bytes + 64).unwrap();
             let recv = DeviceBuffer::alloc(device, bytes + 64).unwrap();
             let mine = 0x11 * (rank as u8 + 1) + round;
-            cuda::fill(send.pointer, mine, bytes + 64).unwrap();
-            cuda::fill(recv.pointer, if inplace { mine } else { 0 }, bytes + 64).unwrap();
+            stream.fill(send.pointer, mine, bytes + 64).unwrap();
+            stream
+                .fill(recv.pointer, if inplace { mine } else { 0 }, bytes + 64)
+                .unwrap();
             let input = if inplace { recv.pointer } else { send.pointer } + offset as u64;
             let output = recv.pointer + offset as u64;
             core.launch(
@@ -437,7 +440,7 @@ fn graph_replays(
     let mut wrong = 0;
     for replay in 0..3u8 {
         let mine = 0x10 * (rank as u8 + 1) + replay;
-        cuda::fill(send.pointer, mine, bytes).unwrap();
+        stream.fill(send.pointer, mine, bytes).unwrap();
         // SAFETY: our instantiated graph and stream.
         unsafe {
             assert_eq!(
@@ -533,17 +536,25 @@ fn other_collectives(
         Gather,
         Scatter,
     ] {
-        for layout in [
-            Layout::Apart,
-            Layout::InPlace,
-            Layout::SendOffset,
-            Layout::RecvOffset,
-        ] {
-            for root in [0, 1] {
-                if root == 1 && !collective.rooted() {
-                    continue;
+        // Direct or staged; and, for those that move bytes, as packets (whole and odd chunks).
+        let chunks: &[usize] = if collective.reduces() {
+            &[1 << 20]
+        } else {
+            &[1 << 20, 4 << 10, (64 << 10) + 3]
+        };
+        for &chunk in chunks {
+            for layout in [
+                Layout::Apart,
+                Layout::InPlace,
+                Layout::SendOffset,
+                Layout::RecvOffset,
+            ] {
+                for root in [0, 1] {
+                    if root == 1 && !collective.rooted() {
+                        continue;
+                    }
+                    cases.push((collective, chunk, root, layout, 1, 0));
                 }
-                cases.push((collective, 1 << 20, root, layout, 1, 0));
             }
         }
         // Chunks whose places are not 16-aligned, and a small call.
@@ -578,8 +589,8 @@ fn other_collectives(
         .unwrap();
         let send = DeviceBuffer::alloc(device, send_bytes + 64).unwrap();
         let recv = DeviceBuffer::alloc(device, recv_bytes + 64).unwrap();
-        cuda::fill(send.pointer, 0, send_bytes + 64).unwrap();
-        cuda::fill(recv.pointer, 0, recv_bytes + 64).unwrap();
+        stream.fill(send.pointer, 0, send_bytes + 64).unwrap();
+        stream.fill(recv.pointer, 0, recv_bytes + 64).unwrap();
         let is_root = rank == root;
         // In place as NCCL defines it: the input is the rank's place in the output, or the
         // output the rank's place in the input; one buffer where both are as large.
@@ -602,7 +613,7 @@ fn other_collectives(
         let host_input: Vec<u8> = (0..send_bytes)
             .map(|i| input_byte(rank, i / chunk))
             .collect();
-        cuda::copy_to_device(input, &host_input).unwrap();
+        stream.copy_to_device(input, &host_input).unwrap();
         core.launch(
             &plan,
             input as *const std::ffi::c_void,
@@ -619,7 +630,8 @@ fn other_collectives(
             .filter(|&(i, &b)| b != expected_byte(collective, rank, root, chunk, i, layout, op))
             .count();
         println!(
-            "rank {rank} {collective:?} of {chunk} B a rank, type {dtype} op {op}, root {root}, {layout:?}: {bad} wrong"
+            "rank {rank} {collective:?} of {chunk} B a rank, type {dtype} op {op}, root {root}, {layout:?}, {}: {bad} wrong",
+            plan.algorithm.name()
         );
         wrong += bad;
     }
@@ -642,7 +654,8 @@ fn batches(
     use super::super::types::Collective::{self, Broadcast};
     let mut wrong = 0;
     // (collective, bytes, type: 7 f32 takes the sentinel kernel, 2 i32 the low-latency one)
-    let cases: [(Collective, usize, u32); 5] = [
+    let cases: [(Collective, usize, u32); 6] = [
+        (Broadcast, 4 << 10, 1),
         (AllReduce, 4 << 10, 7),
         (AllReduce, 4 << 10, 2),
         (AllReduce, 1 << 20, 2),
@@ -680,8 +693,10 @@ fn batches(
             // Small integers, the same bytes in every word: sums and copies read alike.
             let mine = |k: usize| (1 + rank + 2 * k) as u8;
             for (k, (send, recv)) in buffers.iter().enumerate() {
-                cuda::fill(send.pointer, mine(k), bytes).unwrap();
-                cuda::fill(recv.pointer, if k == 1 { mine(k) } else { 0 }, bytes).unwrap();
+                stream.fill(send.pointer, mine(k), bytes).unwrap();
+                stream
+                    .fill(recv.pointer, if k == 1 { mine(k) } else { 0 }, bytes)
+                    .unwrap();
             }
             let launched: Vec<Launched> = plans
                 .iter()
