@@ -34,7 +34,7 @@ fn check_cubins(cubins: &[Vec<u8>], arch: Arch) {
                 let found = cubin
                     .windows(name.len() + 1)
                     .any(|w| &w[..name.len()] == name.as_bytes() && w[name.len()] == 0);
-                if algorithm.supports(*dtype) {
+                if algorithm.supports(*dtype, op) {
                     assert!(found, "{name} is missing from the {dtype:?} cubin");
                 } else {
                     assert!(
