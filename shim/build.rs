@@ -47,6 +47,9 @@ fn main() {
     );
     // Programs link against libnccl.so.2, as they do against NVIDIA's library.
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libnccl.so.2");
+    // Never unloaded: after a dlclose, dlopen("libnccl.so.2") would match the soname of the real
+    // NCCL the shim loaded (and keeps) and hand the program NVIDIA's library instead of ours.
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-z,nodelete");
 
     let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     if let Err(why) = kernels::build(&out_dir) {
