@@ -131,6 +131,8 @@ pub struct Page {
     core: AtomicU8,
     /// The next call's sequence number (the calls recorded so far).
     next_seq: AtomicU64,
+    /// Calls the core launched with others of a group, in one launch.
+    in_shared_launches: AtomicU64,
     calls: Counters,
     bytes: Counters,
     ring: [Entry; RING],
@@ -146,6 +148,7 @@ impl Page {
             device: AtomicI32::new(-1),
             core: AtomicU8::new(0),
             next_seq: AtomicU64::new(0),
+            in_shared_launches: AtomicU64::new(0),
             calls: counters(),
             bytes: counters(),
             ring: [const { Entry::new() }; RING],
@@ -164,6 +167,7 @@ impl Page {
             entry.stamp.store(0, Ordering::Relaxed);
         }
         self.next_seq.store(0, Ordering::Relaxed);
+        self.in_shared_launches.store(0, Ordering::Relaxed);
         self.core.store(0, Ordering::Relaxed);
         for field in [&self.rank, &self.nranks, &self.device] {
             field.store(-1, Ordering::Relaxed);
@@ -204,6 +208,15 @@ impl Page {
 
     pub fn calls_recorded(&self) -> u64 {
         self.next_seq.load(Ordering::Relaxed)
+    }
+
+    /// Counts `calls` that went out in one launch (from a launcher's thread: hence the add).
+    pub fn shared_launch(&self, calls: u64) {
+        self.in_shared_launches.fetch_add(calls, Ordering::Relaxed);
+    }
+
+    pub fn calls_in_shared_launches(&self) -> u64 {
+        self.in_shared_launches.load(Ordering::Relaxed)
     }
 
     /// (calls, bytes) of operation `kind`, size band `band`, gone `way`.

@@ -85,6 +85,13 @@ pub fn ran_on_core(algorithm: Algorithm, captured: Option<bool>) {
     ON_CORE.with(|c| c.set((1 + algorithm as u16) | (captured << 8)));
 }
 
+/// `calls` queued calls of `comm` went out in one launch of the core's (a group's batch).
+pub fn shared_launch(comm: ncclComm_t, calls: usize) {
+    if let Some(page) = book::find(comm as usize) {
+        page.shared_launch(calls as u64);
+    }
+}
+
 /// Whether calls should say if they are captured: only where the trace is written.
 pub fn wants_capture_state() -> bool {
     settings().trace.is_some()

@@ -28,8 +28,12 @@ pub fn page_lines(page: &Page) -> Vec<String> {
         Some(false) => "the core did not serve it",
         None => "the core never set up",
     };
+    let shared = match page.calls_in_shared_launches() {
+        0 => String::new(),
+        calls => format!(" ({calls} in launches shared by a group's calls)"),
+    };
     let mut lines = vec![format!(
-        "summary: comm {:#x} rank {rank}/{nranks} on GPU {device}{}: {core}; {} calls",
+        "summary: comm {:#x} rank {rank}/{nranks} on GPU {device}{}: {core}; {} calls{shared}",
         page.comm(),
         if page.destroyed() { " (destroyed)" } else { "" },
         page.calls_recorded()
@@ -91,7 +95,11 @@ mod tests {
         page.record(&call(1, 0, 8 << 20));
         let lines = page_lines(page);
         assert_eq!(lines.len(), 3, "{lines:#?}");
-        assert!(lines[0].contains("rank 0/2 on GPU 0") && lines[0].contains("3 calls"));
+        assert!(lines[0].contains("rank 0/2 on GPU 0") && lines[0].ends_with("; 3 calls"));
+        page.shared_launch(2);
+        assert!(
+            page_lines(page)[0].ends_with("; 3 calls (2 in launches shared by a group's calls)")
+        );
         assert!(
             lines[1].ends_with("< 4 KiB: 2 calls, 2 KiB: forwarded 1 core one_shot 1"),
             "{}",

@@ -17,6 +17,8 @@ use super::policy::{self, MAX_BATCH, Plan};
 use crate::api::ffi::ncclComm_t;
 
 pub struct Queued {
+    /// The communicator's handle, for the exit summary.
+    pub comm: ncclComm_t,
     pub core: Arc<CoreComm>,
     pub plan: Plan,
     pub send: *const c_void,
@@ -48,7 +50,11 @@ impl DeviceOp for Batch<'_> {
             })
             .collect();
         let first = &self.calls[0];
-        first.core.launch_batch(&launched, first.stream)
+        first.core.launch_batch(&launched, first.stream)?;
+        if self.calls.len() > 1 {
+            crate::calls::shared_launch(first.comm, self.calls.len());
+        }
+        Ok(())
     }
 
     fn prepare_thread(&self) -> impl FnOnce() + Send + 'static {

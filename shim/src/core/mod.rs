@@ -310,6 +310,7 @@ pub fn collective(
         let captured = cuda::capturing(stream);
         let algorithm = plan.algorithm;
         let queued = group::queue(group::Queued {
+            comm,
             core,
             plan,
             send: call.send,
