@@ -242,8 +242,10 @@ __device__ __forceinline__ Pack sentinel_take(Pack* address, const volatile int*
                    : "memory");
       arrived = p.w[0] != SENTINEL && p.w[1] != SENTINEL && p.w[2] != SENTINEL && p.w[3] != SENTINEL;
     }
-    if (!arrived && (++spins & 1023u) == 0 && give_up(abort, since, peer)) break;
-  } while (!arrived);
+    if (arrived) break;
+    if ((++spins & 1023u) == 0 && give_up(abort, since, peer)) break;
+    poll_pause(spins);
+  } while (true);
   sentinel_store<W>(address, Pack{{SENTINEL, SENTINEL, SENTINEL, SENTINEL}});
   return p;
 }

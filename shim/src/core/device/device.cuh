@@ -263,21 +263,66 @@ __device__ __forceinline__ u64 global_ns() {
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 }
+// The host's control block is in host memory: each read of it crosses PCIe, and such reads
+// queue. A wait may hold every thread of a grid (the low-latency and sentinel kernels wait
+// with one thread per packet, up to 32K), so if each waiting thread read the block itself, a
+// peer late by a few hundred microseconds would set tens of thousands of reads going at once.
+// So a block reads it through one thread at a time, at most once per WATCH_INTERVAL_NS and
+// never in its first interval of waiting, and its waiting threads look at what that read
+// found, in shared memory (`BlockWatch`), and at the GPU's own clock: the largest grid (512
+// blocks) reads it at most 5 million times a second, and only once a wait has lasted that
+// long. An abort is seen within about the interval.
+#define WATCH_INTERVAL_NS 100000ull
+
+struct BlockWatch {
+  u64 next_read_ns;  // when a waiting thread of the block may next read the host's words
+  u32 stop;          // the host raised abort, or a wait of this rank gave up: stop waiting
+  u32 limit_s;       // the host's time limit as last read (0: for ever, or not yet read)
+};
+__shared__ BlockWatch block_watch;
+
+// Called by thread 0 at the start of every call (begin_call), before a __syncthreads and
+// before any wait of the call.
+__device__ __forceinline__ void reset_block_watch() {
+  block_watch.next_read_ns = 0;
+  block_watch.stop = 0;
+  block_watch.limit_s = 0;
+}
+
 // Whether a wait for `peer` (-1: blocks of this grid) should stop: asked every 1024 spins by
 // every waiting loop, `since` starting at 0 (the first ask starts the clock). A kernel that gave
 // up leaves wrong results; the host reports it and fails the communicator's later calls.
 __device__ __noinline__ bool give_up(const volatile int* abort, u64& since, int peer) {
-  // Once one wait has given up, the ranks are out of step: every later wait gives up at once.
-  if (load_volatile(abort) || load_volatile(abort + 2)) return true;
+  volatile BlockWatch* watch = &block_watch;
   u64 now = global_ns();
-  if (since == 0) {
-    since = now;
-    return false;
+  if (since == 0) since = now;
+  u64 due = watch->next_read_ns;
+  // One thread of the block wins the right to read the host's words until the next interval;
+  // the first to ask only starts the block's clock.
+  bool won = now >= due && atomicCAS((u64*)&block_watch.next_read_ns, due, now + WATCH_INTERVAL_NS) == due;
+  if (won && due != 0) {
+    // Once one wait has given up, the ranks are out of step: every later wait gives up at once.
+    if (load_volatile(abort) || load_volatile(abort + 2)) watch->stop = 1;
+    watch->limit_s = (u32)load_volatile(abort + 1);
   }
-  u64 limit = (u64)(unsigned)load_volatile(abort + 1) * 1000000000ull;
+  if (watch->stop) return true;
+  u64 limit = (u64)watch->limit_s * 1000000000ull;
   if (limit == 0 || now - since < limit) return false;
+  watch->stop = 1;
   *(volatile int*)(abort + 2) = peer < 0 ? GAVE_UP_OWN : peer + 1;
   return true;
+}
+
+// A thread that waits for its own packet (the low-latency and sentinel kernels: one thread per
+// packet, up to 32K of them) polls back to back for its first 32 polls, where a peer in step
+// delivers, then pauses between polls (100 ns, from the 128th 1 us). Without the pauses, a peer
+// a few tens of microseconds late kept every one of those threads loading from the inbox its
+// stores were arriving into, and the call took 0.9 ms at 384 KiB and 1.4 ms at 512 KiB instead
+// of 0.1 (about 40 ns per waiting thread, on 2 H100 under PyTorch); the rank so delayed was late
+// for the next call in turn, and the two GPUs stayed in that state call after call. Kernels
+// whose few threads wait on flags (one per peer and block) never did it.
+__device__ __forceinline__ void poll_pause(unsigned spins) {
+  if (spins > 32) __nanosleep(spins > 128 ? 1000 : 100);
 }
 
 __device__ __forceinline__ u32* flag_slot(u32* flags, int barrier, int block, int rank) {
@@ -317,7 +362,10 @@ __device__ __forceinline__ u32* epoch_state(const Peers& peers, int rank) {
 }
 __device__ __forceinline__ u32 begin_call(const Peers& peers, int rank) {
   __shared__ u32 epoch;
-  if (threadIdx.x == 0) epoch = *(volatile u32*)epoch_state(peers, rank) + 1;
+  if (threadIdx.x == 0) {
+    epoch = *(volatile u32*)epoch_state(peers, rank) + 1;
+    reset_block_watch();
+  }
   __syncthreads();
   return epoch;
 }
@@ -651,8 +699,10 @@ __device__ __forceinline__ void ll_wait(const u64* address, u32 flag, const vola
                  : "=r"(data[0]), "=r"(seen0), "=r"(data[1]), "=r"(seen1)
                  : "l"(address)
                  : "memory");
-    if ((seen0 != flag || seen1 != flag) && (++spins & 1023u) == 0 && give_up(abort, since, peer)) break;
-  } while (seen0 != flag || seen1 != flag);
+    if (seen0 == flag && seen1 == flag) break;
+    if ((++spins & 1023u) == 0 && give_up(abort, since, peer)) break;
+    poll_pause(spins);
+  } while (true);
 }
 
 // The low-latency kernel's unit of work: 8 bytes, E elements.
