@@ -94,7 +94,7 @@ impl Route for Router {
         stream: cudaStream_t,
     ) -> ncclResult_t {
         // SAFETY: the caller's arguments, unchanged.
-        let forward = || unsafe {
+        let forward = move || unsafe {
             real::ncclAllReduce(sendbuff, recvbuff, count, datatype, op, comm, stream)
         };
         let call = Call::new(AllReduce, sendbuff, recvbuff, count, datatype, stream);
@@ -110,7 +110,7 @@ impl Route for Router {
         stream: cudaStream_t,
     ) -> ncclResult_t {
         // SAFETY: the caller's arguments, unchanged.
-        let forward = || unsafe {
+        let forward = move || unsafe {
             real::ncclAllGather(sendbuff, recvbuff, sendcount, datatype, comm, stream)
         };
         let call = Call::new(AllGather, sendbuff, recvbuff, sendcount, datatype, stream);
@@ -127,7 +127,7 @@ impl Route for Router {
         stream: cudaStream_t,
     ) -> ncclResult_t {
         // SAFETY: the caller's arguments, unchanged.
-        let forward = || unsafe {
+        let forward = move || unsafe {
             real::ncclReduceScatter(sendbuff, recvbuff, recvcount, datatype, op, comm, stream)
         };
         let call = Call::new(
@@ -151,7 +151,7 @@ impl Route for Router {
         stream: cudaStream_t,
     ) -> ncclResult_t {
         // SAFETY: the caller's arguments, unchanged.
-        let forward = || unsafe {
+        let forward = move || unsafe {
             real::ncclBroadcast(sendbuff, recvbuff, count, datatype, root, comm, stream)
         };
         let call = Call::new(Broadcast, sendbuff, recvbuff, count, datatype, stream);
@@ -168,7 +168,7 @@ impl Route for Router {
         stream: cudaStream_t,
     ) -> ncclResult_t {
         // SAFETY: the caller's arguments, unchanged.
-        let forward = || unsafe { real::ncclBcast(buff, count, datatype, root, comm, stream) };
+        let forward = move || unsafe { real::ncclBcast(buff, count, datatype, root, comm, stream) };
         let call = Call::new(Broadcast, buff, buff, count, datatype, stream);
         core::collective(call.with_root(root), comm, forward)
     }
@@ -184,7 +184,7 @@ impl Route for Router {
         stream: cudaStream_t,
     ) -> ncclResult_t {
         // SAFETY: the caller's arguments, unchanged.
-        let forward = || unsafe {
+        let forward = move || unsafe {
             real::ncclReduce(sendbuff, recvbuff, count, datatype, op, root, comm, stream)
         };
         let call = Call::new(Reduce, sendbuff, recvbuff, count, datatype, stream);
@@ -201,7 +201,7 @@ impl Route for Router {
             stream: cudaStream_t,
         ) -> ncclResult_t {
             // SAFETY: the caller's arguments, unchanged.
-            let forward = || unsafe { real::ncclAlltoAll(sendbuff, recvbuff, count, datatype, comm, stream) };
+            let forward = move || unsafe { real::ncclAlltoAll(sendbuff, recvbuff, count, datatype, comm, stream) };
             let call = Call::new(core::Collective::AllToAll, sendbuff, recvbuff, count, datatype, stream);
             core::collective(call, comm, forward)
         }
@@ -218,7 +218,7 @@ impl Route for Router {
             stream: cudaStream_t,
         ) -> ncclResult_t {
             // SAFETY: the caller's arguments, unchanged.
-            let forward = || unsafe { real::ncclGather(sendbuff, recvbuff, count, datatype, root, comm, stream) };
+            let forward = move || unsafe { real::ncclGather(sendbuff, recvbuff, count, datatype, root, comm, stream) };
             let call = Call::new(core::Collective::Gather, sendbuff, recvbuff, count, datatype, stream);
             core::collective(call.with_root(root), comm, forward)
         }
@@ -235,7 +235,7 @@ impl Route for Router {
             stream: cudaStream_t,
         ) -> ncclResult_t {
             // SAFETY: the caller's arguments, unchanged.
-            let forward = || unsafe { real::ncclScatter(sendbuff, recvbuff, count, datatype, root, comm, stream) };
+            let forward = move || unsafe { real::ncclScatter(sendbuff, recvbuff, count, datatype, root, comm, stream) };
             let call = Call::new(core::Collective::Scatter, sendbuff, recvbuff, count, datatype, stream);
             core::collective(call.with_root(root), comm, forward)
         }

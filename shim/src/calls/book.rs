@@ -133,6 +133,8 @@ pub struct Page {
     next_seq: AtomicU64,
     /// Calls the core launched with others of a group, in one launch.
     in_shared_launches: AtomicU64,
+    /// Calls queued for the core that went to NCCL with the rest of their group.
+    sent_with_group: AtomicU64,
     calls: Counters,
     bytes: Counters,
     ring: [Entry; RING],
@@ -149,6 +151,7 @@ impl Page {
             core: AtomicU8::new(0),
             next_seq: AtomicU64::new(0),
             in_shared_launches: AtomicU64::new(0),
+            sent_with_group: AtomicU64::new(0),
             calls: counters(),
             bytes: counters(),
             ring: [const { Entry::new() }; RING],
@@ -168,6 +171,7 @@ impl Page {
         }
         self.next_seq.store(0, Ordering::Relaxed);
         self.in_shared_launches.store(0, Ordering::Relaxed);
+        self.sent_with_group.store(0, Ordering::Relaxed);
         self.core.store(0, Ordering::Relaxed);
         for field in [&self.rank, &self.nranks, &self.device] {
             field.store(-1, Ordering::Relaxed);
@@ -217,6 +221,15 @@ impl Page {
 
     pub fn calls_in_shared_launches(&self) -> u64 {
         self.in_shared_launches.load(Ordering::Relaxed)
+    }
+
+    /// Counts a call queued for the core that went to NCCL with its group.
+    pub fn sent_with_group(&self) {
+        self.sent_with_group.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn calls_sent_with_group(&self) -> u64 {
+        self.sent_with_group.load(Ordering::Relaxed)
     }
 
     /// (calls, bytes) of operation `kind`, size band `band`, gone `way`.

@@ -92,6 +92,14 @@ pub fn shared_launch(comm: ncclComm_t, calls: usize) {
     }
 }
 
+/// A call of `comm` queued for the core went to NCCL with the rest of its group (counted as the
+/// core's when it was made).
+pub fn sent_with_group(comm: ncclComm_t) {
+    if let Some(page) = book::find(comm as usize) {
+        page.sent_with_group();
+    }
+}
+
 /// Whether calls should say if they are captured: only where the trace is written.
 pub fn wants_capture_state() -> bool {
     settings().trace.is_some()

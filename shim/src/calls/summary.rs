@@ -28,9 +28,21 @@ pub fn page_lines(page: &Page) -> Vec<String> {
         Some(false) => "the core did not serve it",
         None => "the core never set up",
     };
-    let shared = match page.calls_in_shared_launches() {
-        0 => String::new(),
-        calls => format!(" ({calls} in launches shared by a group's calls)"),
+    let mut notes = Vec::new();
+    match page.calls_in_shared_launches() {
+        0 => {}
+        calls => notes.push(format!("{calls} in launches shared by a group's calls")),
+    }
+    match page.calls_sent_with_group() {
+        0 => {}
+        calls => notes.push(format!(
+            "{calls} counted as the core's went to NCCL with their group"
+        )),
+    }
+    let shared = if notes.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", notes.join("; "))
     };
     let mut lines = vec![format!(
         "summary: comm {:#x} rank {rank}/{nranks} on GPU {device}{}: {core}; {} calls{shared}",
@@ -100,6 +112,10 @@ mod tests {
         assert!(
             page_lines(page)[0].ends_with("; 3 calls (2 in launches shared by a group's calls)")
         );
+        page.sent_with_group();
+        assert!(page_lines(page)[0].ends_with(
+            "; 3 calls (2 in launches shared by a group's calls; 1 counted as the core's went to NCCL with their group)"
+        ));
         assert!(
             lines[1].ends_with("< 4 KiB: 2 calls, 2 KiB: forwarded 1 core one_shot 1"),
             "{}",

@@ -3,7 +3,8 @@
 //! whose first all-reduce is in it (table.rs), are set up at the outermost ncclGroupEnd
 //! (once the real NCCL has initialised them), and core calls issued inside a
 //! group are launched there, on every rank on the same side of the real NCCL's own operations
-//! (NCCL promises no order inside a group; see `core::group_end`).
+//! (NCCL promises no order inside a group; see `core::group_end`), unless NCCL runs the group's
+//! calls of a communicator faster: then they join NCCL's group (`weigh`).
 
 use std::cell::{Cell, RefCell};
 use std::ffi::c_void;
@@ -11,21 +12,24 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use super::comm::{CoreComm, Launched};
-use super::cuda::{Cuda, Stream};
+use super::cuda::{Cuda, Stream, capturing};
 use super::launcher::DeviceOp;
 use super::policy::{self, MAX_BATCH, Plan};
-use crate::api::ffi::ncclComm_t;
+use crate::api::ffi::{ncclComm_t, ncclInProgress, ncclResult_t, ncclSuccess};
 
 pub struct Queued {
     /// The communicator's handle, for the exit summary.
     pub comm: ncclComm_t,
     pub core: Arc<CoreComm>,
     pub plan: Plan,
+    /// The call as the real NCCL's, should its group's calls go there (`weigh`).
+    pub forward: Box<dyn FnOnce() -> ncclResult_t>,
     pub send: *const c_void,
     pub recv: *mut c_void,
     pub stream: Stream,
-    /// Whether `stream` was being captured into a CUDA graph when the call was made.
-    pub captured: bool,
+    /// Whether `stream` was being captured into a CUDA graph when the call was made: asked only
+    /// where another call of the communicator in the group comes on another stream (`queue`).
+    pub captured: Option<bool>,
 }
 
 /// Queued calls launched together (`CoreComm::launch_batch`): consecutive calls of one device
@@ -160,6 +164,20 @@ thread_local! {
     static QUEUED: RefCell<Vec<Queued>> = const { RefCell::new(Vec::new()) };
     /// A call of the group was refused (see `queue`): nothing of it is launched.
     static FAILED: Cell<bool> = const { Cell::new(false) };
+    /// The group's communicators with calls the core would take, and how they weigh (`weigh`).
+    static SEEN: RefCell<Vec<Seen>> = const { RefCell::new(Vec::new()) };
+    /// The first error of a queued call sent to NCCL (`send_queued_to_nccl`).
+    static SENT_ERROR: Cell<ncclResult_t> = const { Cell::new(ncclSuccess) };
+}
+
+/// What the group has seen of one communicator's calls that the core would take.
+struct Seen {
+    comm: usize,
+    calls: usize,
+    /// Every one in the band where the core beats NCCL's one kernel per group.
+    all_in_band: bool,
+    /// They go to NCCL: the ones queued before the deciding call, it, and every later one.
+    to_nccl: bool,
 }
 
 pub fn inside() -> bool {
@@ -183,6 +201,9 @@ pub fn end() -> Option<Ended> {
         d.set(depth);
         depth
     });
+    if depth == 0 {
+        SEEN.with(|seen| seen.borrow_mut().clear());
+    }
     (depth == 0).then(|| Ended {
         new_comms: NEW_COMMS.with(|c| c.take()),
         children: CHILDREN.with(|c| c.take()),
@@ -199,6 +220,79 @@ pub fn drain_queued<T>(f: impl FnOnce(&[Queued]) -> T) -> T {
         queued.clear();
         result
     })
+}
+
+/// Whether this group's calls on `comm` go to NCCL (`weigh` decided so on an earlier one).
+pub fn goes_to_nccl(comm: ncclComm_t) -> bool {
+    SEEN.with(|seen| {
+        seen.borrow()
+            .iter()
+            .any(|s| s.comm == comm as usize && s.to_nccl)
+    })
+}
+
+/// Weighs one more call of `comm`, of `bytes`, that the core would take, with the group's calls
+/// of `comm` before it (`Settings::group_goes_to_nccl`): whether it goes to NCCL. Where this call
+/// decides so, the calls of `comm` queued before it go there now, in their order, and this one
+/// must follow them; so do the group's later calls of `comm` (`goes_to_nccl`), without being
+/// weighed. Each rank's group holds the same calls, and each call's plan is the same on every
+/// rank: every rank decides alike, at the same call.
+pub fn weigh(comm: ncclComm_t, bytes: usize) -> bool {
+    let settings = policy::settings();
+    let decided = SEEN.with(|seen| {
+        let mut seen = seen.borrow_mut();
+        let at = match seen.iter().position(|s| s.comm == comm as usize) {
+            Some(at) => at,
+            None => {
+                seen.push(Seen {
+                    comm: comm as usize,
+                    calls: 0,
+                    all_in_band: true,
+                    to_nccl: false,
+                });
+                seen.len() - 1
+            }
+        };
+        let s = &mut seen[at];
+        s.calls += 1;
+        s.all_in_band &= settings.in_group_band(bytes);
+        s.to_nccl = settings.group_goes_to_nccl(s.calls, s.all_in_band);
+        s.to_nccl
+    });
+    if decided {
+        send_queued_to_nccl(comm);
+    }
+    decided
+}
+
+/// Sends the queued calls of `comm` to the real NCCL, whose group is still open, in their order;
+/// a call that fails there fails the group (`take_sent_error`).
+fn send_queued_to_nccl(comm: ncclComm_t) {
+    // Out of the queue while the real NCCL runs: nothing of ours is borrowed if it calls back.
+    let mut queued = QUEUED.with(|q| std::mem::take(&mut *q.borrow_mut()));
+    let mut kept = Vec::with_capacity(queued.len());
+    for op in queued.drain(..) {
+        if op.comm != comm {
+            kept.push(op);
+            continue;
+        }
+        crate::calls::sent_with_group(op.comm);
+        let sent = (op.forward)();
+        if sent != ncclSuccess && sent != ncclInProgress {
+            SENT_ERROR.with(|e| {
+                if e.get() == ncclSuccess {
+                    e.set(sent);
+                }
+            });
+        }
+    }
+    QUEUED.with(|q| *q.borrow_mut() = kept);
+}
+
+/// The first error a call sent to NCCL from the queue returned in the outermost group, if any;
+/// the group is clean again after.
+pub fn take_sent_error() -> ncclResult_t {
+    SENT_ERROR.with(|e| e.replace(ncclSuccess))
 }
 
 /// Forgets the operations queued in the group (it failed: none of them is launched).
@@ -235,15 +329,25 @@ pub fn defer_child(slot: *mut ncclComm_t, blocking: bool) {
 /// streams captured where its stream is not, or the other way round: NCCL refuses that (all
 /// uncaptured or all captured, ncclInvalidUsage, and the whole group fails), and so do we.
 /// (NCCL also tells two capturing graphs apart; the core sees only whether a stream captures.)
-pub fn queue(op: Queued) -> Result<(), ()> {
+/// As NCCL, it asks the driver only where a call comes on a stream its communicator has not
+/// used in the group: calls on one stream are captured alike.
+pub fn queue(mut op: Queued) -> Result<(), ()> {
     QUEUED.with(|q| {
         let mut queued = q.borrow_mut();
-        let earlier = queued
-            .iter()
-            .map(|o| (Arc::as_ptr(&o.core) as usize, o.captured));
-        if mixes_capture(earlier, (Arc::as_ptr(&op.core) as usize, op.captured)) {
-            FAILED.with(|f| f.set(true));
-            return Err(());
+        let comm = Arc::as_ptr(&op.core) as usize;
+        let mut other_streams = queued
+            .iter_mut()
+            .filter(|o| Arc::as_ptr(&o.core) as usize == comm && o.stream != op.stream)
+            .peekable();
+        if other_streams.peek().is_some() {
+            let mine = *op.captured.get_or_insert_with(|| capturing(op.stream));
+            let earlier: Vec<(usize, bool)> = other_streams
+                .map(|o| (comm, *o.captured.get_or_insert_with(|| capturing(o.stream))))
+                .collect();
+            if mixes_capture(earlier.into_iter(), (comm, mine)) {
+                FAILED.with(|f| f.set(true));
+                return Err(());
+            }
         }
         queued.push(op);
         Ok(())

@@ -38,11 +38,10 @@ pub fn nvrtc_load() -> Result<(), String> {
 }
 
 /// A blocking communicator (or several, from one call such as ncclCommInitAll) was created: set
-/// up its core now, or at the end of the group it was created in.
+/// up its core now, or at the end of the group it was created in. With the core off on this
+/// rank too: the set-up is where ranks agree, and this rank's "no" must reach its peers, which
+/// would otherwise wait for it in their exchange.
 pub fn created(comms: &[ncclComm_t]) {
-    if !policy::settings().enabled {
-        return;
-    }
     let comms: Vec<ncclComm_t> = comms.iter().copied().filter(|c| !c.is_null()).collect();
     comms.iter().for_each(|&c| {
         lifecycle::made(c, true);
@@ -57,7 +56,7 @@ pub fn created(comms: &[ncclComm_t]) {
 /// A nonblocking communicator was created (the real NCCL may still be initialising it): its
 /// core is set up after its first all-reduce (lifecycle.rs).
 pub fn created_nonblocking(comm: ncclComm_t) {
-    if policy::settings().enabled && !comm.is_null() {
+    if !comm.is_null() {
         log_info!("comm {comm:p} is nonblocking: its core is set up after its first all-reduce");
         lifecycle::awaits_first_all_reduce(comm);
     }
@@ -105,10 +104,17 @@ pub fn group_end(real_end: impl FnOnce() -> ncclResult_t) -> ncclResult_t {
     if failed {
         group::discard_queued();
     }
+    // A call the core had queued that went to NCCL with its group and failed there.
+    let sent = if group::ending_outermost() {
+        group::take_sent_error()
+    } else {
+        ncclSuccess
+    };
     let first = (group::ending_outermost() && group::queued_nonblocking())
         .then(|| group::drain_queued(|queued| launcher::launch_group(&group::batches(queued))));
     let result = match real_end() {
         result if result == ncclSuccess && failed => ncclInvalidUsage,
+        result if result == ncclSuccess => sent,
         result => result,
     };
     let Some(ended) = group::end() else {
@@ -258,10 +264,14 @@ impl Call {
 pub fn collective(
     call: Call,
     comm: ncclComm_t,
-    forward: impl FnOnce() -> ncclResult_t,
+    forward: impl FnOnce() -> ncclResult_t + 'static,
 ) -> ncclResult_t {
     let settings = policy::settings();
     if !settings.may_take(call.collective) {
+        return forward();
+    }
+    // The group's calls on this communicator go to NCCL (group::weigh decided on an earlier one).
+    if group::inside() && group::goes_to_nccl(comm) {
         return forward();
     }
     let all_reduce = call.collective == Collective::AllReduce;
@@ -307,19 +317,24 @@ pub fn collective(
     };
     let stream = call.stream as cuda::Stream;
     if group::inside() {
-        let captured = cuda::capturing(stream);
+        if group::weigh(comm, plan.count * plan.dtype.size()) {
+            return forward();
+        }
+        // Asked of the driver only where the trace wants it, or `queue` needs it.
+        let captured = crate::calls::wants_capture_state().then(|| cuda::capturing(stream));
         let algorithm = plan.algorithm;
         let queued = group::queue(group::Queued {
             comm,
             core,
             plan,
+            forward: Box::new(forward),
             send: call.send,
             recv: call.recv,
             stream,
             captured,
         });
         if queued.is_ok() {
-            crate::calls::ran_on_core(algorithm, Some(captured));
+            crate::calls::ran_on_core(algorithm, captured);
         } else {
             log_warn!(
                 "Streams given to a communicator within a NCCL group must either be all uncaptured or all captured by the same graph."

@@ -21,13 +21,20 @@
 //!                                        chunks together; a broadcast's or reduce's count), as far
 //!                                        as the staging holds them (32 MiB of slots); default 0,
 //!                                        none: not yet weighed against NCCL
-//! and four that change only how kernels are launched, not which run (they may differ by rank):
+//!   NCCLSHIM_GROUP_CORE_BYTES=LO-HI      a group's several calls on one communicator that the
+//!                                        core would take stay the core's only where each is
+//!                                        larger than LO and at most HI bytes; otherwise they go
+//!                                        to NCCL, all of them (default 393216-2097152; 0-0:
+//!                                        every such group goes to NCCL)
+//! and four that change only how kernels are launched:
 //!   NCCLSHIM_LAUNCH_HELPERS=0            a group's all-reduces on several GPUs launched in turn
 //!   NCCLSHIM_BATCH=0                     a group's calls launched one kernel each (not several
 //!                                        of one communicator and kernel in one launch)
 //!   NCCLSHIM_EARLY_LAUNCH=0              no programmatic stream serialization
 //!   NCCLSHIM_TIMEOUT=S                   a kernel gives up waiting for a peer after S seconds
 //!                                        (default 1800; 0: never), and the shim says so
+//! Every rank of a communicator must have every one of them alike (`Settings::agreed`): where
+//! one differs, the core stays off for that communicator on every rank, and each says which.
 
 use std::sync::OnceLock;
 
@@ -58,6 +65,15 @@ const SENTINEL_BLOCKS: u32 = (SENTINEL_MAX_BYTES / 16 / 64) as u32;
 pub const fn staging_bytes(half_bytes: usize) -> usize {
     2 * (2 * half_bytes + 256)
 }
+
+/// The sizes of a group's calls (several on one communicator) that keep the group on the core
+/// (`Settings::group_goes_to_nccl`), as (smallest excluded, largest included). nccl-tests `-m 4`
+/// (four all-reduces in a group) on 2 H100, per operation, the core (its calls one after the
+/// other) against NCCL (one kernel for the group), eager and in CUDA graphs: 1.3 – 2.6 x NCCL's
+/// time up to 256 KiB (NCCL 3.0 – 4.4 us, 1.5 – 4.2 in graphs), 0.56 – 0.66 at 512 KiB (NCCL 11
+/// us, where it leaves its low-latency protocol), 0.82 – 0.92 from 1 to 2 MiB, 1.06 – 1.17 from
+/// 4 to 16 MiB (two-shot; NCCL runs the four at once).
+pub const GROUP_CORE_BYTES: (usize, usize) = (384 << 10, 2 << 20);
 
 /// How long a core kernel waits for a peer by default before it gives up: a rank that never
 /// comes (it skipped a call, or died) is found, yet far longer than any peer is slow for good
@@ -90,6 +106,9 @@ pub struct Settings {
     pub early_launch: bool,
     /// How long a kernel waits for a peer before it gives up, in seconds (0: for ever).
     pub wait_limit_s: u32,
+    /// A group's several calls on one communicator stay the core's only where each is larger
+    /// than `.0` and at most `.1` bytes (`group_goes_to_nccl`).
+    pub group_core_bytes: (usize, usize),
     /// The largest call of each collective but all-reduce the core takes (`Collective::size`),
     /// by `Collective as usize`.
     pub max_bytes: [usize; Collective::ALL.len()],
@@ -112,17 +131,89 @@ impl Settings {
             batch: true,
             early_launch: true,
             wait_limit_s: DEFAULT_WAIT_LIMIT_S,
+            group_core_bytes: GROUP_CORE_BYTES,
             max_bytes: [0; Collective::ALL.len()],
         }
     }
 
     /// Whether any call of `collective` may go to the core: the one question a call asks before
-    /// it looks its communicator up (every other collective's calls forward at once).
+    /// it looks its communicator up (every other collective's calls forward at once). An
+    /// all-reduce always looks: with the core off here, this rank still meets its peers where they
+    /// set up theirs (at a nonblocking communicator's first all-reduce), and says no there.
     pub fn may_take(&self, collective: Collective) -> bool {
-        self.enabled
-            && (collective == Collective::AllReduce
-                || self.force_core
-                || self.max_bytes[collective as usize] > 0)
+        collective == Collective::AllReduce
+            || (self.enabled && (self.force_core || self.max_bytes[collective as usize] > 0))
+    }
+
+    /// Every setting as the ranks compare them when they set a communicator up (setup.rs): the
+    /// variable that sets it, and its value as a number. Destructured whole, so that a setting
+    /// added to `Settings` cannot be left out: ranks that differ in any of them could route one
+    /// call differently (one runs a kernel, the other calls NCCL) and wait for each other for
+    /// ever, so the core stays off for a communicator whose ranks differ in any.
+    pub fn agreed(&self) -> Vec<(String, u64)> {
+        let Settings {
+            enabled,
+            force_core,
+            sentinel_max_bytes,
+            ll_max_bytes,
+            one_shot_max_bytes,
+            all_reduce_max_bytes,
+            direct,
+            zero_copy,
+            two_shot_blocks,
+            launch_helpers,
+            batch,
+            early_launch,
+            wait_limit_s,
+            group_core_bytes,
+            max_bytes,
+        } = *self;
+        let given = |v: Option<usize>| v.map_or(0, |n| n as u64 + 1);
+        let mut all: Vec<(String, u64)> = [
+            ("NCCLSHIM_CORE (or NCCLSHIM_FORCE=nccl)", enabled as u64),
+            ("NCCLSHIM_FORCE=core", force_core as u64),
+            ("NCCLSHIM_SENTINEL_MAX_BYTES", given(sentinel_max_bytes)),
+            ("NCCLSHIM_LL_MAX_BYTES", given(ll_max_bytes)),
+            ("NCCLSHIM_ONE_SHOT_MAX_BYTES", given(one_shot_max_bytes)),
+            ("NCCLSHIM_ALL_REDUCE_MAX_BYTES", given(all_reduce_max_bytes)),
+            ("NCCLSHIM_DIRECT", direct as u64),
+            ("NCCLSHIM_ZERO_COPY", zero_copy as u64),
+            (
+                "NCCLSHIM_TWO_SHOT_BLOCKS",
+                given(two_shot_blocks.map(|n| n as usize)),
+            ),
+            ("NCCLSHIM_LAUNCH_HELPERS", launch_helpers as u64),
+            ("NCCLSHIM_BATCH", batch as u64),
+            ("NCCLSHIM_EARLY_LAUNCH", early_launch as u64),
+            ("NCCLSHIM_TIMEOUT", wait_limit_s as u64),
+            (
+                "NCCLSHIM_GROUP_CORE_BYTES",
+                (group_core_bytes.0 as u64).wrapping_mul(0x100000001b3) ^ group_core_bytes.1 as u64,
+            ),
+        ]
+        .map(|(name, value)| (name.to_string(), value))
+        .into();
+        for collective in Collective::ALL.into_iter().skip(1) {
+            let name = format!("NCCLSHIM_{}_MAX_BYTES", collective.variable_name());
+            all.push((name, max_bytes[collective as usize] as u64));
+        }
+        all
+    }
+
+    /// Whether a call of `bytes` (as `plan` counts them) is in the band where the core's calls of
+    /// a group, one after the other, beat NCCL's one kernel for the group (`GROUP_CORE_BYTES`).
+    pub fn in_group_band(&self, bytes: usize) -> bool {
+        let (above, up_to) = self.group_core_bytes;
+        bytes > above && bytes <= up_to
+    }
+
+    /// Whether a group's `calls` on one communicator that the core would take go to NCCL, all of
+    /// them: NCCL runs a group's operations in one kernel with one synchronisation, while the
+    /// core runs them one after the other, each meeting its peers, which wins only where every
+    /// one is in the band (`in_group_band`). A lone call stays the core's. The same answer on
+    /// every rank: every rank's group holds the same calls.
+    pub fn group_goes_to_nccl(&self, calls: usize, all_in_band: bool) -> bool {
+        calls >= 2 && !all_in_band && !self.force_core
     }
 
     /// The sentinel kernel sends nothing but data and meets no one: on 2 and 4 H200 it was as
@@ -223,6 +314,14 @@ impl Settings {
             Some("nccl") => s.enabled = false,
             Some("core") => s.force_core = true,
             _ => {}
+        }
+        let number = |v: &str| v.trim().parse::<usize>().ok();
+        if let Some((lo, hi)) = get("NCCLSHIM_GROUP_CORE_BYTES")
+            .as_deref()
+            .and_then(|v| v.split_once('-'))
+            .and_then(|(lo, hi)| Some((number(lo)?, number(hi)?)))
+        {
+            s.group_core_bytes = (lo, hi);
         }
         s.sentinel_max_bytes = bytes("NCCLSHIM_SENTINEL_MAX_BYTES");
         s.ll_max_bytes = bytes("NCCLSHIM_LL_MAX_BYTES");
@@ -452,6 +551,65 @@ mod tests {
                 .find(|(k, _)| *k == name)
                 .map(|(_, v)| v.to_string())
         })
+    }
+
+    /// Each agreed setting changes with its variable, and no other does; every variable the
+    /// settings read is one of them: a setting added later is agreed on or fails here.
+    #[test]
+    fn every_setting_is_agreed_on_and_named() {
+        let defaults = Settings::defaults().agreed();
+        let read = std::cell::RefCell::new(Vec::<String>::new());
+        Settings::from_lookup(|name| {
+            read.borrow_mut().push(name.to_string());
+            None
+        });
+        let variable = |entry: &str| entry.split(' ').next().unwrap().to_string();
+        for name in read.borrow().iter() {
+            assert!(
+                defaults
+                    .iter()
+                    .any(|(entry, _)| variable(entry).starts_with(name.as_str())),
+                "{name} is read but not agreed on"
+            );
+        }
+        for (i, (entry, value)) in defaults.iter().enumerate() {
+            let given = variable(entry);
+            let (var, values) = match given.split_once('=') {
+                Some((var, value)) => (var.to_string(), vec![value.to_string()]),
+                None => (
+                    given,
+                    ["0", "1", "3", "12345", "1-2"].map(String::from).to_vec(),
+                ),
+            };
+            let changed = values.iter().find_map(|v| {
+                let other = with(&[(var.as_str(), v.as_str())]).agreed();
+                (other[i].1 != *value).then_some(other)
+            });
+            let other = changed.unwrap_or_else(|| panic!("no value of {var} changes {entry}"));
+            for (j, ((e, a), (_, b))) in defaults.iter().zip(&other).enumerate() {
+                assert!(j == i || a == b, "{var} also changed {e}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_group_goes_to_nccl_whole_unless_every_call_is_in_the_cores_band() {
+        let goes = |s: &Settings, sizes: &[usize]| {
+            let all_in_band = sizes.iter().all(|&b| s.in_group_band(b));
+            s.group_goes_to_nccl(sizes.len(), all_in_band)
+        };
+        let s = with(&[]);
+        let (above, up_to) = GROUP_CORE_BYTES;
+        assert!(goes(&s, &[8, 8]), "small calls");
+        assert!(goes(&s, &[above + 1, up_to + 1]), "a large one");
+        assert!(goes(&s, &[above, up_to]));
+        assert!(!goes(&s, &[above + 1, up_to]), "every one in the band");
+        assert!(!goes(&s, &[8]), "a lone call stays");
+        let never = with(&[("NCCLSHIM_GROUP_CORE_BYTES", "0-0")]);
+        assert!(goes(&never, &[1, 1 << 30]));
+        let always = with(&[("NCCLSHIM_GROUP_CORE_BYTES", "0-18446744073709551615")]);
+        assert!(!goes(&always, &[1, 1 << 30]));
+        assert!(!goes(&with(&[("NCCLSHIM_FORCE", "core")]), &[8, 8]));
     }
 
     /// A communicator of `nranks` processes on GPUs like H200's.

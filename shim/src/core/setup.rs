@@ -24,9 +24,11 @@ use crate::api::real;
 use crate::log::log_info;
 
 const MAGIC: u64 = 0x6e63_636c_7368_696d; // "ncclshim"
-// The record's and the buffer's layout (3: sentinel inboxes; 4: zero-copy): other versions never
-// pair up.
-const LAYOUT: u32 = 4;
+// The record's and the buffer's layout (3: sentinel inboxes; 4: zero-copy; 5: every setting on
+// its own): other versions never pair up.
+const LAYOUT: u32 = 5;
+/// Room for the settings every rank must have alike (`Settings::agreed`), one word each.
+const AGREED_SLOTS: usize = 32;
 
 /// What one rank tells the others, as plain bytes.
 #[repr(C)]
@@ -40,7 +42,11 @@ struct Record {
     process: u64,
     /// Rank 0's nonce names the communicator in zero-copy messages (zero_copy/).
     nonce: u64,
-    settings: u64,
+    /// `Settings::agreed`'s values, in its order (the rest zero): the same on every rank, or the
+    /// core stays off.
+    settings: [u64; AGREED_SLOTS],
+    /// The buffers' sizes, as this build lays them out.
+    buffers: u64,
     buffer: u64,
     device: i32,
     /// Blocks the two-shot kernels can have resident at once on this rank's GPU.
@@ -52,7 +58,8 @@ struct Record {
 const RECORD_BYTES: usize = size_of::<Record>();
 
 impl Record {
-    /// A "no" from a rank that could not set up its side.
+    /// A "no" from a rank that could not set up its side (its settings still said, so that its
+    /// peers can name one that differs).
     fn not_ready() -> Record {
         Record {
             magic: MAGIC,
@@ -61,7 +68,8 @@ impl Record {
             host: 0,
             process: 0,
             nonce: 0,
-            settings: 0,
+            settings: agreed_settings(),
+            buffers: buffers_key(STAGING_HALF_BYTES as u64),
             buffer: 0,
             device: -1,
             resident_blocks: 0,
@@ -114,7 +122,7 @@ struct Mapped {
 /// nonblocking ones, as NCCL allows no group of both), after the real NCCL has initialised them
 /// and settled their last operation, outside any group; or leaves them to NCCL.
 pub fn set_up(comms: &[ncclComm_t], blocking: bool) {
-    if !policy::settings().enabled || comms.is_empty() {
+    if comms.is_empty() {
         return;
     }
     if !cuda_ready() {
@@ -236,6 +244,11 @@ fn prepare(comm: ncclComm_t, blocking: bool) -> Candidate {
             return candidate;
         }
     }
+    if !policy::settings().enabled {
+        candidate.why_not =
+            Some("the core is off on this rank (NCCLSHIM_CORE=0 or NCCLSHIM_FORCE=nccl)".into());
+        return candidate;
+    }
     if !(2..=MAX_RANKS).contains(&candidate.nranks) {
         candidate.why_not = Some(format!(
             "{} ranks (the core takes 2 to {MAX_RANKS})",
@@ -346,7 +359,8 @@ fn own_record(candidate: &Candidate) -> Record {
         host: identity::host(),
         process: identity::process(),
         nonce: identity::nonce(),
-        settings: settings_key(parts.half_bytes),
+        settings: agreed_settings(),
+        buffers: buffers_key(parts.half_bytes),
         buffer: parts.buffer.pointer,
         device: exchange.device.ordinal,
         resident_blocks: parts.kernels.two_shot_resident_blocks,
@@ -355,24 +369,22 @@ fn own_record(candidate: &Candidate) -> Record {
     }
 }
 
-/// What must be equal on every rank for the kernels to agree (policy and buffer layout).
-fn settings_key(half_bytes: u64) -> u64 {
-    let s = policy::settings();
-    let mut key = half_bytes ^ (FLAGS_BYTES as u64).rotate_left(40);
-    for v in [
-        INBOX_BYTES as u64,
-        SENTINEL_INBOX_BYTES as u64,
-        s.ll_max_bytes.map_or(u64::MAX, |n| n as u64),
-        s.one_shot_max_bytes.map_or(u64::MAX, |n| n as u64),
-        s.all_reduce_max_bytes.map_or(u64::MAX, |n| n as u64),
-        s.force_core as u64,
-        s.direct as u64,
-        s.two_shot_blocks.map_or(u64::MAX, u64::from),
-        s.sentinel_max_bytes.map_or(u64::MAX, |n| n as u64),
-    ] {
-        key = (key ^ v).wrapping_mul(0x100000001b3);
+/// This rank's settings as the record carries them.
+fn agreed_settings() -> [u64; AGREED_SLOTS] {
+    let mut slots = [0; AGREED_SLOTS];
+    for (slot, (_, value)) in slots.iter_mut().zip(policy::settings().agreed()) {
+        *slot = value;
     }
-    key
+    slots
+}
+
+/// The sizes the kernels divide every rank's buffer by: equal on every rank of one build.
+fn buffers_key(half_bytes: u64) -> u64 {
+    [FLAGS_BYTES, INBOX_BYTES, SENTINEL_INBOX_BYTES]
+        .into_iter()
+        .fold(half_bytes, |key, v| {
+            (key ^ v as u64).wrapping_mul(0x100000001b3)
+        })
 }
 
 /// One all-gather of `payloads[i]` (equal lengths) per candidate, grouped, through the real
@@ -527,18 +539,27 @@ fn join_zero_copy(
     }
 }
 
-/// Whether every rank can join: ready, on this host, with our settings, each on its own GPU.
+/// Whether every rank can join: with our settings, ready, on this host, each on its own GPU.
+/// Settings first: a rank that differs says no for that reason, whatever else it says.
 fn agree(records: &[Record], rank: usize) -> Result<(), String> {
     let me = &records[rank];
     for (r, record) in records.iter().enumerate() {
-        if record.magic != MAGIC || record.layout != LAYOUT || record.ready != 1 {
+        if record.magic != MAGIC || record.layout != LAYOUT {
+            return Err(format!("rank {r} runs another version of ncclshim"));
+        }
+        if let Some(setting) = differing_setting(&record.settings, &me.settings) {
+            return Err(format!(
+                "rank {r} has another {setting} than rank {rank} (every rank needs the same NCCLSHIM_* settings)"
+            ));
+        }
+        if record.buffers != me.buffers {
+            return Err(format!("rank {r} lays the core's buffers out otherwise"));
+        }
+        if record.ready != 1 {
             return Err(format!("rank {r} cannot use the core"));
         }
         if record.host != me.host {
             return Err(format!("rank {r} is on another host"));
-        }
-        if record.settings != me.settings {
-            return Err(format!("rank {r} has other NCCLSHIM_* settings"));
         }
         if records[..r]
             .iter()
@@ -548,6 +569,17 @@ fn agree(records: &[Record], rank: usize) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// The variable of the first setting two records differ in.
+fn differing_setting(theirs: &[u64; AGREED_SLOTS], mine: &[u64; AGREED_SLOTS]) -> Option<String> {
+    let slot = (0..AGREED_SLOTS).find(|&i| theirs[i] != mine[i])?;
+    let names = policy::settings().agreed();
+    Some(
+        names
+            .get(slot)
+            .map_or_else(|| "NCCLSHIM_* setting".into(), |(name, _)| name.clone()),
+    )
 }
 
 fn finish(
@@ -659,7 +691,6 @@ mod tests {
         let mut record = Record::not_ready();
         record.ready = 1;
         record.host = 7;
-        record.settings = 9;
         record.device = device;
         record.pci_bus_id[..12].copy_from_slice(format!("0000:{device:02}:00.0").as_bytes());
         record
@@ -687,7 +718,11 @@ mod tests {
         let cases: [(usize, Spoil, &str); 4] = [
             (2, |r| r.ready = 0, "rank 2 cannot use the core"),
             (1, |r| r.host = 8, "rank 1 is on another host"),
-            (0, |r| r.settings = 1, "other NCCLSHIM_* settings"),
+            (
+                0,
+                |r| r.settings[3] ^= 1,
+                "rank 0 has another NCCLSHIM_LL_MAX_BYTES",
+            ),
             (
                 2,
                 |r| r.pci_bus_id = ready(0).pci_bus_id,
@@ -702,6 +737,28 @@ mod tests {
                 verdict.as_ref().is_err_and(|e| e.contains(why)),
                 "{verdict:?} should say {why}"
             );
+        }
+    }
+
+    /// A rank started with any one setting of another value (a rank with the core off too, which
+    /// says no): every rank's verdict is no, naming that setting.
+    #[test]
+    fn a_rank_with_another_setting_is_named() {
+        let names = policy::settings().agreed();
+        assert!(names.len() <= AGREED_SLOTS, "{} settings", names.len());
+        for (slot, (name, _)) in names.iter().enumerate() {
+            let mut records = [ready(0), ready(1)];
+            records[1].settings[slot] ^= 1;
+            records[1].ready = (slot % 2) as u32;
+            for rank in 0..2 {
+                let verdict = agree(&records, rank);
+                let other = 1 - rank;
+                let want = format!("rank {other} has another {name} than rank {rank}");
+                assert!(
+                    verdict.as_ref().is_err_and(|e| e.starts_with(&want)),
+                    "{verdict:?} should say {want}"
+                );
+            }
         }
     }
 
