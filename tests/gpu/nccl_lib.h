@@ -1,5 +1,5 @@
 // One libnccl.so.2 reached through dlsym (nccl.h gives the types, never a link), and the byte
-// sizes the GPU programs take on their command lines. Shared by bench.cu and traffic_floor.cu.
+// sizes the GPU programs take on their command lines. Shared by bench.cu, traffic_floor.cu and late_peer.cu.
 #pragma once
 #include <dlfcn.h>
 #include <nccl.h>
@@ -17,6 +17,8 @@ struct Lib {
   decltype(&ncclGetVersion) GetVersion;
   decltype(&ncclGetErrorString) GetErrorString;
   decltype(&ncclCommInitAll) CommInitAll;
+  decltype(&ncclGetUniqueId) GetUniqueId;
+  decltype(&ncclCommInitRank) CommInitRank;
   decltype(&ncclCommDestroy) CommDestroy;
   decltype(&ncclGroupStart) GroupStart;
   decltype(&ncclGroupEnd) GroupEnd;
@@ -60,7 +62,8 @@ static void load(Lib* L, const char* name, const char* path) {
     exit(2);
   }
 #define BIND(f) bind(h, path, "nccl" #f, &L->f)
-  BIND(GetVersion); BIND(GetErrorString); BIND(CommInitAll); BIND(CommDestroy);
+  BIND(GetVersion); BIND(GetErrorString); BIND(CommInitAll); BIND(GetUniqueId);
+  BIND(CommInitRank); BIND(CommDestroy);
   BIND(GroupStart); BIND(GroupEnd); BIND(AllReduce); BIND(AllGather); BIND(ReduceScatter);
   BIND(Broadcast); BIND(Reduce); BIND(AlltoAll); BIND(Gather); BIND(Scatter); BIND(Send);
   BIND(Recv);

@@ -6,9 +6,14 @@
 # shim/ (the 2.28.9 build and headers) and, optionally, shim-2.27.7/ (the 2.27.7 build and
 # headers). Environment from run.sh: REAL (the real libnccl.so.2), NVCC_GENCODE (optional),
 # NCCL_TESTS_QUICK=1 (fewer runs), NCCL_TESTS_GROUPS (only these groups of runs, e.g. "core
-# coregraph"; the cold start always runs), STEP_TIMEOUT.
+# coregraph"; the cold start always runs), STEP_TIMEOUT, NCCL_TESTS_GATE_LIMIT (the gate's
+# largest shim / real median time, default 1.05), NCCL_TESTS_GATE_ROUNDS (default 3),
+# NCCL_TESTS_GATE_SETS (only these of the gate's sets, e.g. "plain -r2 -g -m4 -m4g").
+# Groups: basic (every binary), reg1, reg2, graph, types, core, coregraph, coretypes, batch,
+# batchgraph, large, and gate (all_reduce's speed per size, shim and NCCL alone taking turns).
 # Writes OUTDIR/nccl-tests/ (one log per run), OUTDIR/nccl-tests-ratios.md (shim / real per
-# size) and one line per group of runs on stdout: "VERDICT <name> <0|1> <details>".
+# size), OUTDIR/nccl-tests-gate.md (the gate's medians) and one line per group of runs on
+# stdout: "VERDICT <name> <0|1> <details>".
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
 out=$1 n=$2
@@ -119,11 +124,15 @@ cold_start group
 # --- Every binary, both headers, both launch modes, results checked (-c 1) ---
 binaries=(all_reduce all_gather reduce_scatter broadcast reduce alltoall alltoallv sendrecv gather scatter hypercube)
 pairs=()
+# Whether NCCL_TESTS_GROUPS asks for this group (empty: every group).
+wanted() {
+  [ -z "${NCCL_TESTS_GROUPS:-}" ] || [[ " $NCCL_TESTS_GROUPS " == *" $1 "* ]]
+}
 matrix() {
   local group=$1 flavor=$2 mode=$3 binary=$4
   shift 4
   [ -x "$dir/src-$flavor/build/${binary}_perf" ] || return 0
-  [ -z "${NCCL_TESTS_GROUPS:-}" ] || [[ " $NCCL_TESTS_GROUPS " == *" $group "* ]] || return 0
+  wanted "$group" || return 0
   local name=$group-$flavor-$mode-$binary
   run_one "$name-shim" shim "$flavor" "$mode" "$binary" "$@"
   run_one "$name-real" real "$flavor" "$mode" "$binary" "$@"
@@ -202,10 +211,43 @@ for group in basic reg1 reg2 graph types core coregraph coretypes batch batchgra
   [ $count -gt 0 ] || continue
   verdict "$group" $status "$count pairs of runs${problems:+; failed:$problems}"
 done
-python3 "$here/nccl_tests_report.py" --ratios "$dir" "${pairs[@]}" >"$out/nccl-tests-ratios.md"
-verdict ratios $? "shim / NCCL per size for every pair: nccl-tests-ratios.md"
+if [ ${#pairs[@]} -gt 0 ]; then
+  python3 "$here/nccl_tests_report.py" --ratios "$dir" "${pairs[@]}" >"$out/nccl-tests-ratios.md"
+  verdict ratios $? "shim / NCCL per size for every pair: nccl-tests-ratios.md"
+fi
 if [[ " ${pairs[*]} " == *" large-2.28.9-group-all_reduce "* ]]; then
   limit=$(python3 "$here/nccl_tests_report.py" --largest-ratio "$dir" large-2.28.9-group-all_reduce)
   awk -v r="$limit" 'BEGIN { exit !(r != "" && r + 0 <= 1.0) }'
   verdict "large-all-reduce-not-slower" $? "largest shim/real ratio from 16 MiB to 256 MiB (ncclMemAlloc, -g $n): ${limit:-?}"
+fi
+
+# --- Speed gate: all_reduce per size, the shim and NCCL alone taking turns, several rounds ---
+# Eager, with symmetric windows (-R 2), in a CUDA graph, four calls aggregated (-m 4), both; each
+# run sweeps the sizes twice (-N 2). The median time per size and placement over every round and
+# cycle, shim against NCCL alone, may be at most NCCL_TESTS_GATE_LIMIT x NCCL's.
+gate_sets=(":" "-r2:-R 2" "-g:-G 1" "-m4:-m 4" "-m4g:-m 4 -G 1")
+if wanted gate && [ -x "$dir/src-2.28.9/build/all_reduce_perf" ]; then
+  gate_names=() status=0 problems="" runs=0
+  for mode in mpi group; do
+    for set in "${gate_sets[@]}"; do
+      IFS=: read -r suffix args <<<"$set"
+      # NCCL_TESTS_GATE_SETS: only these sets, by suffix ("plain" for the first), e.g. "-m4 -m4g".
+      [ -z "${NCCL_TESTS_GATE_SETS:-}" ] || [[ " $NCCL_TESTS_GATE_SETS " == *" ${suffix:-plain} "* ]] || continue
+      name=gate-2.28.9-$mode-all_reduce$suffix
+      gate_names+=("$name")
+      for round in $(seq "${NCCL_TESTS_GATE_ROUNDS:-3}"); do
+        for lib in shim real; do
+          # $args unquoted: the set's flags, one word each.
+          run_one "$name-$lib-r$round" "$lib" 2.28.9 "$mode" all_reduce -b 8 -e 32M -f 4 -w 5 -n 20 -c 1 -N 2 $args
+          p=$(check_run "$name-$lib-r$round" "$lib") || { status=1; problems="$problems $p;"; }
+          runs=$((runs + 1))
+        done
+      done
+    done
+  done
+  python3 "$here/nccl_tests_report.py" --gate "${NCCL_TESTS_GATE_LIMIT:-1.05}" "$dir" "${gate_names[@]}" \
+    >"$out/nccl-tests-gate.md"
+  gate_status=$? last=$(tail -n 1 "$out/nccl-tests-gate.md")
+  verdict gate $gate_status "${last#\# }; nccl-tests-gate.md"
+  [ $status = 0 ] || verdict gate-runs 1 "$runs runs; failed:$problems"
 fi

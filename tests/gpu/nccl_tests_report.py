@@ -8,10 +8,16 @@ the run started):
   --ratios DIR NAME...        markdown: shim / real time per size for the pairs of runs
                               DIR/NAME-shim.log and DIR/NAME-real.log
   --largest-ratio DIR NAME    the largest shim / real time of one pair (both placements)
+  --gate LIMIT DIR NAME...    markdown: per size and placement, the median time over every round
+                              DIR/NAME-shim-r*.log against DIR/NAME-real-r*.log (each log may
+                              hold several cycles, -N); exit 1 if any shim / real is above LIMIT,
+                              or a NAME has no rows on one side or other sizes on each
 A result row: size count type redop root, then time algbw busbw #wrong out of place, then the
 same in place.
 """
 
+import glob
+import math
 import re
 import statistics
 import sys
@@ -155,6 +161,61 @@ def ratios(directory, names):
     return failed
 
 
+def samples(paths):
+    """{(size, type, redop, root): (out-of-place times, in-place times)} in us, every result row
+    of every log: several rounds, each with several cycles."""
+    found = {}
+    for path in paths:
+        for _, text in stamped(path):
+            row = parse_row(text)
+            if row:
+                size, _, dtype, redop, root = row[:5]
+                oop, ip = found.setdefault((int(size), dtype, redop, root), ([], []))
+                oop.append(float(row[5]))
+                ip.append(float(row[9]))
+    return found
+
+
+PLACEMENTS = ("out of place", "in place")
+
+
+def gate(limit, directory, names):
+    print(f"# nccl-tests gate: median time with the shim / with NCCL alone, limit {limit:g}\n")
+    checked, above, problems = 0, [], []
+    for name in names:
+        shim_logs = sorted(glob.glob(f"{directory}/{name}-shim-r*.log"))
+        real_logs = sorted(glob.glob(f"{directory}/{name}-real-r*.log"))
+        shim, real = samples(shim_logs), samples(real_logs)
+        print(f"## {name} ({len(shim_logs)} rounds with the shim, {len(real_logs)} with NCCL alone)\n")
+        if not shim or not real or set(shim) != set(real):
+            problem = "sizes differ" if shim and real else "no rows"
+            print(f"{problem}: {len(shim)} sizes with the shim, {len(real)} with NCCL alone\n")
+            problems.append(f"{name}: {problem}")
+            continue
+        print("| size | type | op | out of place: shim / NCCL us | ratio | in place: shim / NCCL us | ratio |")
+        print("|---|---|---|---|---|---|---|")
+        for key in sorted(shim):
+            cells = []
+            for placement, shim_times, real_times in zip(PLACEMENTS, shim[key], real[key]):
+                s, r = statistics.median(shim_times), statistics.median(real_times)
+                ratio = s / r if r > 0 else math.inf
+                checked += 1
+                mark = ""
+                if ratio > limit:
+                    above.append((ratio, name, key[0], placement))
+                    mark = "**"
+                cells += [f"{s:.2f} / {r:.2f}", f"{mark}{ratio:.3f}{mark}"]
+            size, dtype, redop, _ = key
+            print(f"| {human(size)} | {dtype} | {redop} | {' | '.join(cells)} |")
+        print()
+    line = f"# gate: {len(above)} of {checked} (name, size, placement) above {limit:g} x NCCL"
+    if above:
+        ratio, name, size, placement = max(above)
+        line += f"; largest {ratio:.3f}: {name} {human(size)} {placement}"
+    print("; ".join([line] + problems))
+    return 1 if above or problems else 0
+
+
 def main(argv):
     if len(argv) >= 2 and argv[0] == "--check":
         return max(check(p) for p in argv[1:])
@@ -167,6 +228,8 @@ def main(argv):
         if got:
             print(f"{max(max(g[1], g[2]) for g in got):.3f}")
         return 0
+    if len(argv) >= 4 and argv[0] == "--gate":
+        return gate(float(argv[1]), argv[2], argv[3:])
     print(__doc__, file=sys.stderr)
     return 2
 

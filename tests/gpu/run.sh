@@ -2,7 +2,7 @@
 # The GPU suite, on a machine with NVIDIA GPUs, nvcc and PyTorch (no Rust needed): compiles the
 # C/CUDA programs, runs the correctness matrix, the PyTorch checks and the side-by-side
 # benchmark through ncclshim, and writes logs and OUTDIR/summary.txt.
-#   run.sh OUTDIR [collectives] [torch] [torchbench] [zerocopy] [bench] [launch] [floor] [sanitizer] [waitlimit] [nccltests] [badinput] [faults] [observe] [netplugin]  (default: the first three)
+#   run.sh OUTDIR [collectives] [torch] [torchbench] [zerocopy] [bench] [latepeer] [launch] [floor] [sanitizer] [waitlimit] [nccltests] [badinput] [faults] [observe] [netplugin]  (default: the first three)
 # It runs from the folder `make gpu-bundle` makes (the shim in shim/lib beside this script).
 # Environment (all optional):
 #   GPU_COUNTS  GPU counts to run on (default "2 4", less those the machine lacks)
@@ -20,7 +20,7 @@
 #   FLOOR_ARGS     more arguments for the floor, e.g. "--sizes 8M,16M"
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
-[ $# -ge 1 ] || { echo "usage: $0 OUTDIR [collectives] [torch] [torchbench] [zerocopy] [bench] [launch] [floor] [sanitizer] [waitlimit] [nccltests] [badinput] [faults] [observe] [netplugin]" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "usage: $0 OUTDIR [collectives] [torch] [torchbench] [zerocopy] [bench] [latepeer] [launch] [floor] [sanitizer] [waitlimit] [nccltests] [badinput] [faults] [observe] [netplugin]" >&2; exit 2; }
 mkdir -p "$1" && out=$(cd "$1" && pwd) && shift
 suites=${*:-collectives torch bench}
 
@@ -266,7 +266,8 @@ zero_copy_suite() {
 
 # --- PyTorch's all-reduce timed (torch_bench.py): bf16, one process per GPU under torchrun,
 # eager and in a CUDA graph; runs without and with the shim alternate, twice each, and
-# torch_bench_report.py puts the medians side by side ---
+# torch_bench_report.py puts the medians side by side and fails where the shim is above
+# TORCH_GATE_LIMIT (1.05) x NCCL ---
 torch_bench_suite() {
   local n=$1 dir=$out/torch-bench-$n t=$SECONDS status=0 round alloc
   rm -rf "$dir" && mkdir -p "$dir"
@@ -284,7 +285,8 @@ torch_bench_suite() {
         status=1
     done
     echo "PyTorch's allocator: $alloc" >>"$dir/report.txt"
-    $python "$here/torch_bench_report.py" --nccl "$dir"/nccl-$alloc-*.json --shim "$dir"/shim-$alloc-*.json \
+    $python "$here/torch_bench_report.py" --limit "${TORCH_GATE_LIMIT:-1.05}" --nccl "$dir"/nccl-$alloc-*.json \
+      --shim "$dir"/shim-$alloc-*.json \
       >>"$dir/report.txt" 2>&1 || status=1
   done
   shim_used "$dir/shim-default-1.log" || status=1
@@ -324,6 +326,45 @@ bench_suite() {
     [ $config = aa ] || grep -q '\[ncclshim\].*forwarding to real NCCL' "$out/$name.log" || status=1
     verdict "bench $n GPUs $config" $status "$report; $((SECONDS - t)) s; tables in $name.txt"
   done
+}
+
+# --- A late peer (late_peer.cu, torch_late_peer.py): each rank late by its own random 0 - 50 us
+# before every call, one process per GPU, eager and in graphs, in place and apart, sizes across
+# every kernel's range; through the shim and NCCL alternately in one run. Fails where a size
+# takes more than LATE_PEER_LIMIT (1.5) x NCCL's time: a kernel that waits badly for a late
+# peer stalls call after call. With every collective on the core too (LATE_PEER_EVERY=0: not) ---
+late_peer_suite() {
+  local n=$1 dir=$out/late-peer-$n t=$SECONDS status=0 limit=${LATE_PEER_LIMIT:-1.5} round
+  rm -rf "$dir" && mkdir -p "$dir"
+  $nvcc "${flags[@]}" "$here/late_peer.cu" -o "$out/bin/late_peer" -ldl >"$out/build-late_peer.log" 2>&1 ||
+    { verdict "late peer $n GPUs" 1 "build failed: build-late_peer.log"; return; }
+  local args=(--shim "$(readlink -f "$shim")" --real "$real" --ngpus "$n" --limit "$limit" --runs "${LATE_PEER_RUNS:-3}")
+  NCCL_DEBUG=WARN timeout "$step_timeout" "$out/bin/late_peer" "${args[@]}" --types bf16,i32 \
+    >"$dir/all-reduce.log" 2>&1 || status=1
+  verdict "late peer $n GPUs all-reduce (C)" $status "$(grep -h '^# ' "$dir/all-reduce.log" | tail -1); $((SECONDS - t)) s; late-peer-$n/all-reduce.log"
+  if [ "${LATE_PEER_EVERY:-1}" = 1 ]; then
+    local every=() collective s2=0 t2=$SECONDS
+    for collective in ALL_GATHER REDUCE_SCATTER BROADCAST REDUCE ALL_TO_ALL; do
+      every+=("NCCLSHIM_${collective}_MAX_BYTES=33554432")
+    done
+    env "${every[@]}" NCCL_DEBUG=WARN timeout "$step_timeout" "$out/bin/late_peer" "${args[@]}" --runs 2 \
+      --colls AllGather,ReduceScatter,Broadcast,Reduce,AlltoAll --sizes 8K,128K,512K,2M,8M \
+      >"$dir/every.log" 2>&1 || s2=1
+    verdict "late peer $n GPUs every collective (C)" $s2 "$(grep -h '^# ' "$dir/every.log" | tail -1); $((SECONDS - t2)) s; late-peer-$n/every.log"
+  fi
+  local s3=0 t3=$SECONDS pairs=()
+  local launch=($python -m torch.distributed.run --standalone --nproc_per_node "$n" "$here/torch_late_peer.py")
+  for round in $(seq "${LATE_PEER_TORCH_ROUNDS:-2}"); do
+    NCCL_DEBUG=WARN timeout "$step_timeout" "${launch[@]}" "$dir/nccl-$round.json" >"$dir/nccl-$round.log" 2>&1 || s3=1
+    LD_PRELOAD="$shim" NCCLSHIM_REAL_NCCL="$real" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT timeout "$step_timeout" \
+      "${launch[@]}" "$dir/shim-$round.json" >"$dir/shim-$round.log" 2>&1 || s3=1
+    pairs+=("$dir/nccl-$round.json" "$dir/shim-$round.json")
+  done
+  $python "$here/torch_late_peer.py" --compare --limit "$limit" "${pairs[@]}" >"$dir/torch.txt" 2>&1 || s3=1
+  # The core served the shim's runs (each process says so).
+  [ "$(grep -c 'core on for comm' "$dir/shim-1.log")" -ge "$n" ] || s3=1
+  verdict "late peer $n GPUs PyTorch" $s3 "$(tail -1 "$dir/torch.txt"); $((SECONDS - t3)) s; late-peer-$n/torch.txt"
+  grep -h 'SLOW' "$dir"/*.log "$dir/torch.txt" | head -20 | sed 's/^/  /' | tee -a "$summary"
 }
 
 # --- What the host pays per launch: the floor under eager times (a table, no verdict on it) ---
@@ -551,6 +592,7 @@ for n in $counts; do
       torchbench) torch_bench_suite "$n" ;;
       zerocopy) zero_copy_suite ;;
       bench) bench_suite "$n" ;;
+      latepeer) late_peer_suite "$n" ;;
       launch) launch_suite "$n" ;;
       floor) floor_suite "$n" ;;
       sanitizer) sanitizer_suite "$n" ;;

@@ -1,7 +1,10 @@
 """Runs of torch_bench.py with and without ncclshim, side by side: per size, the median time of
 each library over its runs (the runs alternate) and the ratio, shim / NCCL, eager and in a graph.
+With --limit X it fails (exit 1) where a ratio is above X: every graph ratio, and the eager
+ratios where NCCL's eager time is within 1.25 x its graph time (elsewhere Python's own time per
+call, which varies from process to process by more than the limit, is what eager measures).
 
-    python3 torch_bench_report.py --nccl A.json [A2.json ...] --shim B.json [B2.json ...]
+    python3 torch_bench_report.py [--limit X] --nccl A.json [A2.json ...] --shim B.json [B2.json ...]
 """
 import argparse
 import json
@@ -24,7 +27,9 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--nccl", nargs="+", required=True)
     parser.add_argument("--shim", nargs="+", required=True)
+    parser.add_argument("--limit", type=float)
     args = parser.parse_args()
+    above = []
     nccl, shim = times(args.nccl), times(args.shim)
     print(f"{'size':>8} {'NCCL eager':>11} {'shim eager':>11} {'ratio':>6} "
           f"{'NCCL graph':>11} {'shim graph':>11} {'ratio':>6}")
@@ -35,8 +40,14 @@ def main():
         for k in (0, 1):
             a, b = statistics.median(nccl[size][k]), statistics.median(shim[size][k])
             row += [f"{a:11.1f}", f"{b:11.1f}", f"{b / a:6.2f}"]
+            gpu_bound = k == 1 or a <= 1.25 * statistics.median(nccl[size][1])
+            if args.limit is not None and gpu_bound and b / a > args.limit:
+                above.append(f"{size >> 20} MiB {('eager', 'graph')[k]} {b / a:.2f}")
         print(" ".join(row))
+    if args.limit is not None:
+        print(f"# {len(above)} above {args.limit} x NCCL{': ' + ', '.join(above) if above else ''}")
+    return 1 if above else 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
