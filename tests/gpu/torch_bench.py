@@ -85,12 +85,17 @@ def main():
         if rank == 0:
             print(f"torch bench {size >> 20} MiB: eager {eager_us:.1f} us, graph {graph_us:.1f} us",
                   flush=True)
-    print(f"torch bench rank {rank}: {len(wrong)} wrong {wrong}", flush=True)
+    finish(out, "torch bench", rank, world, results, wrong)
+
+
+def finish(out, label, rank, world, results, wrong):
+    """Says how many results were wrong, rank 0 writes OUT, and the process ends (status 1 if any
+    was wrong). Not by destroy_process_group: after graphs of NCCL calls it waits for ever (seen
+    with NCCL alone, PyTorch 2.11); the results are written. torch_late_peer.py ends so too."""
+    print(f"{label} rank {rank}: {len(wrong)} wrong {wrong}", flush=True)
     if rank == 0:
         with open(out, "w") as f:
             json.dump({"world": world, "results": results, "wrong": wrong}, f)
-    # Not destroy_process_group: after the graphs of NCCL calls it waits for ever (seen with
-    # NCCL alone, PyTorch 2.11); the results are written.
     sys.stdout.flush()
     os._exit(1 if wrong else 0)
 

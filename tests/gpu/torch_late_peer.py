@@ -31,6 +31,7 @@ def spin_us(us):
 def run(out):
     import torch
     import torch.distributed as dist
+    from torch_bench import finish  # beside this file, as torchrun runs it
 
     local = int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(local)
@@ -108,14 +109,8 @@ def run(out):
                 place = "in place" if in_place else "apart"
                 print(f"late peer {size >> 10} KiB {place}: eager {eager_us:.1f} us, graph {graph_us:.1f} us",
                       flush=True)
-    print(f"late peer rank {rank}: {len(wrong)} wrong {wrong}", flush=True)
-    if rank == 0:
-        with open(out, "w") as f:
-            json.dump({"world": world, "results": results, "wrong": wrong}, f)
     torch.cuda.synchronize()
-    sys.stdout.flush()
-    # As torch_bench.py: no destroy_process_group after graphs of NCCL calls.
-    os._exit(1 if wrong else 0)
+    finish(out, "late peer", rank, world, results, wrong)
 
 
 def compare(args):

@@ -28,17 +28,20 @@ pub fn page_lines(page: &Page) -> Vec<String> {
         Some(false) => "the core did not serve it",
         None => "the core never set up",
     };
-    let mut notes = Vec::new();
-    match page.calls_in_shared_launches() {
-        0 => {}
-        calls => notes.push(format!("{calls} in launches shared by a group's calls")),
-    }
-    match page.calls_sent_with_group() {
-        0 => {}
-        calls => notes.push(format!(
-            "{calls} counted as the core's went to NCCL with their group"
-        )),
-    }
+    let notes: Vec<String> = [
+        (
+            page.calls_in_shared_launches(),
+            "in launches shared by a group's calls",
+        ),
+        (
+            page.calls_sent_with_group(),
+            "counted as the core's went to NCCL with their group",
+        ),
+    ]
+    .into_iter()
+    .filter(|&(calls, _)| calls > 0)
+    .map(|(calls, what)| format!("{calls} {what}"))
+    .collect();
     let shared = if notes.is_empty() {
         String::new()
     } else {

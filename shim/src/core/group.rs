@@ -176,8 +176,13 @@ struct Seen {
     calls: usize,
     /// Every one in the band where the core beats NCCL's one kernel per group.
     all_in_band: bool,
+}
+
+impl Seen {
     /// They go to NCCL: the ones queued before the deciding call, it, and every later one.
-    to_nccl: bool,
+    fn to_nccl(&self) -> bool {
+        policy::settings().group_goes_to_nccl(self.calls, self.all_in_band)
+    }
 }
 
 pub fn inside() -> bool {
@@ -227,7 +232,7 @@ pub fn goes_to_nccl(comm: ncclComm_t) -> bool {
     SEEN.with(|seen| {
         seen.borrow()
             .iter()
-            .any(|s| s.comm == comm as usize && s.to_nccl)
+            .any(|s| s.comm == comm as usize && s.to_nccl())
     })
 }
 
@@ -248,7 +253,6 @@ pub fn weigh(comm: ncclComm_t, bytes: usize) -> bool {
                     comm: comm as usize,
                     calls: 0,
                     all_in_band: true,
-                    to_nccl: false,
                 });
                 seen.len() - 1
             }
@@ -256,8 +260,7 @@ pub fn weigh(comm: ncclComm_t, bytes: usize) -> bool {
         let s = &mut seen[at];
         s.calls += 1;
         s.all_in_band &= settings.in_group_band(bytes);
-        s.to_nccl = settings.group_goes_to_nccl(s.calls, s.all_in_band);
-        s.to_nccl
+        s.to_nccl()
     });
     if decided {
         send_queued_to_nccl(comm);

@@ -294,7 +294,8 @@ impl Settings {
 
     fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Settings {
         let mut s = Settings::defaults();
-        let bytes = |name: &str| get(name).and_then(|v| v.trim().parse::<usize>().ok());
+        let number = |v: &str| v.trim().parse::<usize>().ok();
+        let bytes = |name: &str| get(name).and_then(|v| number(&v));
         let off = |name: &str| get(name).is_some_and(|v| v.trim() == "0");
         s.enabled = !off("NCCLSHIM_CORE");
         s.direct = !off("NCCLSHIM_DIRECT");
@@ -315,7 +316,6 @@ impl Settings {
             Some("core") => s.force_core = true,
             _ => {}
         }
-        let number = |v: &str| v.trim().parse::<usize>().ok();
         if let Some((lo, hi)) = get("NCCLSHIM_GROUP_CORE_BYTES")
             .as_deref()
             .and_then(|v| v.split_once('-'))
