@@ -183,8 +183,8 @@ gpu-check:
 	[ "$$(python3 tests/gpu/nccl_tests_report.py --largest-ratio tests/gpu/testdata nccl-tests)" = 1.000 ]
 	python3 tests/gpu/nccl_tests_report.py --first-call tests/gpu/testdata/nccl-tests-shim.log \
 	  tests/gpu/testdata/nccl-tests-real.log
-	@# The speed gate on made-up rounds (-N 2): an outlier in one shim round is absorbed by the
-	@# median, a shim 1.3 x slower at 32 MiB fails.
+	@# The speed gate on made-up rounds (-N 2): an outlier in one shim round is passed over for
+	@# the best round, a shim 1.3 x slower at 32 MiB fails.
 	python3 tests/gpu/nccl_tests_report.py --gate 1.05 tests/gpu/testdata gate-ok >/dev/null
 	! python3 tests/gpu/nccl_tests_report.py --gate 1.05 tests/gpu/testdata gate-slow >/dev/null
 	@# trace_check.py on made-up traces: a timed one passes (and fails untimed), a gap fails.

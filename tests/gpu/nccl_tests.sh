@@ -12,7 +12,7 @@
 # Groups: basic (every binary), reg1, reg2, graph, types, core, coregraph, coretypes, batch,
 # batchgraph, large, and gate (all_reduce's speed per size, shim and NCCL alone taking turns).
 # Writes OUTDIR/nccl-tests/ (one log per run), OUTDIR/nccl-tests-ratios.md (shim / real per
-# size), OUTDIR/nccl-tests-gate.md (the gate's medians) and one line per group of runs on
+# size), OUTDIR/nccl-tests-gate.md (the gate's best times) and one line per group of runs on
 # stdout: "VERDICT <name> <0|1> <details>".
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
@@ -223,7 +223,7 @@ fi
 
 # --- Speed gate: all_reduce per size, the shim and NCCL alone taking turns, several rounds ---
 # Eager, with symmetric windows (-R 2), in a CUDA graph, four calls aggregated (-m 4), both; each
-# run sweeps the sizes twice (-N 2). The median time per size and placement over every round and
+# run sweeps the sizes twice (-N 2). The best time per size and placement over every round and
 # cycle, shim against NCCL alone, may be at most NCCL_TESTS_GATE_LIMIT x NCCL's.
 gate_sets=(":" "-r2:-R 2" "-g:-G 1" "-m4:-m 4" "-m4g:-m 4 -G 1")
 if wanted gate && [ -x "$dir/src-2.28.9/build/all_reduce_perf" ]; then

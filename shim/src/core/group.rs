@@ -173,6 +173,8 @@ thread_local! {
 /// What the group has seen of one communicator's calls that the core would take.
 struct Seen {
     comm: usize,
+    /// Its core, as looked up at its first such call: the group's later calls need no look-up.
+    core: Arc<CoreComm>,
     calls: usize,
     /// Every one in the band where the core beats NCCL's one kernel per group.
     all_in_band: bool,
@@ -227,22 +229,33 @@ pub fn drain_queued<T>(f: impl FnOnce(&[Queued]) -> T) -> T {
     })
 }
 
-/// Whether this group's calls on `comm` go to NCCL (`weigh` decided so on an earlier one).
-pub fn goes_to_nccl(comm: ncclComm_t) -> bool {
-    SEEN.with(|seen| {
-        seen.borrow()
-            .iter()
-            .any(|s| s.comm == comm as usize && s.to_nccl())
-    })
+/// What the group knows of `comm` from its earlier calls (`weigh`).
+pub enum Known {
+    /// Nothing: none of its calls so far was one the core would take.
+    New,
+    /// Its calls go to NCCL (`weigh` decided so on an earlier one).
+    ToNccl,
+    /// Its core, as looked up at its first call.
+    Core(Arc<CoreComm>),
+}
+
+pub fn known(comm: ncclComm_t) -> Known {
+    SEEN.with(
+        |seen| match seen.borrow().iter().find(|s| s.comm == comm as usize) {
+            None => Known::New,
+            Some(s) if s.to_nccl() => Known::ToNccl,
+            Some(s) => Known::Core(s.core.clone()),
+        },
+    )
 }
 
 /// Weighs one more call of `comm`, of `bytes`, that the core would take, with the group's calls
 /// of `comm` before it (`Settings::group_goes_to_nccl`): whether it goes to NCCL. Where this call
 /// decides so, the calls of `comm` queued before it go there now, in their order, and this one
-/// must follow them; so do the group's later calls of `comm` (`goes_to_nccl`), without being
+/// must follow them; so do the group's later calls of `comm` (`known`), without being
 /// weighed. Each rank's group holds the same calls, and each call's plan is the same on every
 /// rank: every rank decides alike, at the same call.
-pub fn weigh(comm: ncclComm_t, bytes: usize) -> bool {
+pub fn weigh(comm: ncclComm_t, core: &Arc<CoreComm>, bytes: usize) -> bool {
     let settings = policy::settings();
     let decided = SEEN.with(|seen| {
         let mut seen = seen.borrow_mut();
@@ -251,6 +264,7 @@ pub fn weigh(comm: ncclComm_t, bytes: usize) -> bool {
             None => {
                 seen.push(Seen {
                     comm: comm as usize,
+                    core: core.clone(),
                     calls: 0,
                     all_in_band: true,
                 });
@@ -273,12 +287,7 @@ pub fn weigh(comm: ncclComm_t, bytes: usize) -> bool {
 fn send_queued_to_nccl(comm: ncclComm_t) {
     // Out of the queue while the real NCCL runs: nothing of ours is borrowed if it calls back.
     let mut queued = QUEUED.with(|q| std::mem::take(&mut *q.borrow_mut()));
-    let mut kept = Vec::with_capacity(queued.len());
-    for op in queued.drain(..) {
-        if op.comm != comm {
-            kept.push(op);
-            continue;
-        }
+    for op in queued.extract_if(.., |op| op.comm == comm) {
         crate::calls::sent_with_group(op.comm);
         let sent = (op.forward)();
         if sent != ncclSuccess && sent != ncclInProgress {
@@ -289,7 +298,12 @@ fn send_queued_to_nccl(comm: ncclComm_t) {
             });
         }
     }
-    QUEUED.with(|q| *q.borrow_mut() = kept);
+    // The others stay queued, in their order, with the queue's memory.
+    QUEUED.with(|q| {
+        let mut q = q.borrow_mut();
+        let newer = std::mem::replace(&mut *q, queued);
+        q.extend(newer);
+    });
 }
 
 /// The first error a call sent to NCCL from the queue returned in the outermost group, if any;

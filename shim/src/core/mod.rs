@@ -270,32 +270,62 @@ pub fn collective(
     if !settings.may_take(call.collective) {
         return forward();
     }
-    // The group's calls on this communicator go to NCCL (group::weigh decided on an earlier one).
-    if group::inside() && group::goes_to_nccl(comm) {
-        return forward();
-    }
+    // The group's calls on this communicator go to NCCL (group::weigh decided on an earlier one),
+    // or its core is known from an earlier one.
+    let known = match group::inside() {
+        true => group::known(comm),
+        false => group::Known::New,
+    };
     let all_reduce = call.collective == Collective::AllReduce;
-    let core = match lifecycle::lookup(comm) {
-        lifecycle::Lookup::Core(core) => core,
-        lifecycle::Lookup::NoCore => return forward(),
+    let (core, forward) = match known {
+        group::Known::ToNccl => return forward(),
+        group::Known::Core(core) => (core, forward),
+        group::Known::New => match lookup(comm, all_reduce, forward) {
+            Ok(found) => found,
+            Err(result) => return result,
+        },
+    };
+    collective_of_core(call, comm, core, settings, forward)
+}
+
+/// `comm`'s core (and `forward`, unused), or the result of its call where there is none to take
+/// it: forwarded, or the communicator's first all-reduce (whose set-up follows).
+fn lookup<F: FnOnce() -> ncclResult_t>(
+    comm: ncclComm_t,
+    all_reduce: bool,
+    forward: F,
+) -> Result<(std::sync::Arc<comm::CoreComm>, F), ncclResult_t> {
+    Ok(match lifecycle::lookup(comm) {
+        lifecycle::Lookup::Core(core) => (core, forward),
+        lifecycle::Lookup::NoCore => return Err(forward()),
         lifecycle::Lookup::Waiting if all_reduce && lifecycle::first_all_reduce(comm) => {
-            return first_all_reduce(comm, forward);
+            return Err(first_all_reduce(comm, forward));
         }
         // Taken by another thread's call meanwhile, or not an all-reduce.
-        lifecycle::Lookup::Waiting => return forward(),
+        lifecycle::Lookup::Waiting => return Err(forward()),
         // NULL (or a stray handle whose call fails) is for the real NCCL to report.
         lifecycle::Lookup::Unknown
             if !all_reduce || comm.is_null() || !lifecycle::met_at_first_all_reduce(comm) =>
         {
-            return forward();
+            return Err(forward());
         }
         lifecycle::Lookup::Unknown => {
             log_info!(
                 "comm {comm:p} was made where the shim could not see its handle (such as a nonblocking parent's split or shrink): its core is set up after this all-reduce"
             );
-            return first_all_reduce(comm, forward);
+            return Err(first_all_reduce(comm, forward));
         }
-    };
+    })
+}
+
+/// A call on `comm`, whose core is `core`: the core's where it takes it, else `forward`.
+fn collective_of_core(
+    call: Call,
+    comm: ncclComm_t,
+    core: std::sync::Arc<comm::CoreComm>,
+    settings: &policy::Settings,
+    forward: impl FnOnce() -> ncclResult_t + 'static,
+) -> ncclResult_t {
     // A kernel of this communicator gave up waiting for a peer: the ranks are out of step.
     if core.failed(comm) {
         return ncclRemoteError;
@@ -317,7 +347,7 @@ pub fn collective(
     };
     let stream = call.stream as cuda::Stream;
     if group::inside() {
-        if group::weigh(comm, plan.count * plan.dtype.size()) {
+        if group::weigh(comm, &core, plan.count * plan.dtype.size()) {
             return forward();
         }
         // Asked of the driver only where the trace wants it, or `queue` needs it.
