@@ -2,7 +2,7 @@
 # The GPU suite, on a machine with NVIDIA GPUs, nvcc and PyTorch (no Rust needed): compiles the
 # C/CUDA programs, runs the correctness matrix, the PyTorch checks and the side-by-side
 # benchmark through ncclshim, and writes logs and OUTDIR/summary.txt.
-#   run.sh OUTDIR [collectives] [torch] [torchbench] [zerocopy] [bench] [latepeer] [launch] [floor] [sanitizer] [waitlimit] [nccltests] [badinput] [faults] [observe] [netplugin]  (default: the first three)
+#   run.sh OUTDIR [collectives] [torch] [torchbench] [zerocopy] [bench] [latepeer] [groupcost] [launch] [floor] [sanitizer] [waitlimit] [nccltests] [badinput] [faults] [observe] [netplugin]  (default: the first three)
 # It runs from the folder `make gpu-bundle` makes (the shim in shim/lib beside this script).
 # Environment (all optional):
 #   GPU_COUNTS  GPU counts to run on (default "2 4", less those the machine lacks)
@@ -20,7 +20,7 @@
 #   FLOOR_ARGS     more arguments for the floor, e.g. "--sizes 8M,16M"
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
-[ $# -ge 1 ] || { echo "usage: $0 OUTDIR [collectives] [torch] [torchbench] [zerocopy] [bench] [latepeer] [launch] [floor] [sanitizer] [waitlimit] [nccltests] [badinput] [faults] [observe] [netplugin]" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "usage: $0 OUTDIR [collectives] [torch] [torchbench] [zerocopy] [bench] [latepeer] [groupcost] [launch] [floor] [sanitizer] [waitlimit] [nccltests] [badinput] [faults] [observe] [netplugin]" >&2; exit 2; }
 mkdir -p "$1" && out=$(cd "$1" && pwd) && shift
 suites=${*:-collectives torch bench}
 
@@ -216,10 +216,11 @@ torch_suite() {
   local c_shim=$?
   $python "$here/torch_compare.py" --ddp-rtol 1e-5 "$dir/shim-every" "$dir/nccl" >"$dir/compare-every.log" 2>&1
   local c_every=$?
-  # The core must have served each collective PyTorch issues through NCCL's own API.
+  # The core must have served each collective PyTorch issues through NCCL's own API (small ones
+  # as packets: the ll_ kernels).
   local served="" kernel
   for kernel in all_gather reduce_scatter broadcast all_to_all; do
-    grep -q "summary: .* core $kernel [1-9]" "$dir/shim-every.log" && served+=" $kernel" || c_every=1
+    grep -qE "summary: .* core (ll_)?$kernel [1-9]" "$dir/shim-every.log" && served+=" $kernel" || c_every=1
   done
   $python "$here/torch_compare.py" --ddp-rtol 1e-5 "$dir/shim-nonblocking" "$dir/nccl-nonblocking" \
     >"$dir/compare-nonblocking.log" 2>&1
@@ -365,6 +366,24 @@ late_peer_suite() {
   [ "$(grep -c 'core on for comm' "$dir/shim-1.log")" -ge "$n" ] || s3=1
   verdict "late peer $n GPUs PyTorch" $s3 "$(tail -1 "$dir/torch.txt"); $((SECONDS - t3)) s; late-peer-$n/torch.txt"
   grep -h 'SLOW' "$dir"/*.log "$dir/torch.txt" | head -20 | sed 's/^/  /' | tee -a "$summary"
+}
+
+# --- What a group costs the host (group_cost.cu): groups of four small all-reduces, as
+# nccl-tests -m 4 issues them, host-bound under NCCL, through the shim and NCCL alternately in one
+# run; one process per GPU, then one process for every GPU. Fails where the shim's best round
+# takes more than GROUP_COST_LIMIT (1.05) x NCCL's per operation ---
+group_cost_suite() {
+  local n=$1 log=$out/group-cost-$n.txt t=$SECONDS status=0
+  $nvcc "${flags[@]}" "$here/group_cost.cu" -o "$out/bin/group_cost" -ldl >"$out/build-group_cost.log" 2>&1 ||
+    { verdict "group cost $n GPUs" 1 "build failed: build-group_cost.log"; return; }
+  local args=(--shim "$(readlink -f "$shim")" --real "$real" --ngpus "$n" --limit "${GROUP_COST_LIMIT:-1.05}")
+  : >"$log"
+  for mode in "" --one-process; do
+    # $mode unquoted: no word where empty.
+    NCCL_DEBUG=WARN timeout "$step_timeout" "$out/bin/group_cost" "${args[@]}" $mode >>"$log" 2>&1 || status=1
+  done
+  verdict "group cost $n GPUs" $status "$(grep -h '^# [0-9]' "$log" | tr '\n' ' ')$((SECONDS - t)) s; group-cost-$n.txt"
+  grep -v '^# shim\|^# nccl' "$log" | sed 's/^/  /' | tee -a "$summary"
 }
 
 # --- What the host pays per launch: the floor under eager times (a table, no verdict on it) ---
@@ -593,6 +612,7 @@ for n in $counts; do
       zerocopy) zero_copy_suite ;;
       bench) bench_suite "$n" ;;
       latepeer) late_peer_suite "$n" ;;
+      groupcost) group_cost_suite "$n" ;;
       launch) launch_suite "$n" ;;
       floor) floor_suite "$n" ;;
       sanitizer) sanitizer_suite "$n" ;;
