@@ -1,5 +1,5 @@
 # ncclshim: `make build` (the library), `make test` (the whole CPU suite).
-#   make build [NCCL_VERSION=2.27.7|all] [REAL_NCCL_LIB=/abs/path/libnccl.so.2] [BUILD=build]
+#   make build [NCCL_VERSION=2.27.7|X.Y.Z|all] [REAL_NCCL_LIB=/abs/path/libnccl.so.2] [BUILD=build]
 #   make test
 #   make spec NCCL_H=path/to/nccl.h | make spec NCCL_VERSION=2.29.7 | make specs
 #   make spec-diff FROM=2.27.7 TO=2.28.9
@@ -28,8 +28,24 @@ NEWEST_SPEC := $(lastword $(SPEC_VERSIONS))
 # The real NCCL releases the CPU tests run against (and the newest, whose headers the build for
 # all versions installs).
 TEST_NCCL_VERSIONS := 2.27.7 2.26.5 2.28.9 $(NEWEST_SPEC)
-HEADERS_VERSION := $(if $(filter all,$(NCCL_VERSION)),$(NEWEST_SPEC),$(NCCL_VERSION))
-BUILT_ABI := $(if $(filter all,$(NCCL_VERSION)),the ABI of every NCCL from $(firstword $(SPEC_VERSIONS)) to $(NEWEST_SPEC),NCCL $(NCCL_VERSION) ABI)
+# The release whose spec a build exports, as gen/spec-version.sh decides (for the build script
+# too): NCCL_VERSION's own, its minor release's newest (said once: everything after names that
+# one), or all. Worked out when first used, by the targets that build, so that a stray
+# NCCL_VERSION (nvidia/cuda images export one) stops nothing else.
+SPEC_OF := $(CURDIR)/gen/spec-version.sh
+SPEC_VERSION = $(eval SPEC_VERSION := $(call checked,$(SPEC_OF) '$(NCCL_VERSION)'))$(if \
+  $(filter-out $(NCCL_VERSION),$(SPEC_VERSION)),$(info NCCL $(NCCL_VERSION) has no spec; building \
+  $(SPEC_VERSION)'s ABI (the nearest: its minor release's)))$(SPEC_VERSION)
+# NCCL_VERSION where it must name a release (make spec).
+RELEASE = $(eval RELEASE := $(call checked,$(SPEC_OF) --release '$(NCCL_VERSION)'))$(RELEASE)
+# $(call checked,COMMAND): what COMMAND prints; where it fails, make stops with its one line.
+checked = $(call stop_on_failure,$(shell $(1) 2>&1))
+stop_on_failure = $(if $(filter 0,$(.SHELLSTATUS)),$(1),$(error $(1)$(if \
+  $(filter environment,$(origin NCCL_VERSION)), (NCCL_VERSION comes from the environment: pass \
+  NCCL_VERSION=X.Y.Z to make, or unset it))))
+HEADERS_VERSION = $(if $(filter all,$(SPEC_VERSION)),$(NEWEST_SPEC),$(SPEC_VERSION))
+BUILT_ABI = $(if $(filter all,$(SPEC_VERSION)),the ABI of every NCCL from $(firstword \
+  $(SPEC_VERSIONS)) to $(NEWEST_SPEC),NCCL $(SPEC_VERSION)'s ABI)
 
 .PHONY: help build install wheel test lint unit-tests integration-tests spec specs spec-diff microbench \
   deps-test clean
@@ -49,16 +65,16 @@ help:
 build:
 	@command -v $(CARGO) >/dev/null || { echo "make build needs Rust (cargo): https://rustup.rs"; exit 1; }
 	@echo "building the shim; its CUDA kernels are compiled ahead of time, which takes minutes the first time (cached under $${NCCLSHIM_CACHE:-~/.cache/ncclshim})"
-	$(WITH_NVRTC) NCCL_VERSION=$(NCCL_VERSION) REAL_NCCL_LIB=$(REAL_NCCL_LIB) \
+	$(WITH_NVRTC) NCCL_VERSION=$(SPEC_VERSION) REAL_NCCL_LIB=$(REAL_NCCL_LIB) \
 	  $(CARGO) build --release --locked -p ncclshim -p ncclshim-cli
 	@header_dir=$$($(FETCH) $(HEADERS_VERSION))/include && \
 	  rm -rf $(BUILD)/lib $(BUILD)/include $(BUILD)/bin && mkdir -p $(BUILD)/lib $(BUILD)/include $(BUILD)/bin && \
 	  cp $(TARGET_DIR)/release/ncclshim $(BUILD)/bin/ncclshim && \
-	  cp $(TARGET_DIR)/release/libnccl.so $(BUILD)/lib/libnccl.so.$(NCCL_VERSION) && \
-	  ln -s libnccl.so.$(NCCL_VERSION) $(BUILD)/lib/libnccl.so.2 && \
+	  cp $(TARGET_DIR)/release/libnccl.so $(BUILD)/lib/libnccl.so.$(SPEC_VERSION) && \
+	  ln -s libnccl.so.$(SPEC_VERSION) $(BUILD)/lib/libnccl.so.2 && \
 	  ln -s libnccl.so.2 $(BUILD)/lib/libnccl.so && \
 	  cp -r $$header_dir/. $(BUILD)/include/ && rm -f $(BUILD)/include/__init__.py
-	@echo "built $(BUILD)/lib/libnccl.so.$(NCCL_VERSION) ($(BUILT_ABI), headers of $(HEADERS_VERSION))"
+	@echo "built $(BUILD)/lib/libnccl.so.$(SPEC_VERSION) ($(BUILT_ABI), headers of $(HEADERS_VERSION))"
 
 # The built library, headers and command under PREFIX: lib/libnccl.so.<version> with the links
 # libnccl.so.2 and libnccl.so, include/nccl.h (and nccl_device/ from 2.28 on).
@@ -108,7 +124,7 @@ test: build wheel deps-test lint gpu-check
 spec:
 	@[ -n "$(NCCL_H)" ] || [ "$(origin NCCL_VERSION)" != file ] || { \
 	  echo "usage: make spec NCCL_H=path/to/nccl.h | make spec NCCL_VERSION=X.Y.Z"; exit 1; }
-	@header=$(or $(NCCL_H),$$($(FETCH) $(NCCL_VERSION))/include/nccl.h) && \
+	@header=$(or $(NCCL_H),$$($(FETCH) $(RELEASE))/include/nccl.h) && \
 	  $(CARGO) run --locked --release -q -p ncclshim-gen -- spec $$header spec/
 
 # Every committed spec again, from its release's headers (after a change to the generator).
@@ -147,7 +163,7 @@ gpu-bundle:
 	@# A target folder of its own: other builds of the shim (other versions) share target/.
 	CARGO_TARGET_DIR=$(CURDIR)/target/gpu-bundle $(MAKE) --no-print-directory build \
 	  NCCL_VERSION=$(GPU_NCCL_VERSION) BUILD=$(BUNDLE)/shim
-	strip --strip-debug $(BUNDLE)/shim/lib/libnccl.so.$(GPU_NCCL_VERSION) $(BUNDLE)/shim/bin/ncclshim
+	strip --strip-debug $$(readlink -f $(BUNDLE)/shim/lib/libnccl.so.2) $(BUNDLE)/shim/bin/ncclshim
 	@# The core's own GPU tests (shim/src/core/**/gpu_test.rs, ignored in make test): run.sh zerocopy.
 	$(WITH_NVRTC) NCCL_VERSION=$(GPU_NCCL_VERSION) CARGO_TARGET_DIR=$(CURDIR)/target/gpu-bundle \
 	  $(CARGO) test --release --locked -p ncclshim --lib --no-run --message-format=json 2>/dev/null \

@@ -24,20 +24,27 @@ mod specs;
 const DEFAULT_VERSION: &str = "2.27.7";
 
 fn main() {
-    let spec_dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../spec")
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
         .canonicalize()
-        .expect("spec/ exists");
+        .expect("the workspace exists");
+    let spec_dir = workspace.join("spec");
     println!("cargo:rerun-if-changed={}", spec_dir.display());
+    println!(
+        "cargo:rerun-if-changed={}",
+        workspace.join("gen/spec-version.sh").display()
+    );
     println!("cargo:rerun-if-env-changed=NCCL_VERSION");
     println!("cargo:rerun-if-env-changed=REAL_NCCL_LIB");
 
     let version = std::env::var("NCCL_VERSION").ok().filter(|v| !v.is_empty());
     let version = version.as_deref().unwrap_or(DEFAULT_VERSION);
-    let (flavor, specs) = match specs::specs_of(&spec_dir, version) {
-        Ok(found) => found,
-        Err(why) => fail(&why),
-    };
+    // The flavor: the release whose spec is exported, which the library then says it is.
+    let (flavor, note) = specs::spec_release(&workspace, version).unwrap_or_else(|why| fail(&why));
+    if let Some(note) = note {
+        println!("cargo:warning={note}");
+    }
+    let specs = specs::spec_files(&spec_dir, &flavor).unwrap_or_else(|why| fail(&why));
     let joined: Vec<String> = specs.iter().map(|p| p.display().to_string()).collect();
     println!("cargo:rustc-env=NCCLSHIM_SPECS={}", joined.join(":"));
     println!("cargo:rustc-env=NCCLSHIM_BUILD_FLAVOR={flavor}");

@@ -1,7 +1,8 @@
 //! What `make` runs to set a machine up: `gen/has-libclang.sh` decides whether `make test`
 //! installs libclang for bindgen, and must not take LLVM's C++ library (`libclang-cpp`, which
 //! comes with llvm without libclang itself) for it; `make install` lays the build out under a
-//! prefix as NCCL's packages do.
+//! prefix as NCCL's packages do; `make build` checks `NCCL_VERSION` before anything runs and
+//! tells one story about the release it builds.
 
 use std::path::Path;
 use std::process::Command;
@@ -77,4 +78,88 @@ fn make_install_lays_out_the_library_its_links_and_headers() {
     let built = std::fs::read(build_dir().join("lib/libnccl.so.2")).unwrap();
     assert!(installed == built, "the installed library is the built one");
     assert!(prefix.join("include/nccl.h").is_file());
+}
+
+/// `make -n ARGS` (nothing runs, but variables are worked out as for a real run), without what an
+/// outer make or the caller's environment would pass down, but for `env`.
+fn make_dry_run(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
+    let out = Command::new("make")
+        .args(["-n", "--no-print-directory"])
+        .args(args)
+        .env_remove("MAKEFLAGS")
+        .env_remove("MFLAGS")
+        .env_remove("MAKELEVEL")
+        .env_remove("NCCL_VERSION")
+        .envs(env.iter().copied())
+        .current_dir(workspace())
+        .output()
+        .expect("make runs");
+    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+    (out.status.code(), text(&out.stdout), text(&out.stderr))
+}
+
+#[test]
+fn an_nccl_version_that_is_no_release_stops_make_with_one_line() {
+    let (code, out, err) = make_dry_run(&["build", "NCCL_VERSION=banana"], &[]);
+    assert_eq!(code, Some(2), "{out}{err}");
+    assert!(out.is_empty(), "nothing may run: {out}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("NCCL_VERSION=banana is not an NCCL release (X.Y.Z or all)")
+            && !err.contains("make spec"),
+        "{err}"
+    );
+    let (code, _, err) = make_dry_run(&["spec", "NCCL_VERSION=banana"], &[]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("NCCL_VERSION=banana is not an NCCL release (X.Y.Z)"),
+        "{err}"
+    );
+    // One from the environment (nvidia/cuda images export NCCL_VERSION=2.21.5-1) is named as
+    // such, and stops only the targets that build.
+    let nvidia = [("NCCL_VERSION", "2.21.5-1")];
+    let (code, _, err) = make_dry_run(&["build"], &nvidia);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("comes from the environment"), "{err}");
+    let (code, _, err) = make_dry_run(&["help"], &nvidia);
+    assert_eq!(code, Some(0), "{err}");
+}
+
+#[test]
+fn a_patch_release_without_a_spec_builds_its_minor_releases_and_says_so_once() {
+    let (code, out, err) = make_dry_run(&["build", "NCCL_VERSION=2.27.5", "BUILD=/b"], &[]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let note = "NCCL 2.27.5 has no spec; building 2.27.7's ABI";
+    assert!(out.lines().next().unwrap().starts_with(note), "{out}");
+    // Everything after names 2.27.7: the spec cargo builds, the headers, the file, the last line.
+    assert_eq!(out.matches("2.27.5").count(), 1, "{out}");
+    for says in [
+        "NCCL_VERSION=2.27.7 ",
+        "fetch-nccl.sh 2.27.7)/include",
+        "/b/lib/libnccl.so.2.27.7 && ",
+        "built /b/lib/libnccl.so.2.27.7 (NCCL 2.27.7's ABI, headers of 2.27.7)",
+    ] {
+        assert!(out.contains(says), "{says}: {out}");
+    }
+    // A release with its own spec: no note.
+    let (code, out, _) = make_dry_run(&["build", "NCCL_VERSION=2.28.9", "BUILD=/b"], &[]);
+    assert_eq!(code, Some(0));
+    assert!(!out.contains("no spec"), "{out}");
+    assert!(
+        out.contains("built /b/lib/libnccl.so.2.28.9 (NCCL 2.28.9's ABI, headers of 2.28.9)"),
+        "{out}"
+    );
+}
+
+#[test]
+fn a_minor_release_without_a_spec_names_the_nearest_and_how_to_make_one() {
+    let (code, out, err) = make_dry_run(&["build", "NCCL_VERSION=2.17.1"], &[]);
+    assert_eq!(code, Some(2), "{out}{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("NCCL 2.17.1 has no spec")
+            && err.contains("nearest: 2.18.3")
+            && err.contains("make spec NCCL_VERSION=2.17.1"),
+        "{err}"
+    );
 }

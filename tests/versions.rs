@@ -19,31 +19,42 @@ use ncclshim_tests::{
 #[path = "../shim/build/specs.rs"]
 mod specs;
 
-/// `NCCL_VERSION` picks the specs: a release's own; for a patch release without one (PyTorch
-/// ships 2.27.5) its minor release's newest, whose ABI it shares; for an unknown minor release
-/// an error listing the specs and how to make one; `all`, every spec.
+/// `NCCL_VERSION` picks the specs (gen/spec-version.sh decides, for `make` as for the build
+/// script): a release's own; for a patch release without one (PyTorch ships 2.27.5) its minor
+/// release's newest, whose ABI it shares, said in a note; for a minor release without a spec an
+/// error naming the nearest and how to make one; `all`, every spec; anything else, refused.
 #[test]
 fn nccl_version_picks_a_spec_or_says_which_there_are() {
     let dir = workspace().join("spec");
-    let (flavor, specs) = specs::specs_of(&dir, "2.27.5").unwrap();
+    let (release, note) = specs::spec_release(&workspace(), "2.27.5").unwrap();
     assert_eq!(
-        (flavor.as_str(), specs),
+        (release.as_str(), specs::spec_files(&dir, &release).unwrap()),
         ("2.27.7", vec![dir.join("nccl-2.27.7.rs")])
     );
-    let (flavor, specs) = specs::specs_of(&dir, "2.28.9").unwrap();
-    assert_eq!(
-        (flavor.as_str(), specs),
-        ("2.28.9", vec![dir.join("nccl-2.28.9.rs")])
-    );
-    let error = specs::specs_of(&dir, "2.17.1").unwrap_err();
+    let note = note.unwrap();
     assert!(
-        error.contains("2.18.3, ") && error.contains("make spec NCCL_VERSION=2.17.1"),
+        note.starts_with("NCCL 2.27.5 has no spec; building 2.27.7's ABI"),
+        "{note}"
+    );
+    assert_eq!(
+        specs::spec_release(&workspace(), "2.28.9").unwrap(),
+        ("2.28.9".to_string(), None)
+    );
+    let error = specs::spec_release(&workspace(), "2.17.1").unwrap_err();
+    assert!(
+        error.contains("nearest: 2.18.3") && error.ends_with("make spec NCCL_VERSION=2.17.1"),
         "{error}"
     );
-    let (flavor, specs) = specs::specs_of(&dir, "all").unwrap();
+    let error = specs::spec_release(&workspace(), "banana").unwrap_err();
     assert_eq!(
-        (flavor.as_str(), specs.len()),
-        ("all", committed_versions().len())
+        error,
+        "NCCL_VERSION=banana is not an NCCL release (X.Y.Z or all)"
+    );
+    let (release, note) = specs::spec_release(&workspace(), "all").unwrap();
+    assert_eq!((release.as_str(), note), ("all", None));
+    assert_eq!(
+        specs::spec_files(&dir, "all").unwrap().len(),
+        committed_versions().len()
     );
 }
 
