@@ -1,7 +1,8 @@
 //! Finding the real NCCL, in real processes: the variable (a library or its folder), the build's
 //! default, the search (NCCL_HOME, LD_LIBRARY_PATH, Python environments), refusing ncclshim itself
 //! (and copies of it), and nothing found (every call fails with ncclSystemError, error strings
-//! still answer; the warning names every place looked at and how to get NVIDIA's NCCL).
+//! still answer; the warning says how to get NVIDIA's NCCL, then the places looked at, one a
+//! line).
 
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
@@ -45,6 +46,19 @@ fn shim_lines(client: &Path, env: &[(&str, &str)]) -> (String, Vec<String>) {
         .map(str::to_string)
         .collect();
     (out, ours)
+}
+
+/// The warning that no real NCCL could be used: its first line, then the places it looked at,
+/// one a line (indented, without the log's prefix).
+fn no_nccl_warning(out: &str) -> (&str, Vec<&str>) {
+    let mut lines = out
+        .lines()
+        .skip_while(|l| !l.contains("NCCL WARN no real NCCL library could be used"));
+    let first = lines
+        .next()
+        .unwrap_or_else(|| panic!("no warning in {out}"));
+    let places = lines.map_while(|l| l.strip_prefix("    ")).collect();
+    (first, places)
 }
 
 fn found_line(lines: &[String]) -> &str {
@@ -123,13 +137,8 @@ fn the_variable_may_name_the_folder_holding_the_real_nccl() {
             ),
         ),
     ] {
-        let (out, ours) = shim_lines(&client, &[("NCCLSHIM_REAL_NCCL", chosen.to_str().unwrap())]);
-        assert!(
-            ours[0].contains("NCCL WARN no real NCCL library could be used")
-                && ours[0].contains(&says)
-                && !ours[0].contains("no such file"),
-            "{out}"
-        );
+        let (out, _) = shim_lines(&client, &[("NCCLSHIM_REAL_NCCL", chosen.to_str().unwrap())]);
+        assert_eq!(no_nccl_warning(&out).1, [says.as_str()], "{out}");
         assert!(out.contains("ncclGetVersion: rc=2 version=0"), "{out}");
     }
 }
@@ -200,10 +209,10 @@ fn ncclshim_and_its_copies_are_never_taken_for_the_real_nccl() {
     let shim = shim_library("2.27.7");
 
     // Named explicitly: refused, and every call fails, with error strings still answering.
-    let (out, ours) = shim_lines(&client, &[("NCCLSHIM_REAL_NCCL", shim.to_str().unwrap())]);
-    assert!(
-        ours[0].contains("NCCL WARN no real NCCL library could be used")
-            && ours[0].contains("that is ncclshim itself"),
+    let (out, _) = shim_lines(&client, &[("NCCLSHIM_REAL_NCCL", shim.to_str().unwrap())]);
+    assert_eq!(
+        no_nccl_warning(&out).1,
+        [format!("{} (that is ncclshim itself)", shim.display())],
         "{out}"
     );
     assert!(out.contains("ncclGetVersion: rc=2 version=0"), "{out}");
@@ -250,48 +259,54 @@ fn nothing_found_fails_every_call_but_still_answers_error_strings() {
             ("LD_LIBRARY_PATH", missing.to_str().unwrap()),
         ],
     ));
-    // Said once, even without NCCL_DEBUG, with where it looked and what to set.
-    let warns: Vec<&str> = out
-        .lines()
-        .filter(|l| l.contains("[ncclshim] NCCL WARN"))
-        .collect();
-    assert_eq!(warns.len(), 1, "{out}");
-    // Every place, in order, those that do not exist too.
-    let mut places = vec![
+    // Said once, even without NCCL_DEBUG: what is wrong and the fix first, then the places.
+    let warns = out.matches("[ncclshim] NCCL WARN").count();
+    assert_eq!(warns, 1, "{out}");
+    let (first, places) = no_nccl_warning(&out);
+    for advice in [
+        &format!(
+            "ncclshim {}, so every NCCL call fails",
+            env!("CARGO_PKG_VERSION")
+        ),
+        "Set NCCLSHIM_REAL_NCCL=/abs/path/libnccl.so.2",
+        "pip install nvidia-nccl-cu12",
+        "pip install nvidia-nccl-cu13",
+    ] {
+        assert!(first.contains(advice), "{advice}: {first}");
+    }
+    assert!(first.ends_with("Looked at:"), "{first}");
+    // One a line, in order: those named, existing or not; of the system folders, those that
+    // exist; nothing twice.
+    let mut expected = vec![
         format!("{}/lib (a folder without libnccl.so.2)", home.display()),
         format!("{} (no such folder)", missing.display()),
     ];
-    places.extend(
-        [
-            "/usr/lib/x86_64-linux-gnu",
-            "/usr/local/nccl/lib",
-            "/usr/local/cuda/lib64",
-        ]
-        .map(|d| {
-            let why = if Path::new(d).is_dir() {
-                "a folder without libnccl.so.2"
-            } else {
-                "no such folder"
-            };
-            format!("{d} ({why})")
-        }),
+    let system = [
+        "/usr/lib/x86_64-linux-gnu",
+        "/usr/local/nccl/lib",
+        "/usr/local/cuda/lib64",
+    ];
+    expected.extend(
+        system
+            .iter()
+            .filter(|d| Path::new(d).is_dir())
+            .map(|d| format!("{d} (a folder without libnccl.so.2)")),
     );
-    let mut at = 0;
-    for place in &places {
-        let found = warns[0][at..]
-            .find(place.as_str())
-            .unwrap_or_else(|| panic!("{place} missing or out of order: {}", warns[0]));
-        at += found + place.len();
-    }
-    // What to do about it, and which ncclshim says so.
-    for advice in [
-        "Set NCCLSHIM_REAL_NCCL",
-        "pip install nvidia-nccl-cu12",
-        "pip install nvidia-nccl-cu13",
-        &format!("ncclshim {}", env!("CARGO_PKG_VERSION")),
-    ] {
-        assert!(warns[0].contains(advice), "{advice}: {}", warns[0]);
-    }
+    assert_eq!(&places[..2], &expected[..2], "{out}");
+    let listed_system: Vec<&str> = places
+        .iter()
+        .copied()
+        .filter(|p| system.iter().any(|d| p.starts_with(d)))
+        .collect();
+    assert_eq!(listed_system, &expected[2..], "{out}");
+    let mut unique = places.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), places.len(), "{out}");
+    assert!(
+        places.iter().all(|p| !p.contains('*')),
+        "no pattern for a place without Python: {out}"
+    );
     assert!(out.contains("ncclGetVersion: rc=2 version=0"), "{out}");
     assert!(
         out.contains(

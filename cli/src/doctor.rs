@@ -127,10 +127,13 @@ fn check_libraries(
                 "set NCCLSHIM_REAL_NCCL to a working libnccl.so.2",
             ),
         },
-        Err(not_found) => report.fail(
-            format!("no real NCCL found ({not_found})"),
-            nccl::locate::HOW_TO_GET_NCCL,
-        ),
+        Err(not_found) => {
+            report.fail("no real NCCL found", nccl::locate::HOW_TO_GET_NCCL);
+            report.note("looked at:");
+            for place in not_found.places() {
+                report.note(format!("  {place}"));
+            }
+        }
     }
     (abi, shim_path.zip(real_path))
 }

@@ -21,7 +21,7 @@ pub fn run(shim: Option<PathBuf>, quiet: bool, command: Vec<OsString>) -> ExitCo
         Ok(found) => found.path,
         Err(not_found) => {
             eprintln!(
-                "ncclshim run: no real NCCL found ({not_found}); fix: {}",
+                "ncclshim run: no real NCCL found; fix: {}. Looked at:\n{not_found}",
                 nccl::locate::HOW_TO_GET_NCCL
             );
             return ExitCode::FAILURE;

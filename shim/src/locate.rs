@@ -119,34 +119,48 @@ pub struct NotFound {
 }
 
 impl NotFound {
+    /// Notes a place once, however many names it has (`libnccl.so`, a link to `libnccl.so.2`).
     fn note(&mut self, place: &Path, why: &'static str) {
-        if !self.looked_at.iter().any(|(p, _)| p == place) {
+        let key = canonical(place);
+        if !self.looked_at.iter().any(|(p, _)| canonical(p) == key) {
             self.looked_at.push((place.to_path_buf(), why));
         }
     }
-}
 
-impl fmt::Display for NotFound {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let places: Vec<String> = self
-            .looked_at
+    /// Each place looked at, with what was wrong with it: "/usr/local/cuda/lib64 (no such folder)".
+    pub fn places(&self) -> Vec<String> {
+        if self.looked_at.is_empty() {
+            return vec![NOWHERE.into()];
+        }
+        self.looked_at
             .iter()
             .map(|(p, why)| format!("{} ({why})", p.display()))
-            .collect();
-        write!(
-            f,
-            "looked at {}",
-            if places.is_empty() {
-                "nothing".into()
-            } else {
-                places.join(", ")
-            }
-        )
+            .collect()
     }
 }
 
-/// How to get NVIDIA's NCCL and point ncclshim at it: the end of the warning when none is found.
-pub const HOW_TO_GET_NCCL: &str = "Set NCCLSHIM_REAL_NCCL to the absolute path of NVIDIA's libnccl.so.2 (or of the folder holding it). To get it: `pip install nvidia-nccl-cu12` (CUDA 12) or `pip install nvidia-nccl-cu13` (CUDA 13), which puts it in <python environment>/lib/python3.*/site-packages/nvidia/nccl/lib, where the search finds it";
+/// What is said where no place was named and none of the guessed ones exists.
+const NOWHERE: &str =
+    "nowhere: no NCCL_HOME, LD_LIBRARY_PATH, Python environment or system library folder";
+
+/// The path with every link resolved, as far as it exists: a folder that doesn't exist may still
+/// be reached twice through a link (`/lib` is `/usr/lib` on most systems).
+fn canonical(path: &Path) -> PathBuf {
+    path.ancestors()
+        .find_map(|at| Some(at.canonicalize().ok()?.join(path.strip_prefix(at).ok()?)))
+        .unwrap_or_else(|| path.to_path_buf())
+}
+
+/// The places looked at, one a line, indented: what follows "looked at:" in a message.
+impl fmt::Display for NotFound {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let lines: Vec<String> = self.places().iter().map(|p| format!("    {p}")).collect();
+        f.write_str(&lines.join("\n"))
+    }
+}
+
+/// How to get NVIDIA's NCCL and point ncclshim at it: the fix, when none is found.
+pub const HOW_TO_GET_NCCL: &str = "Set NCCLSHIM_REAL_NCCL=/abs/path/libnccl.so.2 (NVIDIA's library, or the folder holding it), or `pip install nvidia-nccl-cu12` (CUDA 12) or `pip install nvidia-nccl-cu13` (CUDA 13) into the program's Python environment, where the search finds it";
 
 /// Finds the real NCCL. `is_shim` tells whether a file is ncclshim (this library or a copy).
 pub fn find_real_nccl(env: &SearchEnv, is_shim: impl Fn(&Path) -> bool) -> Result<Found, NotFound> {
@@ -231,22 +245,18 @@ fn in_folder(
 }
 
 /// The folders searched, in order: `$NCCL_HOME/lib`, the folders of `LD_LIBRARY_PATH`, the
-/// `nvidia/nccl/lib` folder of every Python environment, then the system folders. Each once.
+/// `nvidia/nccl/lib` folder of every Python environment, then the system folders. Each once
+/// (a folder reached again through a link too). Those the user named (`NCCL_HOME`,
+/// `LD_LIBRARY_PATH`) are searched, and reported, even where they don't exist; those guessed
+/// only where there is something: Python environments that exist, system folders that exist.
 fn search_dirs(env: &SearchEnv) -> Vec<PathBuf> {
     let mut dirs = Vec::new();
     dirs.extend(env.nccl_home.iter().map(|home| home.join("lib")));
     dirs.extend(env.library_path.iter().cloned());
-    for prefix in &env.python_prefixes {
-        let found = env.python_package_dirs_of(prefix, &[WHEEL_DIR]);
-        if found.is_empty() {
-            // No Python there: named as a pattern, so that the warning says where it looked.
-            dirs.push(prefix.join("lib/python3.*/site-packages").join(WHEEL_DIR));
-        }
-        dirs.extend(found);
-    }
-    dirs.extend(env.system_dirs.iter().cloned());
+    dirs.extend(env.python_package_dirs(&[WHEEL_DIR]));
+    dirs.extend(env.system_dirs.iter().filter(|d| d.is_dir()).cloned());
     let mut seen = std::collections::HashSet::new();
-    dirs.retain(|d| seen.insert(d.clone()));
+    dirs.retain(|d| seen.insert(canonical(d)));
     dirs
 }
 
@@ -260,7 +270,8 @@ impl SearchEnv {
             .collect()
     }
 
-    /// As `python_package_dirs`, for one prefix; empty where it has no `lib/python3.*`.
+    /// As `python_package_dirs`, for one prefix; empty where it has no
+    /// `lib/python3.*/{site,dist}-packages`.
     fn python_package_dirs_of(&self, prefix: &Path, subs: &[&str]) -> Vec<PathBuf> {
         let Ok(entries) = std::fs::read_dir(prefix.join("lib")) else {
             return Vec::new();
@@ -274,7 +285,10 @@ impl SearchEnv {
         let mut dirs = Vec::new();
         for python in pythons {
             for packages in ["site-packages", "dist-packages"] {
-                dirs.extend(subs.iter().map(|sub| python.join(packages).join(sub)));
+                let packages = python.join(packages);
+                if packages.is_dir() {
+                    dirs.extend(subs.iter().map(|sub| packages.join(sub)));
+                }
             }
         }
         dirs
@@ -492,39 +506,54 @@ mod tests {
         );
     }
 
+    /// The places the user named are all reported, existing or not; of those guessed, the
+    /// Python environments and system folders that exist; each once, one a line.
     #[test]
-    fn nothing_found_names_every_place_it_looked() {
+    fn nothing_found_names_the_places_that_matter_once_each() {
         let scratch = tree();
         let root = &scratch.0;
         lib(&root.join("home/lib/libnccl.so.2"), "shim");
         lib(&root.join("ld1/libnccl.so.2"), "shim");
+        // Links, as `make build` and the system's packages make them: the same place twice.
+        let link = |target: &Path, name: &str| std::os::unix::fs::symlink(target, root.join(name));
+        link(Path::new("libnccl.so.2"), "home/lib/libnccl.so").unwrap();
+        link(&root.join("sys"), "sys-link").unwrap();
+        link(root, "root-link").unwrap();
         let env = SearchEnv {
             nccl_home: Some(root.join("home")),
-            library_path: vec![root.join("ld1"), root.join("ld-missing"), root.join("sys")],
-            python_prefixes: vec![root.join("venv"), root.join("empty")],
-            system_dirs: vec![root.join("sys"), root.join("missing")],
+            library_path: vec![
+                root.join("ld1"),
+                root.join("ld-missing"),
+                root.join("sys"),
+                root.join("root-link/ld-missing"),
+            ],
+            python_prefixes: vec![
+                root.join("venv"),
+                root.join("empty"),
+                root.join("root-link/venv"),
+            ],
+            system_dirs: vec![root.join("sys-link"), root.join("missing")],
             ..Default::default()
         };
         let err = find_real_nccl(&env, is_shim).unwrap_err();
+        let at = |place: &str| root.join(place).display().to_string();
+        assert_eq!(
+            err.places(),
+            [
+                format!("{} (that is ncclshim itself)", at("home/lib/libnccl.so.2")),
+                format!("{} (that is ncclshim itself)", at("ld1/libnccl.so.2")),
+                format!("{} (no such folder)", at("ld-missing")),
+                format!("{} (a folder without libnccl.so.2)", at("sys")),
+                format!(
+                    "{} (a folder without libnccl.so.2)",
+                    at("venv/lib/python3.12/site-packages/nvidia/nccl/lib")
+                ),
+            ]
+        );
         let text = err.to_string();
-        let expected = [
-            "home/lib/libnccl.so.2 (that is ncclshim itself)",
-            "ld1/libnccl.so.2 (that is ncclshim itself)",
-            "ld-missing (no such folder)",
-            "sys (a folder without libnccl.so.2)",
-            "venv/lib/python3.12/site-packages/nvidia/nccl/lib (a folder without libnccl.so.2)",
-            "venv/lib/python3.12/dist-packages/nvidia/nccl/lib (no such folder)",
-            "empty/lib/python3.*/site-packages/nvidia/nccl/lib (no such folder)",
-            "missing (no such folder)",
-        ];
-        let mut at = 0;
-        for place in expected {
-            let found = text[at..]
-                .find(place)
-                .unwrap_or_else(|| panic!("{place} missing or out of order in {text}"));
-            at += found + place.len();
-        }
-        // Each place once, though LD_LIBRARY_PATH repeats a system folder.
-        assert_eq!(text.matches("sys (").count(), 1, "{text}");
+        assert_eq!(text.lines().count(), 5, "{text}");
+        assert!(text.lines().all(|l| l.starts_with("    /")), "{text}");
+        let nowhere = NotFound::default().to_string();
+        assert!(nowhere.starts_with("    nowhere: "), "{nowhere}");
     }
 }

@@ -294,7 +294,8 @@ pub fn enabled(level: Level) -> bool {
     level <= logger().level && logger().level != Level::None
 }
 
-/// Writes one line at `level` if `NCCL_DEBUG` asks for it, or regardless when `always`.
+/// Writes one line at `level` if `NCCL_DEBUG` asks for it, or regardless when `always`. A
+/// message of several lines is written at once, with the prefix on its first.
 pub fn write(level: Level, always: bool, message: fmt::Arguments) {
     if !(always || enabled(level)) {
         return;

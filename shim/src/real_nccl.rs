@@ -70,8 +70,9 @@ fn load() -> Option<RealNccl> {
     let path = match locate::find_real_nccl(&env, crate::identity::is_ncclshim) {
         Ok(found) => found,
         Err(not_found) => {
+            // Once per process, whatever NCCL_DEBUG says: the fix first, then the places.
             log_warn_always!(
-                "no real NCCL library could be used by ncclshim {}: {not_found}. {}. Until then every call fails with ncclSystemError",
+                "no real NCCL library could be used by ncclshim {}, so every NCCL call fails with ncclSystemError. {}. Looked at:\n{not_found}",
                 env!("CARGO_PKG_VERSION"),
                 locate::HOW_TO_GET_NCCL
             );
