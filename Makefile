@@ -67,7 +67,7 @@ build:
 	@echo "building the shim; its CUDA kernels are compiled ahead of time, which takes minutes the first time (cached under $${NCCLSHIM_CACHE:-~/.cache/ncclshim})"
 	$(WITH_NVRTC) NCCL_VERSION=$(SPEC_VERSION) REAL_NCCL_LIB=$(REAL_NCCL_LIB) \
 	  $(CARGO) build --release --locked -p ncclshim -p ncclshim-cli
-	@header_dir=$$($(FETCH) $(HEADERS_VERSION))/include && \
+	@header_dir=$$($(FETCH) $(HEADERS_VERSION) headers)/include && \
 	  rm -rf $(BUILD)/lib $(BUILD)/include $(BUILD)/bin && mkdir -p $(BUILD)/lib $(BUILD)/include $(BUILD)/bin && \
 	  cp $(TARGET_DIR)/release/ncclshim $(BUILD)/bin/ncclshim && \
 	  cp $(TARGET_DIR)/release/libnccl.so $(BUILD)/lib/libnccl.so.$(SPEC_VERSION) && \
@@ -124,7 +124,7 @@ test: build wheel deps-test lint gpu-check
 spec:
 	@[ -n "$(NCCL_H)" ] || [ "$(origin NCCL_VERSION)" != file ] || { \
 	  echo "usage: make spec NCCL_H=path/to/nccl.h | make spec NCCL_VERSION=X.Y.Z"; exit 1; }
-	@header=$(or $(NCCL_H),$$($(FETCH) $(RELEASE))/include/nccl.h) && \
+	@header=$(or $(NCCL_H),$$($(FETCH) $(RELEASE) headers)/include/nccl.h) && \
 	  $(CARGO) run --locked --release -q -p ncclshim-gen -- spec $$header spec/
 
 # Every committed spec again, from its release's headers (after a change to the generator).

@@ -7,7 +7,9 @@ version=${1:-12.9.86}
 dest=${NCCLSHIM_CACHE:-$HOME/.cache/ncclshim}/nvrtc-$version
 lib=$dest/nvidia/cuda_nvrtc/lib/libnvrtc.so.12
 if [ ! -f "$lib" ]; then
-  "$(dirname "$0")/fetch-wheel.sh" nvidia-cuda-nvrtc-cu12 "$version" nvidia/cuda_nvrtc/lib/ \
-    "$dest" manylinux_2_12_x86_64 manylinux2010_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64
+  # The library and its builtins (not the wheel's .alt copies, which the build does not load).
+  "$(dirname "$0")/fetch-wheel.sh" nvidia-cuda-nvrtc-cu12 "$version" \
+    'nvidia/cuda_nvrtc/lib/libnvrtc(-builtins)?\.so' "$dest" \
+    manylinux_2_12_x86_64 manylinux2010_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64
 fi
 echo "$lib"

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Fetches one of NVIDIA's wheels from PyPI into the cache (once) and unpacks part of it.
-#   gen/fetch-wheel.sh PACKAGE VERSION PREFIX DEST PLATFORM...
-# Downloads PACKAGE==VERSION, built for one of the PLATFORMs, into $NCCLSHIM_CACHE/wheels
-# (~/.cache/ncclshim/wheels) unless it is there, then unpacks the wheel's files under PREFIX into
-# DEST, whole or not at all, unless DEST is there already. Used by gen/fetch-nccl.sh and
-# gen/fetch-nvrtc.sh.
+# Fetches part of one of NVIDIA's wheels from PyPI into the cache, once.
+#   gen/fetch-wheel.sh PACKAGE VERSION PATTERN DEST PLATFORM...
+# Puts the files of PACKAGE==VERSION (built for one of the PLATFORMs) whose paths match PATTERN
+# (a Python regular expression, from the start of the path) into DEST, whole or not at all,
+# unless DEST is there already: only those files, by range requests (gen/wheel-files.py), where
+# PyPI answers them; else from the whole wheel, downloaded into $NCCLSHIM_CACHE/wheels
+# (~/.cache/ncclshim/wheels) unless it is there. Used by gen/fetch-nccl.sh and gen/fetch-nvrtc.sh.
 set -euo pipefail
-[ $# -ge 5 ] || { echo "usage: fetch-wheel.sh PACKAGE VERSION PREFIX DEST PLATFORM..." >&2; exit 2; }
-package=$1 version=$2 prefix=$3 dest=$4
+[ $# -ge 5 ] || { echo "usage: fetch-wheel.sh PACKAGE VERSION PATTERN DEST PLATFORM..." >&2; exit 2; }
+package=$1 version=$2 pattern=$3 dest=$4
 shift 4
 cache=${NCCLSHIM_CACHE:-$HOME/.cache/ncclshim}
 mkdir -p "$cache/wheels"
@@ -22,6 +23,11 @@ exec 9>"$cache/wheels/.$stem.lock"
 flock 9
 [ -d "$dest" ] && exit 0
 wheel=$(ls "$cache"/wheels/"$stem"-*.whl 2>/dev/null | head -1 || true)
+rm -rf "$dest.tmp"
+if [ -z "$wheel" ] && python3 "$(dirname "$0")/wheel-files.py" "$package" "$version" "$pattern" "$dest.tmp" "$@"; then
+  rm -rf "$dest" && mv "$dest.tmp" "$dest"
+  exit 0
+fi
 if [ -z "$wheel" ]; then
   echo "fetch-wheel: downloading $package==$version" >&2
   platforms=()
@@ -31,9 +37,9 @@ if [ -z "$wheel" ]; then
   wheel=$(ls "$cache"/wheels/"$stem"-*.whl | head -1)
 fi
 rm -rf "$dest.tmp" && mkdir -p "$dest.tmp"
-python3 - "$wheel" "$dest.tmp" "$prefix" <<'PY'
-import sys, zipfile
+python3 - "$wheel" "$dest.tmp" "$pattern" <<'PY'
+import re, sys, zipfile
 with zipfile.ZipFile(sys.argv[1]) as wheel:
-    wheel.extractall(sys.argv[2], [n for n in wheel.namelist() if n.startswith(sys.argv[3])])
+    wheel.extractall(sys.argv[2], [n for n in wheel.namelist() if re.match(sys.argv[3], n)])
 PY
 rm -rf "$dest" && mv "$dest.tmp" "$dest"

@@ -135,7 +135,7 @@ fn a_patch_release_without_a_spec_builds_its_minor_releases_and_says_so_once() {
     assert_eq!(out.matches("2.27.5").count(), 1, "{out}");
     for says in [
         "NCCL_VERSION=2.27.7 ",
-        "fetch-nccl.sh 2.27.7)/include",
+        "fetch-nccl.sh 2.27.7 headers)/include",
         "/b/lib/libnccl.so.2.27.7 && ",
         "built /b/lib/libnccl.so.2.27.7 (NCCL 2.27.7's ABI, headers of 2.27.7)",
     ] {
@@ -162,4 +162,36 @@ fn a_minor_release_without_a_spec_names_the_nearest_and_how_to_make_one() {
             && err.contains("make spec NCCL_VERSION=2.17.1"),
         "{err}"
     );
+}
+
+/// A build fetches only the headers of NVIDIA's NCCL wheel (by range requests, a few hundred
+/// kilobytes of 300 MB): byte for byte the headers of the whole wheel, each checked against the
+/// wheel's RECORD; a release PyPI lacks fails, leaving nothing behind.
+#[test]
+fn headers_alone_come_from_the_wheel_as_they_are_in_it() {
+    let whole = ncclshim_tests::real_nccl("2.28.9").join("include");
+    let dest = scratch("wheel-files");
+    let fetch = |version: &str, into: &Path| {
+        Command::new("python3")
+            .arg(workspace().join("gen/wheel-files.py"))
+            .args(["nvidia-nccl-cu12", version, "nvidia/nccl/include/"])
+            .arg(into)
+            .args(["manylinux_2_18_x86_64", "manylinux_2_17_x86_64"])
+            .output()
+            .expect("python3 runs")
+    };
+    let out = fetch("2.28.9", &dest);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let fetched = dest.join("nvidia/nccl/include");
+    for header in ["nccl.h", "nccl_device/coop.h"] {
+        assert_eq!(
+            std::fs::read(fetched.join(header)).unwrap(),
+            std::fs::read(whole.join(header)).unwrap(),
+            "{header}"
+        );
+    }
+    let missing = scratch("wheel-files-missing");
+    let out = fetch("2.0.0", &missing.join("out"));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(!missing.join("out").exists());
 }
