@@ -4,8 +4,8 @@
 //! every variant compiles at run time with NVIDIA's real NVRTC (from the nvidia-cuda-nvrtc-cu12
 //! wheel). No GPU needed.
 
-use nccl::core::kernels::{built_in_archs, compile_with_nvrtc, cubins_for};
-use nccl::core::program::{Arch, BUILT_IN_ARCHS, kernel_name};
+use nccl::core::kernels::{Source, built_in_archs, built_in_ptx, compile_with_nvrtc, images_for};
+use nccl::core::program::{Arch, BUILT_IN_ARCHS, PTX_ARCH, kernel_name};
 use nccl::core::types::{Algorithm, DataType, Op};
 use ncclshim_tests::{fetched, target_dir};
 
@@ -55,12 +55,49 @@ fn the_library_carries_every_kernel_for_each_built_in_architecture() {
         "the library was built without its kernels (no NVRTC at build time: `make build` fetches it)"
     );
     for arch in BUILT_IN_ARCHS {
-        let cubins = cubins_for(arch).unwrap_or_else(|e| panic!("sm_{}{}: {e}", arch.0, arch.1));
-        check_cubins(&cubins, arch);
+        let built = images_for(arch).unwrap_or_else(|e| panic!("sm_{}{}: {e}", arch.0, arch.1));
+        assert_eq!(built.from, Source::BuiltIn);
+        check_cubins(&built.images, arch);
     }
-    // A later minor version of a built-in architecture runs its code (sm_103 that of sm_100).
-    let later = cubins_for((10, 3)).unwrap();
-    assert_eq!(*later, *cubins_for((10, 0)).unwrap());
+    // A later minor version of a built-in architecture runs its code (sm_103 that of sm_100,
+    // sm_86 and sm_89 that of sm_80).
+    for (later, built) in [((10, 3), (10, 0)), ((8, 6), (8, 0)), ((8, 9), (8, 0))] {
+        assert_eq!(
+            images_for(later).unwrap().images,
+            images_for(built).unwrap().images
+        );
+    }
+}
+
+/// PTX of `PTX_ARCH`'s programs, which the driver compiles for a GPU newer than every built-in
+/// architecture: one per type, NUL-terminated as the driver loads it, for sm_90, defining every
+/// kernel the core looks up for that type.
+#[test]
+fn the_library_carries_ptx_for_gpus_newer_than_its_cubins() {
+    let ptx = built_in_ptx().unwrap().expect("the library carries PTX");
+    assert_eq!(ptx.len(), DataType::ALL.len());
+    let target = format!(".target sm_{}{}", PTX_ARCH.0, PTX_ARCH.1);
+    for (dtype, program) in DataType::ALL.iter().zip(&ptx) {
+        assert_eq!(program.last(), Some(&0), "{dtype:?}: NUL-terminated");
+        let text = std::str::from_utf8(&program[..program.len() - 1]).expect("PTX is text");
+        assert!(text.contains(&target), "{dtype:?}: {target}");
+        for algorithm in Algorithm::ALL {
+            for op in Op::ALL {
+                let entry = format!(".entry {}(", kernel_name(algorithm, *dtype, op));
+                assert_eq!(
+                    text.contains(&entry),
+                    algorithm.supports(*dtype, op),
+                    "{dtype:?}: {entry}"
+                );
+            }
+        }
+    }
+    // A GPU of an architecture the library carries no cubins for, and later than PTX_ARCH, gets
+    // the PTX (no NVRTC); one of a later minor version of a built-in one, the cubins.
+    let newer = images_for((13, 0)).unwrap();
+    assert_eq!(newer.from, Source::Ptx);
+    assert_eq!(newer.images, ptx);
+    assert_eq!(images_for((12, 1)).unwrap().from, Source::BuiltIn);
 }
 
 #[test]

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use nccl::core::{kernels, policy};
+use nccl::core::{kernels, policy, program};
 
 use crate::gpus::{self, Machine};
 use crate::libraries;
@@ -207,6 +207,8 @@ fn check_core(report: &mut Report, machine: Option<&Machine>) {
         report.warn("NCCL_P2P_DISABLE or NCCL_P2P_LEVEL forbid peer-to-peer: the core stays off");
     }
     let built_in = kernels::built_in_archs();
+    // A GPU newer than every built-in architecture runs the PTX the library carries.
+    let ptx_runs_on = |arch: (i32, i32)| kernels::carries_ptx() && arch >= program::PTX_ARCH;
     if built_in.is_empty() {
         report.warn(
             "no kernels built in (a build without NVRTC): every GPU compiles them at first use",
@@ -219,6 +221,14 @@ fn check_core(report: &mut Report, machine: Option<&Machine>) {
                 .map(|(major, minor)| format!("sm_{major}{minor}"))
                 .collect::<Vec<_>>()
                 .join(", ")
+                + &match kernels::carries_ptx() {
+                    true => format!(
+                        ", and as PTX for later GPUs (from sm_{}{})",
+                        program::PTX_ARCH.0,
+                        program::PTX_ARCH.1
+                    ),
+                    false => String::new(),
+                }
         ));
     }
     let Some(machine) = machine else {
@@ -228,9 +238,9 @@ fn check_core(report: &mut Report, machine: Option<&Machine>) {
     let mut usable = 0;
     for gpu in &machine.gpus {
         let (major, minor) = gpu.arch;
-        if major < 9 {
+        if major < 8 {
             report.warn(format!(
-                "GPU {}: sm_{major}{minor}: the core needs sm_90 or newer; its calls forward",
+                "GPU {}: sm_{major}{minor}: the core needs sm_80 or newer; its calls forward",
                 gpu.ordinal
             ));
             continue;
@@ -238,6 +248,11 @@ fn check_core(report: &mut Report, machine: Option<&Machine>) {
         if built_in.iter().any(|&(m, n)| m == major && n <= minor) {
             report.ok(format!(
                 "GPU {}: sm_{major}{minor}: kernels built in",
+                gpu.ordinal
+            ));
+        } else if ptx_runs_on(gpu.arch) {
+            report.ok(format!(
+                "GPU {}: sm_{major}{minor}: kernels from the PTX built in (the driver compiles it at the first job, then caches it)",
                 gpu.ordinal
             ));
         } else {

@@ -45,7 +45,10 @@ fn doctor_names_the_libraries_and_passes_without_a_gpu() {
         )),
         "{said}"
     );
-    assert!(said.contains("kernels built in for sm_90"), "{said}");
+    assert!(
+        said.contains("kernels built in for sm_80, sm_90, sm_100, sm_120, and as PTX for later GPUs (from sm_90)"),
+        "{said}"
+    );
     assert!(
         said.contains("all-reduce, one process per GPU: zero-copy direct two-shot up to 32 MiB"),
         "{said}"

@@ -1,6 +1,7 @@
 //! Compiles the core's kernels ahead of time, so that no GPU the library carries kernels for
 //! waits for NVRTC at run time: every element type's program for every architecture of
-//! `NCCLSHIM_KERNEL_ARCHS` (default `program::BUILT_IN_ARCHS`, e.g. "90 100 120"), with the NVRTC
+//! `NCCLSHIM_KERNEL_ARCHS` (default `program::BUILT_IN_ARCHS` and `ptx`, e.g. "80 90 100 120
+//! ptx"; `ptx`: the PTX of `program::PTX_ARCH`'s programs, for newer GPUs), with the NVRTC
 //! at `NCCLSHIM_BUILD_NVRTC` (or one the loader finds by name), packed per architecture into
 //! `$OUT_DIR` and listed in `$OUT_DIR/built_in_kernels.rs` for `include_bytes!`. Packs are cached
 //! across builds under `$NCCLSHIM_CACHE/built-in-kernels` (`~/.cache/ncclshim`), keyed by what
@@ -41,46 +42,77 @@ pub fn build(out_dir: &Path) -> Result<(), String> {
     for file in WATCHED {
         println!("cargo:rerun-if-changed={file}");
     }
-    let archs = archs()?;
-    let packs = if archs.is_empty() {
-        Vec::new()
+    let wanted = wanted()?;
+    let packs = if wanted.archs.is_empty() && !wanted.ptx {
+        Packs::default()
     } else if let Err(why) = load_nvrtc()? {
         println!(
             "cargo:warning=no kernels built in ({why}): the library compiles them with NVRTC at run time, a minute or more on each new machine. `make build` fetches NVRTC; or set NCCLSHIM_BUILD_NVRTC"
         );
-        Vec::new()
+        Packs::default()
     } else {
-        packs(&archs, out_dir)?
+        packs(&wanted, out_dir)?
     };
     let mut table = String::from(
         "/// The kernels the library carries: (architecture, its packed cubins), from build/kernels.rs.\n\
          static BUILT_IN: &[((i32, i32), &[u8])] = &[\n",
     );
-    for ((major, minor), path) in &packs {
+    for ((major, minor), path) in &packs.cubins {
         let path = path.to_str().ok_or("OUT_DIR is not UTF-8")?;
         table += &format!("    (({major}, {minor}), include_bytes!({path:?})),\n");
     }
-    table += "];\n";
+    table += "];\n/// The PTX of `program::PTX_ARCH`'s programs, packed alike (empty: none).\n";
+    match &packs.ptx {
+        Some(path) => {
+            let path = path.to_str().ok_or("OUT_DIR is not UTF-8")?;
+            table += &format!("static BUILT_IN_PTX: &[u8] = include_bytes!({path:?});\n");
+        }
+        None => table += "static BUILT_IN_PTX: &[u8] = &[];\n",
+    }
     std::fs::write(out_dir.join("built_in_kernels.rs"), table).map_err(|e| e.to_string())
 }
 
-/// The architectures to build for: `NCCLSHIM_KERNEL_ARCHS` ("90 100", "none"), else the default.
-fn archs() -> Result<Vec<Arch>, String> {
+/// What to build: cubins for `archs`, and whether the PTX of `program::PTX_ARCH`'s programs.
+struct Wanted {
+    archs: Vec<Arch>,
+    ptx: bool,
+}
+
+/// `NCCLSHIM_KERNEL_ARCHS` ("90 100", "80 ptx", "none"), else every built-in architecture and
+/// the PTX.
+fn wanted() -> Result<Wanted, String> {
     let Ok(list) = std::env::var("NCCLSHIM_KERNEL_ARCHS") else {
-        return Ok(program::BUILT_IN_ARCHS.to_vec());
+        return Ok(Wanted {
+            archs: program::BUILT_IN_ARCHS.to_vec(),
+            ptx: true,
+        });
     };
-    let words = list
+    let words: Vec<&str> = list
         .split([' ', ','])
-        .filter(|w| !w.is_empty() && *w != "none");
-    words
+        .filter(|w| !w.is_empty() && *w != "none")
+        .collect();
+    let archs = words
+        .iter()
+        .filter(|&&w| w != "ptx")
         .map(|word| {
             let digits = word.trim_start_matches("sm_");
-            let number: i32 = digits
-                .parse()
-                .map_err(|_| format!("NCCLSHIM_KERNEL_ARCHS: {word:?} is not like 90 or sm_100"))?;
+            let number: i32 = digits.parse().map_err(|_| {
+                format!("NCCLSHIM_KERNEL_ARCHS: {word:?} is not like 90, sm_100 or ptx")
+            })?;
             Ok((number / 10, number % 10))
         })
-        .collect()
+        .collect::<Result<_, String>>()?;
+    Ok(Wanted {
+        archs,
+        ptx: words.contains(&"ptx"),
+    })
+}
+
+/// The packs written to `$OUT_DIR`: each architecture's cubins, and the PTX.
+#[derive(Default)]
+struct Packs {
+    cubins: Vec<(Arch, PathBuf)>,
+    ptx: Option<PathBuf>,
 }
 
 /// Makes NVRTC callable: `Ok(Err(why))` where none is found (the build goes on without kernels),
@@ -109,64 +141,117 @@ fn load_nvrtc() -> Result<Result<(), String>, String> {
     Ok(Ok(()))
 }
 
-/// Each architecture's pack in `out_dir`, from the cache or compiled (all programs of every
-/// missing architecture at once, one per core).
-fn packs(archs: &[Arch], out_dir: &Path) -> Result<Vec<(Arch, PathBuf)>, String> {
+/// One pack of `out_dir`, kept in the cache as `cached`.
+struct PackFile {
+    out: PathBuf,
+    cached: Option<PathBuf>,
+}
+
+impl PackFile {
+    /// The pack named `name`, copied from the cache where it is there (`true`).
+    fn new(
+        name: &str,
+        out_dir: &Path,
+        cache: Option<&PathBuf>,
+    ) -> Result<(PackFile, bool), String> {
+        let out = out_dir.join(name);
+        let cached = cache.map(|dir| dir.join(name));
+        let hit = match cached.as_ref().filter(|c| c.is_file()) {
+            Some(cached) => {
+                std::fs::copy(cached, &out).map_err(|e| format!("{}: {e}", cached.display()))?;
+                true
+            }
+            None => false,
+        };
+        Ok((PackFile { out, cached }, hit))
+    }
+
+    /// Writes `packed` out and into the cache.
+    fn write(&self, packed: &[u8]) -> Result<(), String> {
+        std::fs::write(&self.out, packed).map_err(|e| format!("{}: {e}", self.out.display()))?;
+        if let Some(cached) = &self.cached {
+            // Written whole, then renamed: builds running at once never read half a file.
+            let partial = cached.with_extension(format!("{}.partial", std::process::id()));
+            let _ = std::fs::create_dir_all(cached.parent().unwrap())
+                .and_then(|()| std::fs::write(&partial, packed))
+                .and_then(|()| std::fs::rename(&partial, cached));
+        }
+        Ok(())
+    }
+}
+
+/// Each wanted architecture's pack in `out_dir`, and the PTX's, from the cache or compiled (all
+/// programs of every architecture with a pack missing at once, one per core).
+fn packs(wanted: &Wanted, out_dir: &Path) -> Result<Packs, String> {
     let nvrtc = program::nvrtc_version();
     let cache = program::cache_dir("built-in-kernels");
+    let mut archs = wanted.archs.clone();
+    if wanted.ptx && !archs.contains(&program::PTX_ARCH) {
+        archs.push(program::PTX_ARCH);
+    }
+    // Per architecture: its programs, its cubins' pack (where wanted), its PTX's (PTX_ARCH's).
     let mut missing = Vec::new();
-    let mut found = Vec::new();
-    for &arch in archs {
+    let mut files = Vec::new();
+    for &arch in &archs {
         let programs = DataType::ALL.map(|t| program::options(t, arch));
         let key = program::fingerprint(programs.iter().map(Vec::as_slice), nvrtc);
-        let name = format!(
-            "sm_{}{}-{key:016x}.cubins-{}.zst",
-            arch.0,
-            arch.1,
-            program::PACK_LAYOUT
-        );
-        let out = out_dir.join(&name);
-        let cached = cache.as_ref().map(|dir| dir.join(&name));
-        if let Some(cached) = cached.as_ref().filter(|c| c.is_file()) {
-            std::fs::copy(cached, &out).map_err(|e| format!("{}: {e}", cached.display()))?;
-        } else {
+        let (sm, layout) = (format!("sm_{}{}", arch.0, arch.1), program::PACK_LAYOUT);
+        let mut complete = true;
+        let mut file = |name: String| -> Result<PackFile, String> {
+            let (file, hit) = PackFile::new(&name, out_dir, cache.as_ref())?;
+            complete &= hit;
+            Ok(file)
+        };
+        let cubins = match wanted.archs.contains(&arch) {
+            true => Some(file(format!("{sm}-{key:016x}.cubins-{layout}.zst"))?),
+            false => None,
+        };
+        let ptx = match wanted.ptx && arch == program::PTX_ARCH {
+            true => Some(file(format!("{sm}-{key:016x}.ptx-{layout}.zst"))?),
+            false => None,
+        };
+        if !complete {
             missing.push((arch, programs));
         }
-        found.push((arch, out, cached));
+        files.push((arch, cubins, ptx));
     }
     let jobs: Vec<(usize, usize)> = (0..missing.len())
         .flat_map(|a| (0..DataType::ALL.len()).map(move |t| (a, t)))
         .collect();
-    let compiled = compile_in_parallel(&missing, &jobs)?;
-    for (a, (arch, _)) in missing.iter().enumerate() {
-        let cubins: Vec<Vec<u8>> = (0..DataType::ALL.len())
-            .map(|t| compiled[a * DataType::ALL.len() + t].clone())
-            .collect();
-        let packed = program::pack(&cubins)?;
-        let (_, out, cached) = found.iter().find(|(x, ..)| x == arch).unwrap();
-        std::fs::write(out, &packed).map_err(|e| format!("{}: {e}", out.display()))?;
-        if let Some(cached) = cached {
-            // Written whole, then renamed: builds running at once never read half a file.
-            let partial = cached.with_extension(format!("{}.partial", std::process::id()));
-            let _ = std::fs::create_dir_all(cached.parent().unwrap())
-                .and_then(|()| std::fs::write(&partial, &packed))
-                .and_then(|()| std::fs::rename(&partial, cached));
+    let mut compiled = compile_in_parallel(&missing, &jobs)?.into_iter();
+    for (arch, _) in &missing {
+        let programs: Vec<program::Compiled> =
+            compiled.by_ref().take(DataType::ALL.len()).collect();
+        let (_, cubins, ptx) = files.iter().find(|(a, ..)| a == arch).unwrap();
+        if let Some(cubins) = cubins {
+            let images: Vec<Vec<u8>> = programs.iter().map(|p| p.cubin.clone()).collect();
+            cubins.write(&program::pack(&images)?)?;
+        }
+        if let Some(ptx) = ptx {
+            let images: Vec<Vec<u8>> = programs.iter().map(|p| p.ptx.clone()).collect();
+            ptx.write(&program::pack(&images)?)?;
         }
     }
-    Ok(found
-        .into_iter()
-        .map(|(arch, out, _)| (arch, out))
-        .collect())
+    let mut packs = Packs::default();
+    for (arch, cubins, ptx) in files {
+        if let Some(cubins) = cubins {
+            packs.cubins.push((arch, cubins.out));
+        }
+        if let Some(ptx) = ptx {
+            packs.ptx = Some(ptx.out);
+        }
+    }
+    Ok(packs)
 }
 
-/// Compiles `jobs` (architecture, type) of `missing` on every core; the cubins in job order.
+/// Compiles `jobs` (architecture, type) of `missing` on every core; the programs in job order.
 fn compile_in_parallel(
     missing: &[(Arch, [Vec<String>; DataType::ALL.len()])],
     jobs: &[(usize, usize)],
-) -> Result<Vec<Vec<u8>>, String> {
+) -> Result<Vec<program::Compiled>, String> {
     let next = AtomicUsize::new(0);
     let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let mut done: Vec<(usize, Result<Vec<u8>, String>)> = std::thread::scope(|scope| {
+    let mut done: Vec<(usize, Result<program::Compiled, String>)> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..workers.min(jobs.len()))
             .map(|_| {
                 scope.spawn(|| {
@@ -187,5 +272,5 @@ fn compile_in_parallel(
             .collect()
     });
     done.sort_by_key(|(i, _)| *i);
-    done.into_iter().map(|(_, cubin)| cubin).collect()
+    done.into_iter().map(|(_, compiled)| compiled).collect()
 }

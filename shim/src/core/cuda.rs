@@ -923,13 +923,16 @@ pub fn synchronize() -> Cuda<()> {
 
 pub type Function = sys::CUfunction;
 pub type Stream = sys::CUstream;
+pub type Module = sys::CUmodule;
 
-pub fn load_module(cubin: &[u8]) -> Cuda<sys::CUmodule> {
-    // SAFETY: a cubin image NVRTC made for this device; cuModuleLoadData copies it.
-    unsafe { result::module::load_data(cubin.as_ptr().cast::<c_void>()) }.named("cuModuleLoadData")
+/// Loads a cubin, or NUL-terminated PTX (which the driver compiles for the device).
+pub fn load_module(image: &[u8]) -> Cuda<Module> {
+    // SAFETY: an image NVRTC made (a cubin for this device's architecture, or its PTX, which
+    // ends in NUL); cuModuleLoadData copies it.
+    unsafe { result::module::load_data(image.as_ptr().cast::<c_void>()) }.named("cuModuleLoadData")
 }
 
-pub fn get_function(module: sys::CUmodule, name: &str) -> Cuda<Function> {
+pub fn get_function(module: Module, name: &str) -> Cuda<Function> {
     let name = std::ffi::CString::new(name).expect("kernel names have no NUL");
     // SAFETY: a loaded module.
     unsafe { result::module::get_function(module, name) }.named("cuModuleGetFunction")

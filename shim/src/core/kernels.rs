@@ -1,7 +1,8 @@
-//! The core's kernels on each device: `device/` (program.rs), one program per element type. The library carries them compiled for the architectures of `BUILT_IN_ARCHS` (the
-//! build script compiles them); for any other GPU they are compiled at run time by NVRTC, in
-//! parallel, and cached on disk (keyed by source, options and NVRTC version). Loaded functions
-//! are kept in memory, per device.
+//! The core's kernels on each device: `device/` (program.rs), one program per element type. The
+//! library carries them compiled for the architectures of `BUILT_IN_ARCHS` (the build script
+//! compiles them), and as PTX for GPUs newer than those (the driver compiles it); for any other
+//! GPU they are compiled at run time by NVRTC, in parallel, and cached on disk (keyed by source,
+//! options and NVRTC version). Loaded functions are kept in memory, per device.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -14,12 +15,15 @@ use super::program::{self, Arch, kernel_name};
 use super::types::{Algorithm, DataType, Op};
 use crate::log::log_info;
 
-// BUILT_IN: [(architecture, its packed cubins)], written by the build script (build/kernels.rs).
+// BUILT_IN: [(architecture, its packed cubins)] and BUILT_IN_PTX, written by the build script
+// (build/kernels.rs).
 include!(concat!(env!("OUT_DIR"), "/built_in_kernels.rs"));
 
 /// Every kernel of one device: `[algorithm][type][op]`, `None` where the algorithm does not
 /// support the type and op.
 pub struct Kernels {
+    /// The device's compute capability.
+    pub arch: Arch,
     functions: Vec<Option<Function>>,
     /// Blocks of `policy::MAX_THREADS` that every kernel whose grid must be resident at once
     /// (`Algorithm::needs_resident_grid`) can have on the device: the fewest of any type and op.
@@ -80,12 +84,33 @@ pub fn for_device(device: &Device) -> Result<Arc<Kernels>, String> {
         return Ok(kernels.clone());
     }
     let arch = device.compute_capability().map_err(|e| e.to_string())?;
-    let cubins = cubins_for(arch)?;
-    let modules = cubins
-        .iter()
-        .map(|cubin| cuda::load_module(cubin))
-        .collect::<Result<Vec<_>, _>>();
-    let modules = modules.map_err(|e| e.to_string())?;
+    let images = images_for(arch)?;
+    let started = Instant::now();
+    let modules = match load_modules(&images) {
+        Ok(modules) if images.from == Source::Ptx => {
+            log_info!(
+                "loaded the core's kernels for sm_{}{} from the PTX the library carries in {:.1} s (compiled by the driver, which caches them)",
+                arch.0,
+                arch.1,
+                started.elapsed().as_secs_f64()
+            );
+            modules
+        }
+        Ok(modules) => modules,
+        Err(e) if images.from == Source::Ptx => {
+            log_info!(
+                "the driver could not load the PTX the library carries for sm_{}{} ({e}): NVRTC compiles the kernels",
+                arch.0,
+                arch.1
+            );
+            let compiled = Images {
+                from: Source::Nvrtc,
+                images: compile_with_nvrtc(arch)?,
+            };
+            load_modules(&compiled)?
+        }
+        Err(e) => return Err(e),
+    };
     let mut functions = Vec::new();
     for algorithm in Algorithm::ALL {
         for (dtype, &module) in DataType::ALL.iter().zip(&modules) {
@@ -106,6 +131,7 @@ pub fn for_device(device: &Device) -> Result<Arc<Kernels>, String> {
     let batch_resident_blocks =
         resident_blocks(&functions, device, |_| true).map_err(|e| e.to_string())?;
     let kernels = Arc::new(Kernels {
+        arch,
         functions,
         two_shot_resident_blocks,
         batch_resident_blocks,
@@ -130,23 +156,74 @@ fn built_in_for(arch: Arch) -> Option<&'static (Arch, &'static [u8])> {
         .max_by_key(|((_, minor), _)| *minor)
 }
 
-/// One cubin per element type, in `DataType::ALL` order, for `arch`: the built-in ones, else
-/// compiled by NVRTC; once per architecture in this process.
-pub fn cubins_for(arch: Arch) -> Result<Arc<Vec<Vec<u8>>>, String> {
-    type Cubins = Arc<Vec<Vec<u8>>>;
-    static READY: Mutex<Option<HashMap<Arch, Cubins>>> = Mutex::new(None);
-    let mut ready = READY.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(cubins) = ready.get_or_insert_with(HashMap::new).get(&arch) {
-        return Ok(cubins.clone());
+/// Whether the library carries PTX (`built_in_ptx`): GPUs of `program::PTX_ARCH` or later run it.
+pub fn carries_ptx() -> bool {
+    !BUILT_IN_PTX.is_empty()
+}
+
+/// The PTX of `program::PTX_ARCH`'s programs, one per element type, if the library carries it.
+pub fn built_in_ptx() -> Result<Option<Vec<Vec<u8>>>, String> {
+    match BUILT_IN_PTX.is_empty() {
+        true => Ok(None),
+        false => program::unpack(BUILT_IN_PTX).map(Some),
     }
-    let cubins = Arc::new(match built_in_for(arch) {
-        Some((_, packed)) => program::unpack(packed)?,
-        None => compile_with_nvrtc(arch)?,
+}
+
+/// Where a device's programs come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// The cubins the library carries for its architecture.
+    BuiltIn,
+    /// The PTX the library carries, which the driver compiles (a GPU newer than every built-in
+    /// architecture).
+    Ptx,
+    /// NVRTC, at run time (or its disk cache).
+    Nvrtc,
+}
+
+/// One program per element type, in `DataType::ALL` order, as the driver loads them.
+pub struct Images {
+    pub from: Source,
+    pub images: Vec<Vec<u8>>,
+}
+
+/// The programs for `arch`: the built-in cubins, else the built-in PTX where `arch` can run it,
+/// else compiled by NVRTC; once per architecture in this process.
+pub fn images_for(arch: Arch) -> Result<Arc<Images>, String> {
+    static READY: Mutex<Option<HashMap<Arch, Arc<Images>>>> = Mutex::new(None);
+    let mut ready = READY.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(images) = ready.get_or_insert_with(HashMap::new).get(&arch) {
+        return Ok(images.clone());
+    }
+    let images = Arc::new(match (built_in_for(arch), built_in_ptx()?) {
+        (Some((_, packed)), _) => Images {
+            from: Source::BuiltIn,
+            images: program::unpack(packed)?,
+        },
+        // PTX runs on its architecture and every later one.
+        (None, Some(ptx)) if arch >= program::PTX_ARCH => Images {
+            from: Source::Ptx,
+            images: ptx,
+        },
+        (None, _) => Images {
+            from: Source::Nvrtc,
+            images: compile_with_nvrtc(arch)?,
+        },
     });
     ready
         .get_or_insert_with(HashMap::new)
-        .insert(arch, cubins.clone());
-    Ok(cubins)
+        .insert(arch, images.clone());
+    Ok(images)
+}
+
+/// One module per program (the driver compiles PTX here).
+fn load_modules(images: &Images) -> Result<Vec<cuda::Module>, String> {
+    images
+        .images
+        .iter()
+        .map(|image| cuda::load_module(image))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())
 }
 
 /// The kernels for a GPU the library carries none for, compiled by NVRTC (or read from the disk
@@ -202,7 +279,7 @@ fn cached_cubin(dtype: DataType, arch: Arch) -> Result<Vec<u8>, String> {
     if let Some(cubin) = path.as_ref().and_then(|p| std::fs::read(p).ok()) {
         return Ok(cubin);
     }
-    let cubin = program::compile(&options)?;
+    let cubin = program::compile(&options)?.cubin;
     if let Some(path) = path {
         // Written whole, then renamed: processes compiling at once never read half a file.
         let partial = path.with_extension(format!("{}.partial", std::process::id()));

@@ -352,6 +352,8 @@ pub struct CommFacts {
     /// Blocks of MAX_THREADS the two-shot kernels can have resident at once on every rank's GPU:
     /// their blocks wait for each other between windows, so all of them must run at once.
     pub resident_blocks: u32,
+    /// The lowest compute capability of the ranks' GPUs, e.g. 90.
+    pub compute_capability: u32,
 }
 
 /// How the core runs one call.
@@ -424,6 +426,9 @@ pub fn plan_all_reduce(
     if !settings.enabled || count == 0 || !(2..=MAX_RANKS).contains(&nranks) {
         return None;
     }
+    if !runs_type(dtype, comm) {
+        return None;
+    }
     // Forced, the core takes any size (two-shot goes through the staging in windows).
     if !settings.force_core && bytes > settings.all_reduce_max(nranks, single_process) {
         return None;
@@ -458,6 +463,13 @@ pub fn plan_all_reduce(
     })
 }
 
+/// Whether the core takes calls of `dtype` on `comm`: fp8 only where every rank's GPU is sm_90 or
+/// later, as NCCL (which refuses fp8 reductions on older GPUs, and has refused fp8 moves too).
+fn runs_type(dtype: DataType, comm: &CommFacts) -> bool {
+    let fp8 = matches!(dtype, DataType::Float8e4m3 | DataType::Float8e5m2);
+    !fp8 || comm.compute_capability >= 90
+}
+
 /// The core's plan for a call of `collective` of `count` elements (`count` as NCCL's API takes
 /// it: each rank's chunk where there is one), with `op` (ignored where it does not reduce) and
 /// `root` (ignored where it has none), or `None` to leave it to NCCL.
@@ -475,6 +487,9 @@ pub fn plan(
     };
     let nranks = comm.nranks;
     let dtype = DataType::from_nccl(dtype)?;
+    if !runs_type(dtype, comm) {
+        return None;
+    }
     let op = match collective.reduces() {
         true => Op::from_nccl(op)?,
         false => Op::Sum,
@@ -619,7 +634,28 @@ mod tests {
             single_process: false,
             zero_copy: false,
             resident_blocks: 132,
+            compute_capability: 90,
         }
+    }
+
+    /// fp8 stays with NCCL where a rank's GPU is older than sm_90, as NCCL refuses it there;
+    /// other types, and fp8 from sm_90 on, are the core's.
+    #[test]
+    fn fp8_is_the_cores_only_from_sm_90_on() {
+        let s = with(&[("NCCLSHIM_ALL_GATHER_MAX_BYTES", "1048576")]);
+        let a100 = CommFacts {
+            compute_capability: 80,
+            ..procs(2)
+        };
+        // ncclFloat8e4m3 (10), ncclFloat8e5m2 (11), ncclFloat (7).
+        for fp8 in [10, 11] {
+            assert!(plan_all_reduce(&s, 1024, fp8, 0, &procs(2)).is_some());
+            assert!(plan_all_reduce(&s, 1024, fp8, 0, &a100).is_none());
+            assert!(plan(&s, Collective::AllGather, 1024, fp8, 0, -1, &procs(2)).is_some());
+            assert!(plan(&s, Collective::AllGather, 1024, fp8, 0, -1, &a100).is_none());
+        }
+        assert!(plan_all_reduce(&s, 1024, 7, 0, &a100).is_some());
+        assert!(plan(&s, Collective::AllGather, 1024, 7, 0, -1, &a100).is_some());
     }
 
     /// The plan's algorithm for `bytes` of floats.

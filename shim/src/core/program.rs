@@ -30,10 +30,15 @@ pub const SOURCE: &str = concat!(
 pub type Arch = (i32, i32);
 
 /// The architectures the library carries compiled kernels for (unless built with
-/// `NCCLSHIM_KERNEL_ARCHS`): Hopper (sm_90: H100, H200, GH200), datacenter Blackwell (sm_100:
-/// B200, GB200; its code also runs on sm_103) and Blackwell workstations (sm_120). The core
-/// needs sm_90 or newer, so nothing older.
-pub const BUILT_IN_ARCHS: [Arch; 3] = [(9, 0), (10, 0), (12, 0)];
+/// `NCCLSHIM_KERNEL_ARCHS`): Ampere (sm_80: A100, A800; its code also runs on sm_86 and sm_89),
+/// Hopper (sm_90: H100, H200, GH200), datacenter Blackwell (sm_100: B200, GB200; its code also
+/// runs on sm_103) and Blackwell workstations (sm_120). The core needs sm_80 or newer.
+pub const BUILT_IN_ARCHS: [Arch; 4] = [(8, 0), (9, 0), (10, 0), (12, 0)];
+
+/// The architecture whose programs the library also carries as PTX, for GPUs newer than every
+/// built-in architecture: the driver compiles PTX for any GPU of this architecture or later, and
+/// sm_90's is the oldest that has every feature the kernels use (the early launch).
+pub const PTX_ARCH: Arch = (9, 0);
 
 /// The kernel's name for one variant, as `device/entry.cu` defines it.
 pub fn kernel_name(algorithm: Algorithm, dtype: DataType, op: Op) -> String {
@@ -110,15 +115,25 @@ pub fn cache_dir(sub: &str) -> Option<PathBuf> {
     Some(base.join(sub))
 }
 
-/// Compiles the kernels' source with `options` and returns the cubin. Needs NVRTC loaded.
-pub fn compile(options: &[String]) -> Result<Vec<u8>, String> {
+/// One program as NVRTC compiled it: the cubin for its architecture, and the PTX it came from
+/// (NUL-terminated, as the driver loads it).
+pub struct Compiled {
+    pub cubin: Vec<u8>,
+    pub ptx: Vec<u8>,
+}
+
+/// Compiles the kernels' source with `options`. Needs NVRTC loaded.
+pub fn compile(options: &[String]) -> Result<Compiled, String> {
     let source = CString::new(SOURCE).expect("the kernel source has no NUL");
     let program = nvrtc::create_program(&source, Some(c"ncclshim.cu"))
         .map_err(|e| format!("nvrtcCreateProgram: {e:?}"))?;
     // SAFETY: a program just created, destroyed below.
     let compiled = unsafe { nvrtc::compile_program(program, options) };
     let outcome = match compiled {
-        Ok(()) => cubin_of(program),
+        Ok(()) => cubin_of(program).and_then(|cubin| {
+            let ptx = ptx_of(program)?;
+            Ok(Compiled { cubin, ptx })
+        }),
         Err(e) => {
             // SAFETY: the program is alive.
             let log = unsafe { nvrtc::get_program_log(program) }.unwrap_or_default();
@@ -152,12 +167,26 @@ fn cubin_of(program: nvrtc_sys::nvrtcProgram) -> Result<Vec<u8>, String> {
     }
 }
 
+fn ptx_of(program: nvrtc_sys::nvrtcProgram) -> Result<Vec<u8>, String> {
+    let mut size = 0usize;
+    // SAFETY: a compiled program; the buffer has the size NVRTC gave (its NUL included).
+    unsafe {
+        nvrtc_sys::nvrtcGetPTXSize(program, &mut size);
+        let mut ptx = vec![0u8; size];
+        let result = nvrtc_sys::nvrtcGetPTX(program, ptx.as_mut_ptr().cast());
+        if result != nvrtc_sys::nvrtcResult::NVRTC_SUCCESS || size == 0 {
+            return Err(format!("nvrtcGetPTX: {result:?}"));
+        }
+        Ok(ptx)
+    }
+}
+
 /// The layout of `pack`'s output: part of the cache's file names, so that a build never takes
 /// a pack of another layout.
 pub const PACK_LAYOUT: u32 = 1;
 
-/// One architecture's cubins (one per element type, in `DataType::ALL` order) as the library
-/// carries them: each one's length (u64, little-endian) then its bytes, compressed with zstd.
+/// One architecture's cubins (or PTX: any image per element type, in `DataType::ALL` order) as
+/// the library carries them: each one's length (u64, little-endian) then its bytes, compressed with zstd.
 /// The programs of different types share most of their code, which compresses 13-fold together.
 pub fn pack(cubins: &[Vec<u8>]) -> Result<Vec<u8>, String> {
     let mut joined = Vec::with_capacity(cubins.iter().map(|c| c.len() + 8).sum());

@@ -26,7 +26,7 @@ use crate::log::log_info;
 const MAGIC: u64 = 0x6e63_636c_7368_696d; // "ncclshim"
 // The record's and the buffer's layout (3: sentinel inboxes; 4: zero-copy; 5: every setting on
 // its own): other versions never pair up.
-const LAYOUT: u32 = 5;
+const LAYOUT: u32 = 6;
 /// Room for the settings every rank must have alike (`Settings::agreed`), one word each.
 const AGREED_SLOTS: usize = 32;
 
@@ -51,6 +51,10 @@ struct Record {
     device: i32,
     /// Blocks the two-shot kernels can have resident at once on this rank's GPU.
     resident_blocks: u32,
+    /// Its GPU's compute capability, e.g. 90.
+    compute_capability: u32,
+    /// Zero: keeps the next field at the alignment it has.
+    padding: u32,
     pci_bus_id: [u8; 16],
     ipc: [u8; 64],
 }
@@ -73,6 +77,8 @@ impl Record {
             buffer: 0,
             device: -1,
             resident_blocks: 0,
+            compute_capability: 0,
+            padding: 0,
             pci_bus_id: [0; 16],
             ipc: [0; 64],
         }
@@ -288,8 +294,8 @@ pub(super) fn own_parts(device: Device) -> Result<Parts, String> {
     }
     let _context = device.enter().map_err(|e| e.to_string())?;
     let (major, minor) = device.compute_capability().map_err(|e| e.to_string())?;
-    if major < 9 {
-        return Err(format!("sm_{major}{minor}: the core needs sm_90 or newer"));
+    if major < 8 {
+        return Err(format!("sm_{major}{minor}: the core needs sm_80 or newer"));
     }
     let kernels = kernels::for_device(&device)?;
     let half_bytes = STAGING_HALF_BYTES as u64;
@@ -314,7 +320,7 @@ pub(super) fn own_parts(device: Device) -> Result<Parts, String> {
         buffer,
         half_bytes,
         control,
-        early_launch: early_launch(),
+        early_launch: early_launch(major),
         order,
     })
 }
@@ -335,9 +341,12 @@ fn p2p_forbidden(get: impl Fn(&str) -> Option<String>) -> Option<String> {
 }
 
 /// Whether kernels are launched early (programmatic stream serialization, see device/device.cuh):
-/// from CUDA 12.3 on, which also keeps it in CUDA graphs, unless the settings turn it off.
-fn early_launch() -> bool {
-    policy::settings().early_launch && cuda::driver_version().is_ok_and(|v| v >= 12030)
+/// on sm_90 and later (whose kernels wait for it), from CUDA 12.3 on, which also keeps it in CUDA
+/// graphs, unless the settings turn it off.
+fn early_launch(major: i32) -> bool {
+    major >= 9
+        && policy::settings().early_launch
+        && cuda::driver_version().is_ok_and(|v| v >= 12030)
 }
 
 fn own_record(candidate: &Candidate) -> Record {
@@ -364,6 +373,8 @@ fn own_record(candidate: &Candidate) -> Record {
         buffer: parts.buffer.pointer,
         device: exchange.device.ordinal,
         resident_blocks: parts.kernels.two_shot_resident_blocks,
+        compute_capability: (parts.kernels.arch.0 * 10 + parts.kernels.arch.1) as u32,
+        padding: 0,
         pci_bus_id,
         ipc,
     }
@@ -475,6 +486,11 @@ fn map_peers(candidate: &Candidate, gathered: &[u8]) -> Result<Mapped, String> {
             single_process: records.iter().all(|r| r.process == me.process),
             zero_copy: false,
             resident_blocks: records.iter().map(|r| r.resident_blocks).min().unwrap_or(0),
+            compute_capability: records
+                .iter()
+                .map(|r| r.compute_capability)
+                .min()
+                .unwrap_or(0),
         },
     };
     for (r, record) in records.iter().enumerate() {

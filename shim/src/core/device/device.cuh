@@ -117,7 +117,9 @@ __device__ __forceinline__ bf16 from_float(float f, bf16) {
   }
   return v;
 }
-// The fp8 pair conversions put our byte in the low half (sm_89 and later).
+// The fp8 pair conversions put our byte in the low half (sm_89 and later). Below sm_90 the core
+// takes no fp8 call (NCCL refuses them there, policy.rs): the kernels exist, and stop if run.
+#if __CUDA_ARCH__ >= 890
 #define FP8_CONVERSIONS(T, PTX_TYPE)                                                                 \
   __device__ __forceinline__ float to_float(T v) {                                                  \
     unsigned short pair = v.bits;                                                                   \
@@ -130,6 +132,11 @@ __device__ __forceinline__ bf16 from_float(float f, bf16) {
     asm("cvt.rn.satfinite." PTX_TYPE "x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(0.0f), "f"(f));       \
     return T{(unsigned char)(pair & 0xff)};                                                         \
   }
+#else
+#define FP8_CONVERSIONS(T, PTX_TYPE)                                                                 \
+  __device__ __forceinline__ float to_float(T) { __trap(); return 0.0f; }                          \
+  __device__ __forceinline__ T from_float(float, T) { __trap(); return T{0}; }
+#endif
 FP8_CONVERSIONS(e4m3, "e4m3")
 FP8_CONVERSIONS(e5m2, "e5m2")
 
@@ -798,8 +805,11 @@ __device__ __forceinline__ u64 chunk_slot(u64 count, u64 size) { return (count *
 // holds every thread until the previous kernel has completed and its memory is visible, so
 // nothing of ours (the epoch read included) runs earlier than without it. Our own dependents may
 // be scheduled at once: they wait in the same way. Without the attribute both do nothing.
+// Before sm_90 there is no such launch (the host never asks for it there, setup.rs).
 __device__ __forceinline__ void after_previous_kernel() {
+#if __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
 }
 
