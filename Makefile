@@ -13,6 +13,10 @@ REAL_NCCL_LIB ?=
 CARGO ?= cargo
 BUILD ?= $(CURDIR)/build
 TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
+# The cargo command `make build` compiles with, and the folder it leaves the release build in
+# (the wheel's: cargo-zigbuild, for an old glibc).
+CARGO_COMMAND := build
+CARGO_OUT = $(TARGET_DIR)/release
 FETCH := $(CURDIR)/gen/fetch-nccl.sh
 # The NVRTC the build compiles the core's kernels with, ahead of time (fetched once from PyPI).
 FETCH_NVRTC := $(CURDIR)/gen/fetch-nvrtc.sh
@@ -66,11 +70,11 @@ build:
 	@command -v $(CARGO) >/dev/null || { echo "make build needs Rust (cargo): https://rustup.rs"; exit 1; }
 	@echo "building the shim; its CUDA kernels are compiled ahead of time, which takes minutes the first time (cached under $${NCCLSHIM_CACHE:-~/.cache/ncclshim})"
 	$(WITH_NVRTC) NCCL_VERSION=$(SPEC_VERSION) REAL_NCCL_LIB=$(REAL_NCCL_LIB) \
-	  $(CARGO) build --release --locked -p ncclshim -p ncclshim-cli
+	  $(CARGO) $(CARGO_COMMAND) --release --locked -p ncclshim -p ncclshim-cli
 	@header_dir=$$($(FETCH) $(HEADERS_VERSION) headers)/include && \
 	  rm -rf $(BUILD)/lib $(BUILD)/include $(BUILD)/bin && mkdir -p $(BUILD)/lib $(BUILD)/include $(BUILD)/bin && \
-	  cp $(TARGET_DIR)/release/ncclshim $(BUILD)/bin/ncclshim && \
-	  cp $(TARGET_DIR)/release/libnccl.so $(BUILD)/lib/libnccl.so.$(SPEC_VERSION) && \
+	  cp $(CARGO_OUT)/ncclshim $(BUILD)/bin/ncclshim && \
+	  cp $(CARGO_OUT)/libnccl.so $(BUILD)/lib/libnccl.so.$(SPEC_VERSION) && \
 	  ln -s libnccl.so.$(SPEC_VERSION) $(BUILD)/lib/libnccl.so.2 && \
 	  ln -s libnccl.so.2 $(BUILD)/lib/libnccl.so && \
 	  cp -r $$header_dir/. $(BUILD)/include/ && rm -f $(BUILD)/include/__init__.py
@@ -88,14 +92,20 @@ install:
 
 # A Python wheel: the build for every NCCL version (its own target and build folders) and the
 # ncclshim command; `pip install dist/ncclshim-*.whl` (or `ncclshim[cu12]`, `ncclshim[cu13]`
-# for NVIDIA's NCCL as well).
+# for NVIDIA's NCCL as well). Both are linked against WHEEL_GLIBC's symbols by cargo-zigbuild
+# (gen/fetch-wheel-tools.sh), so that the wheel installs where NVIDIA's NCCL wheels do
+# (manylinux2014); gen/make-wheel.py refuses files that need a newer glibc.
+WHEEL_GLIBC := 2.17
 WHEEL_BUILD := $(CURDIR)/target/wheel-build
+WHEEL_TARGET := $(CURDIR)/target/wheel
 wheel:
-	CARGO_TARGET_DIR=$(CURDIR)/target/wheel $(MAKE) --no-print-directory build NCCL_VERSION=all \
-	  BUILD=$(WHEEL_BUILD)
+	tools=$$(gen/fetch-wheel-tools.sh) && PATH=$$tools:$$PATH CARGO_TARGET_DIR=$(WHEEL_TARGET) \
+	  $(MAKE) --no-print-directory build NCCL_VERSION=all BUILD=$(WHEEL_BUILD) \
+	  CARGO_COMMAND="zigbuild --target x86_64-unknown-linux-gnu.$(WHEEL_GLIBC)" \
+	  CARGO_OUT=$(WHEEL_TARGET)/x86_64-unknown-linux-gnu/release
 	strip --strip-debug $(WHEEL_BUILD)/lib/libnccl.so.all $(WHEEL_BUILD)/bin/ncclshim
 	@python3 gen/make-wheel.py --lib $(WHEEL_BUILD)/lib/libnccl.so.all --bin $(WHEEL_BUILD)/bin/ncclshim \
-	  --version $$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml) \
+	  --version $$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml) --glibc $(WHEEL_GLIBC) \
 	  --abi "the API of every NCCL from $(firstword $(SPEC_VERSIONS)) to $(NEWEST_SPEC)" --out $(CURDIR)/dist
 
 # What the tests need beyond Rust: gcc, libclang (bindgen; libclang-cpp, which comes with llvm,

@@ -1,20 +1,24 @@
 #!/usr/bin/env python3
 """Packs a build of ncclshim into a Python wheel (standard library only):
-  make-wheel.py --lib LIB --bin BIN --version V --abi TEXT --out DIR
+  make-wheel.py --lib LIB --bin BIN --version V --glibc X.Y --abi TEXT --out DIR
 LIB (the shim's library, a build for every NCCL version) goes to ncclshim/lib/libnccl.so.2 in
 site-packages, BIN (the ncclshim command) to the environment's bin/. NVIDIA's NCCL comes as an
 extra (ncclshim[cu12] or ncclshim[cu13]), in the same environment, where the shim finds it.
-Prints the wheel's path."""
+The wheel is tagged manylinux_X_Y (glibc X.Y or newer), which LIB and BIN were built for: a file
+that needs a newer GLIBC_ symbol version stops it. Prints the wheel's path."""
 import argparse
 import base64
 import hashlib
 import os
+import re
 import stat
+import struct
 import sys
 import zipfile
 
-# The build machine's glibc (Debian 12): the library needs at least this one.
-PLATFORM = "manylinux_2_36_x86_64"
+# PEP 600's tags that older pips know by their first names (PEP 513, 571, 599).
+LEGACY_NAMES = {(2, 5): "manylinux1", (2, 12): "manylinux2010", (2, 17): "manylinux2014"}
+SHT_GNU_VERNEED = 0x6FFFFFFE
 
 INIT = '''"""ncclshim: a drop-in libnccl.so.2 in front of NVIDIA's NCCL ({abi}).
 
@@ -45,11 +49,54 @@ Run a program with the shim in front: `ncclshim run -- CMD ...`. Check a machine
 extra installs NVIDIA's), or named by NCCLSHIM_REAL_NCCL.
 """
 
-WHEEL = f"""Wheel-Version: 1.0
+WHEEL = """Wheel-Version: 1.0
 Generator: ncclshim make-wheel.py
 Root-Is-Purelib: false
-Tag: py3-none-{PLATFORM}
 """
+
+
+def platform_tags(glibc):
+    """The wheel's platform tags for glibc (major, minor): PEP 600's, then its legacy name."""
+    tags = [f"manylinux_{glibc[0]}_{glibc[1]}_x86_64"]
+    if glibc in LEGACY_NAMES:
+        tags.append(f"{LEGACY_NAMES[glibc]}_x86_64")
+    return tags
+
+
+def glibc_versions_needed(elf):
+    """The GLIBC_X.Y[.Z] symbol versions a 64-bit little-endian ELF file needs (its
+    .gnu.version_r section), as tuples of numbers."""
+    assert elf[:6] == b"\x7fELF\x02\x01", "not a 64-bit little-endian ELF file"
+    (shoff,) = struct.unpack_from("<Q", elf, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", elf, 0x3A)
+    # Each: (type, offset, link, info) of sh_name, sh_type, flags, addr, offset, size, link, info.
+    sections = [
+        struct.unpack_from("<4xI16xQ8xII", elf, shoff + i * shentsize) for i in range(shnum)
+    ]
+    versions = set()
+    for kind, offset, link, count in sections:
+        if kind != SHT_GNU_VERNEED:
+            continue
+        strings = sections[link][1]
+        for _ in range(count):
+            _, aux_count, _, aux, following = struct.unpack_from("<HHIII", elf, offset)
+            at = offset + aux
+            for _ in range(aux_count):
+                _, _, _, name, next_aux = struct.unpack_from("<IHHII", elf, at)
+                text = elf[strings + name : elf.index(b"\0", strings + name)].decode()
+                if re.fullmatch(r"GLIBC_[0-9.]+", text):
+                    versions.add(tuple(int(n) for n in text[len("GLIBC_") :].split(".")))
+                at += next_aux
+            offset += following
+    return versions
+
+
+def check_glibc(path, glibc):
+    """Stops where the ELF file at path needs a GLIBC_ symbol version newer than glibc."""
+    newer = sorted(v for v in glibc_versions_needed(open(path, "rb").read()) if v > glibc)
+    if newer:
+        names = ", ".join("GLIBC_" + ".".join(map(str, v)) for v in newer)
+        sys.exit(f"make-wheel: {path} needs {names}, newer than glibc {'.'.join(map(str, glibc))}")
 
 
 def record_line(name, data):
@@ -59,23 +106,28 @@ def record_line(name, data):
 
 def main():
     parser = argparse.ArgumentParser()
-    for arg in ("--lib", "--bin", "--version", "--abi", "--out"):
+    for arg in ("--lib", "--bin", "--version", "--glibc", "--abi", "--out"):
         parser.add_argument(arg, required=True)
     args = parser.parse_args()
+    glibc = tuple(int(n) for n in args.glibc.split("."))
+    for path in (args.lib, args.bin):
+        check_glibc(path, glibc)
+    tags = platform_tags(glibc)
+    wheel_file = WHEEL + "".join(f"Tag: py3-none-{tag}\n" for tag in tags)
     dist = f"ncclshim-{args.version}"
     files = [
         ("ncclshim/__init__.py", INIT.format(abi=args.abi, version=args.version).encode(), 0o644),
         ("ncclshim/lib/libnccl.so.2", open(args.lib, "rb").read(), 0o755),
         (f"{dist}.data/scripts/ncclshim", open(args.bin, "rb").read(), 0o755),
         (f"{dist}.dist-info/METADATA", METADATA.format(version=args.version, abi=args.abi).encode(), 0o644),
-        (f"{dist}.dist-info/WHEEL", WHEEL.encode(), 0o644),
+        (f"{dist}.dist-info/WHEEL", wheel_file.encode(), 0o644),
         (f"{dist}.dist-info/top_level.txt", b"ncclshim\n", 0o644),
     ]
     record = f"{dist}.dist-info/RECORD"
     lines = [record_line(name, data) for name, data, _ in files] + [f"{record},,"]
     files.append((record, ("\n".join(lines) + "\n").encode(), 0o644))
     os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, f"{dist}-py3-none-{PLATFORM}.whl")
+    path = os.path.join(args.out, f"{dist}-py3-none-{'.'.join(tags)}.whl")
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as wheel:
         for name, data, mode in files:
             info = zipfile.ZipInfo(name, date_time=(2026, 1, 1, 0, 0, 0))

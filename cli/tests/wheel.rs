@@ -1,12 +1,17 @@
 //! The wheel `make wheel` builds, as a user gets it: installed with pip into a fresh virtual
 //! environment beside NVIDIA's NCCL wheel, then `ncclshim doctor` and a C client run with the
-//! shim in front (`ncclshim run`), with nothing but the environment's own files to go by.
+//! shim in front (`ncclshim run`), with nothing but the environment's own files to go by; and
+//! tagged for the glibc its files need, an old one, as auditwheel and readelf read them.
 //! `make test` builds the wheel first and names its folder in NCCLSHIM_WHEEL_DIR.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use ncclshim_tests::{compile_c, link_nccl, real_nccl, scratch};
+use ncclshim_tests::{compile_c, fetched, link_nccl, real_nccl, scratch};
+
+/// The newest glibc the wheel may need: RHEL 8's and its rebuilds', the oldest of the systems
+/// GPU clusters commonly run (NVIDIA's NCCL wheels need 2.17).
+const NEWEST_GLIBC_ALLOWED: [u32; 2] = [2, 28];
 
 /// The newest file in `dir` whose name starts with `prefix` and ends with `.whl`.
 fn wheel_in(dir: &Path, prefix: &str) -> PathBuf {
@@ -45,12 +50,143 @@ fn in_venv(venv: &Path, program: &str, args: &[&str], env: &[(&str, &str)]) -> O
         .unwrap()
 }
 
-#[test]
-fn the_wheel_installs_with_pip_and_finds_nccl_in_its_environment() {
+/// The wheel `make wheel` left in NCCLSHIM_WHEEL_DIR.
+fn built_wheel() -> PathBuf {
     let dir = std::env::var_os("NCCLSHIM_WHEEL_DIR")
         .map(PathBuf::from)
         .expect("NCCLSHIM_WHEEL_DIR names the folder of `make wheel`'s wheel (make test sets it)");
-    let ours = wheel_in(&dir, "ncclshim-");
+    wheel_in(&dir, "ncclshim-")
+}
+
+/// The glibc version, as numbers, that a wheel's name says it needs: that of its first platform
+/// tag, `manylinux_X_Y_x86_64`.
+fn tagged_glibc(wheel: &Path) -> Vec<u32> {
+    let name = wheel.file_stem().unwrap().to_str().unwrap();
+    let first_tag = name.rsplit('-').next().unwrap().split('.').next().unwrap();
+    first_tag
+        .strip_prefix("manylinux_")
+        .and_then(|tag| tag.strip_suffix("_x86_64"))
+        .unwrap_or_else(|| panic!("{name}: its first platform tag is not manylinux_X_Y_x86_64"))
+        .split('_')
+        .map(|n| n.parse().unwrap())
+        .collect()
+}
+
+/// Every file under `dir`, in its subfolders too.
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .flat_map(|p| if p.is_dir() { files_under(&p) } else { vec![p] })
+        .collect()
+}
+
+fn is_elf(path: &Path) -> bool {
+    std::fs::read(path).unwrap().starts_with(b"\x7fELF")
+}
+
+/// The GLIBC_ symbol versions, as numbers, that the ELF file at `path` needs: the names in the
+/// version needs section `readelf -V` prints.
+fn glibc_versions_needed(path: &Path) -> Vec<Vec<u32>> {
+    let said = checked(
+        Command::new("readelf")
+            .arg("-VW")
+            .arg(path)
+            .output()
+            .unwrap(),
+        "readelf -V",
+    );
+    said.lines()
+        .skip_while(|line| !line.starts_with("Version needs section"))
+        .filter_map(|line| line.split("Name: GLIBC_").nth(1))
+        .map(|rest| {
+            let version = rest.split_whitespace().next().unwrap();
+            version.split('.').map(|n| n.parse().unwrap()).collect()
+        })
+        .collect()
+}
+
+fn dotted(version: &[u32]) -> String {
+    version
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+#[test]
+fn the_wheel_is_tagged_for_the_old_glibc_its_files_need() {
+    let wheel = built_wheel();
+    let glibc = tagged_glibc(&wheel);
+    assert!(
+        glibc.as_slice() <= NEWEST_GLIBC_ALLOWED.as_slice(),
+        "{} is for glibc {} or newer: RHEL 8 (2.28) cannot install it",
+        wheel.display(),
+        dotted(&glibc)
+    );
+
+    // auditwheel finds the same tag: the files need this glibc, and no more.
+    let tools = fetched("gen/fetch-wheel-tools.sh", &[]);
+    let shown = checked(
+        Command::new(tools.join("auditwheel"))
+            .arg("show")
+            .arg(&wheel)
+            .output()
+            .unwrap(),
+        "auditwheel show",
+    );
+    let shown = shown.split_whitespace().collect::<Vec<_>>().join(" ");
+    let tag = format!("manylinux_{}_{}_x86_64", glibc[0], glibc[1]);
+    assert!(
+        shown.contains(&format!(
+            "is consistent with the following platform tag: \"{tag}\""
+        )),
+        "{shown}"
+    );
+
+    // readelf, on every ELF file of the wheel: no GLIBC_ symbol version newer than the tag's.
+    let unpacked = scratch("cli-wheel-files");
+    checked(
+        Command::new("python3")
+            .args(["-m", "zipfile", "-e"])
+            .arg(&wheel)
+            .arg(&unpacked)
+            .output()
+            .unwrap(),
+        "python3 -m zipfile -e",
+    );
+    let elf_files: Vec<PathBuf> = files_under(&unpacked)
+        .into_iter()
+        .filter(|p| is_elf(p))
+        .collect();
+    assert_eq!(
+        elf_files.len(),
+        2,
+        "the library and the command: {elf_files:?}"
+    );
+    for file in elf_files {
+        let needed = glibc_versions_needed(&file);
+        assert!(
+            !needed.is_empty(),
+            "readelf -V shows no GLIBC_ version {file:?} needs"
+        );
+        let newer: Vec<String> = needed
+            .iter()
+            .filter(|v| **v > glibc)
+            .map(|v| format!("GLIBC_{}", dotted(v)))
+            .collect();
+        assert!(
+            newer.is_empty(),
+            "{} needs {}, newer than its tag {tag}",
+            file.display(),
+            newer.join(", ")
+        );
+    }
+}
+
+#[test]
+fn the_wheel_installs_with_pip_and_finds_nccl_in_its_environment() {
+    let ours = built_wheel();
     // NVIDIA's NCCL 2.28.9 wheel, as the tests' fetcher keeps it.
     let nccl = real_nccl("2.28.9");
     let cache = nccl.ancestors().nth(3).unwrap().join("wheels");
@@ -92,6 +228,9 @@ fn the_wheel_installs_with_pip_and_finds_nccl_in_its_environment() {
         in_venv(&venv, "ncclshim", &["doctor"], &[]),
         "ncclshim doctor",
     );
+    // Built for an old glibc, still with the kernels compiled in (the command holds the
+    // library's crate, from the same build).
+    assert!(said.contains("kernels built in for sm_"), "{said}");
     let shim = packages.join("ncclshim/lib/libnccl.so.2");
     let real = packages.join("nvidia/nccl/lib/libnccl.so.2");
     assert!(
