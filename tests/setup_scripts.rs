@@ -181,7 +181,11 @@ fn headers_alone_come_from_the_wheel_as_they_are_in_it() {
             .expect("python3 runs")
     };
     let out = fetch("2.28.9", &dest);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let fetched = dest.join("nvidia/nccl/include");
     for header in ["nccl.h", "nccl_device/coop.h"] {
         assert_eq!(

@@ -86,7 +86,7 @@ pub fn for_device(device: &Device) -> Result<Arc<Kernels>, String> {
     let arch = device.compute_capability().map_err(|e| e.to_string())?;
     let images = images_for(arch)?;
     let started = Instant::now();
-    let modules = match load_modules(&images) {
+    let modules = match load_modules(device, &images) {
         Ok(modules) if images.from == Source::Ptx => {
             log_info!(
                 "loaded the core's kernels for sm_{}{} from the PTX the library carries in {:.1} s (compiled by the driver, which caches them)",
@@ -107,7 +107,7 @@ pub fn for_device(device: &Device) -> Result<Arc<Kernels>, String> {
                 from: Source::Nvrtc,
                 images: compile_with_nvrtc(arch)?,
             };
-            load_modules(&compiled)?
+            load_modules(device, &compiled)?
         }
         Err(e) => return Err(e),
     };
@@ -216,12 +216,36 @@ pub fn images_for(arch: Arch) -> Result<Arc<Images>, String> {
     Ok(images)
 }
 
-/// One module per program (the driver compiles PTX here).
-fn load_modules(images: &Images) -> Result<Vec<cuda::Module>, String> {
-    images
-        .images
-        .iter()
-        .map(|image| cuda::load_module(image))
+/// One module per program. The driver compiles PTX here, each program on a thread of its own
+/// (as NVRTC's compiles): a minute or more each on an H100's host, the first time.
+fn load_modules(device: &Device, images: &Images) -> Result<Vec<cuda::Module>, String> {
+    let loaded: Vec<cuda::Cuda<cuda::Module>> = match images.from {
+        Source::Ptx => std::thread::scope(|scope| {
+            let jobs: Vec<_> = (images.images.iter())
+                .map(|image| {
+                    // The handle as an address: a module serves every thread of its context.
+                    scope.spawn(move || {
+                        device.make_current()?;
+                        cuda::load_module(image).map(|module| module as usize)
+                    })
+                })
+                .collect();
+            jobs.into_iter()
+                .map(|job| {
+                    job.join()
+                        .unwrap_or_else(|_| Err(cuda::CudaError::panicked()))
+                        .map(|address| address as cuda::Module)
+                })
+                .collect()
+        }),
+        _ => images
+            .images
+            .iter()
+            .map(|image| cuda::load_module(image))
+            .collect(),
+    };
+    loaded
+        .into_iter()
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| e.to_string())
 }
