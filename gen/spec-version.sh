@@ -26,7 +26,13 @@ if [ -n "$release_only" ]; then
   exit 0
 fi
 
-specs=$(ls "$(dirname "$0")/../spec" | sed -n 's/^nccl-\(.*\)\.rs$/\1/p' | sort -V)
+spec_dir=$(dirname "$0")/../spec
+# The release's own spec first.
+if [ -f "$spec_dir/nccl-$version.rs" ]; then
+  echo "$version"
+  exit 0
+fi
+specs=$(ls "$spec_dir" | sed -n 's/^nccl-\(.*\)\.rs$/\1/p' | sort -V)
 chosen=
 for spec in $specs; do
   # Sorted oldest first: the last of the minor release is its newest.

@@ -11,6 +11,7 @@ made is removed then; the caller may download the whole wheel instead).
 
 import base64
 import hashlib
+import http.client
 import json
 import os
 import re
@@ -116,6 +117,9 @@ def main(argv):
         entries = directory(url, size)
         record = [e for e in entries if e[0].endswith(".dist-info/RECORD")]
         wanted = [e for e in entries if pattern.match(e[0]) and not e[0].endswith("/")]
+        unsafe = [e[0] for e in wanted if e[0].startswith("/") or ".." in e[0].split("/")]
+        if unsafe:
+            raise OSError(f"paths outside the destination: {unsafe[0]}")
         if not record or not wanted:
             raise OSError(f"the wheel has no RECORD or no file matching {pattern.pattern}")
         hashes = recorded(read_entry(url, record[0]).decode())
@@ -134,7 +138,7 @@ def main(argv):
         print(f"wheel-files: {len(wanted)} files of {package}=={version} ({total / 1e6:.1f} MB of "
               f"{size / 1e6:.0f} MB)", file=sys.stderr)
         return 0
-    except (OSError, ValueError, zlib.error, struct.error) as e:
+    except (OSError, ValueError, KeyError, zlib.error, struct.error, http.client.HTTPException) as e:
         print(f"wheel-files: {package}=={version}: {e}", file=sys.stderr)
         if fresh:
             shutil.rmtree(dest, ignore_errors=True)

@@ -199,3 +199,34 @@ fn headers_alone_come_from_the_wheel_as_they_are_in_it() {
     assert_eq!(out.status.code(), Some(1));
     assert!(!missing.join("out").exists());
 }
+
+/// gen/spec-version.sh takes a release's own spec where there is one, else its minor release's
+/// newest (a copy of the script beside made-up specs).
+#[test]
+fn a_release_with_a_spec_of_its_own_builds_it() {
+    let root = scratch("spec-version");
+    std::fs::create_dir_all(root.join("gen")).unwrap();
+    std::fs::create_dir_all(root.join("spec")).unwrap();
+    let script = root.join("gen/spec-version.sh");
+    std::fs::copy(workspace().join("gen/spec-version.sh"), &script).unwrap();
+    for release in ["2.28.3", "2.28.9", "2.29.7"] {
+        std::fs::write(root.join(format!("spec/nccl-{release}.rs")), "").unwrap();
+    }
+    let spec_of = |version: &str| {
+        let out = Command::new(&script).arg(version).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{version}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    };
+    assert_eq!(spec_of("2.28.3"), "2.28.3");
+    assert_eq!(spec_of("2.28.9"), "2.28.9");
+    assert_eq!(
+        spec_of("2.28.5"),
+        "2.28.9",
+        "the newest of its minor release"
+    );
+    assert_eq!(spec_of("all"), "all");
+}

@@ -169,6 +169,9 @@ pub struct CoreComm {
     control: HostControl,
     /// A kernel's giving up (see `failed`) has been said.
     failure_said: AtomicBool,
+    /// Its communicator was destroyed, aborted or revoked: a group that kept this core from an
+    /// earlier call looks again (group::known).
+    released: AtomicBool,
     early_launch: bool,
     order: StreamOrder,
 }
@@ -212,9 +215,19 @@ impl CoreComm {
             zero_copy: reach.zero_copy,
             control: parts.control,
             failure_said: AtomicBool::new(false),
+            released: AtomicBool::new(false),
             early_launch: parts.early_launch,
             order: parts.order,
         }
+    }
+
+    /// The communicator is going away: no call may take this core any more.
+    pub fn mark_released(&self) {
+        self.released.store(true, Ordering::Release);
+    }
+
+    pub fn released(&self) -> bool {
+        self.released.load(Ordering::Acquire)
     }
 
     /// Launches the call `plan` describes (of `send`, into `recv`) on the caller's stream, in

@@ -244,6 +244,8 @@ pub fn known(comm: ncclComm_t) -> Known {
         |seen| match seen.borrow().iter().find(|s| s.comm == comm as usize) {
             None => Known::New,
             Some(s) if s.to_nccl() => Known::ToNccl,
+            // Destroyed or revoked since (by another thread): look again.
+            Some(s) if s.core.released() => Known::New,
             Some(s) => Known::Core(s.core.clone()),
         },
     )

@@ -103,10 +103,7 @@ pub fn for_device(device: &Device) -> Result<Arc<Kernels>, String> {
                 arch.0,
                 arch.1
             );
-            let compiled = Images {
-                from: Source::Nvrtc,
-                images: compile_with_nvrtc(arch)?,
-            };
+            let compiled = compiled_instead_of_ptx(arch)?;
             load_modules(device, &compiled)?
         }
         Err(e) => return Err(e),
@@ -161,12 +158,17 @@ pub fn carries_ptx() -> bool {
     !BUILT_IN_PTX.is_empty()
 }
 
-/// The PTX of `program::PTX_ARCH`'s programs, one per element type, if the library carries it.
+/// The PTX of `program::PTX_ARCH`'s programs, one per element type, each NUL-terminated as the
+/// driver loads it, if the library carries it.
 pub fn built_in_ptx() -> Result<Option<Vec<Vec<u8>>>, String> {
-    match BUILT_IN_PTX.is_empty() {
-        true => Ok(None),
-        false => program::unpack(BUILT_IN_PTX).map(Some),
+    if BUILT_IN_PTX.is_empty() {
+        return Ok(None);
     }
+    let programs = program::unpack(BUILT_IN_PTX)?;
+    if programs.iter().any(|p| p.last() != Some(&0)) {
+        return Err("the PTX the library carries is not NUL-terminated".into());
+    }
+    Ok(Some(programs))
 }
 
 /// Where a device's programs come from.
@@ -190,27 +192,48 @@ pub struct Images {
 /// The programs for `arch`: the built-in cubins, else the built-in PTX where `arch` can run it,
 /// else compiled by NVRTC; once per architecture in this process.
 pub fn images_for(arch: Arch) -> Result<Arc<Images>, String> {
-    static READY: Mutex<Option<HashMap<Arch, Arc<Images>>>> = Mutex::new(None);
     let mut ready = READY.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(images) = ready.get_or_insert_with(HashMap::new).get(&arch) {
         return Ok(images.clone());
     }
-    let images = Arc::new(match (built_in_for(arch), built_in_ptx()?) {
+    // PTX runs on its architecture and every later one.
+    let ptx = match built_in_for(arch) {
+        None if carries_ptx() && arch >= program::PTX_ARCH => built_in_ptx()?,
+        _ => None,
+    };
+    let images = Arc::new(match (built_in_for(arch), ptx) {
         (Some((_, packed)), _) => Images {
             from: Source::BuiltIn,
             images: program::unpack(packed)?,
         },
-        // PTX runs on its architecture and every later one.
-        (None, Some(ptx)) if arch >= program::PTX_ARCH => Images {
+        (None, Some(ptx)) => Images {
             from: Source::Ptx,
             images: ptx,
         },
-        (None, _) => Images {
+        (None, None) => Images {
             from: Source::Nvrtc,
             images: compile_with_nvrtc(arch)?,
         },
     });
     ready
+        .get_or_insert_with(HashMap::new)
+        .insert(arch, images.clone());
+    Ok(images)
+}
+
+/// The programs of each architecture, as `images_for` found them (or the fallback replaced them).
+static READY: Mutex<Option<HashMap<Arch, Arc<Images>>>> = Mutex::new(None);
+
+/// The programs for `arch` compiled by NVRTC, in place of PTX the driver could not load: the
+/// architecture's other devices take them too.
+fn compiled_instead_of_ptx(arch: Arch) -> Result<Arc<Images>, String> {
+    let images = Arc::new(Images {
+        from: Source::Nvrtc,
+        images: compile_with_nvrtc(arch)?,
+    });
+    READY
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
         .get_or_insert_with(HashMap::new)
         .insert(arch, images.clone());
     Ok(images)

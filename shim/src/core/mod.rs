@@ -464,6 +464,7 @@ pub fn revoked(comm: ncclComm_t) {
 }
 
 fn release(comm: ncclComm_t, mut core: std::sync::Arc<comm::CoreComm>, abort: bool) {
+    core.mark_released();
     // The watcher holds a communicator for a moment each second: wait for it, not for a call.
     for _ in 0..100 {
         match std::sync::Arc::try_unwrap(core) {

@@ -155,9 +155,12 @@ pub fn compile(options: &[String]) -> Result<Compiled, String> {
 
 fn cubin_of(program: nvrtc_sys::nvrtcProgram) -> Result<Vec<u8>, String> {
     let mut size = 0usize;
-    // SAFETY: a compiled program; the buffer has the size NVRTC gave.
+    // SAFETY: a compiled program; the buffer has the size NVRTC gave, once it gave one.
     unsafe {
-        nvrtc_sys::nvrtcGetCUBINSize(program, &mut size);
+        let sized = nvrtc_sys::nvrtcGetCUBINSize(program, &mut size);
+        if sized != nvrtc_sys::nvrtcResult::NVRTC_SUCCESS || size == 0 {
+            return Err(format!("nvrtcGetCUBINSize: {sized:?}"));
+        }
         let mut cubin = vec![0u8; size];
         let result = nvrtc_sys::nvrtcGetCUBIN(program, cubin.as_mut_ptr().cast());
         if result != nvrtc_sys::nvrtcResult::NVRTC_SUCCESS || size == 0 {
@@ -169,12 +172,16 @@ fn cubin_of(program: nvrtc_sys::nvrtcProgram) -> Result<Vec<u8>, String> {
 
 fn ptx_of(program: nvrtc_sys::nvrtcProgram) -> Result<Vec<u8>, String> {
     let mut size = 0usize;
-    // SAFETY: a compiled program; the buffer has the size NVRTC gave (its NUL included).
+    // SAFETY: a compiled program; the buffer has the size NVRTC gave (its NUL included), once
+    // it gave one.
     unsafe {
-        nvrtc_sys::nvrtcGetPTXSize(program, &mut size);
+        let sized = nvrtc_sys::nvrtcGetPTXSize(program, &mut size);
+        if sized != nvrtc_sys::nvrtcResult::NVRTC_SUCCESS || size == 0 {
+            return Err(format!("nvrtcGetPTXSize: {sized:?}"));
+        }
         let mut ptx = vec![0u8; size];
         let result = nvrtc_sys::nvrtcGetPTX(program, ptx.as_mut_ptr().cast());
-        if result != nvrtc_sys::nvrtcResult::NVRTC_SUCCESS || size == 0 {
+        if result != nvrtc_sys::nvrtcResult::NVRTC_SUCCESS || ptx.last() != Some(&0) {
             return Err(format!("nvrtcGetPTX: {result:?}"));
         }
         Ok(ptx)

@@ -102,7 +102,7 @@ fn cumem(device: Device, chunk: usize, chunks: u64) -> u64 {
 /// A kernel that spins until word 0 of a host control block is raised: keeps a GPU busy.
 const SPIN_PTX: &str = r#"
 .version 7.8
-.target sm_90
+.target sm_80
 .address_size 64
 .visible .entry spin(.param .u64 flag)
 {
