@@ -207,8 +207,6 @@ fn check_core(report: &mut Report, machine: Option<&Machine>) {
         report.warn("NCCL_P2P_DISABLE or NCCL_P2P_LEVEL forbid peer-to-peer: the core stays off");
     }
     let built_in = kernels::built_in_archs();
-    // A GPU newer than every built-in architecture runs the PTX the library carries.
-    let ptx_runs_on = |arch: (i32, i32)| kernels::carries_ptx() && arch >= program::PTX_ARCH;
     if built_in.is_empty() {
         report.warn(
             "no kernels built in (a build without NVRTC): every GPU compiles them at first use",
@@ -245,12 +243,13 @@ fn check_core(report: &mut Report, machine: Option<&Machine>) {
             ));
             continue;
         }
-        if built_in.iter().any(|&(m, n)| m == major && n <= minor) {
+        let from = kernels::source_for(gpu.arch);
+        if from == kernels::Source::BuiltIn {
             report.ok(format!(
                 "GPU {}: sm_{major}{minor}: kernels built in",
                 gpu.ordinal
             ));
-        } else if ptx_runs_on(gpu.arch) {
+        } else if from == kernels::Source::Ptx {
             report.ok(format!(
                 "GPU {}: sm_{major}{minor}: kernels from the PTX built in (the driver compiles it at the first job, then caches it)",
                 gpu.ordinal

@@ -170,11 +170,7 @@ impl PackFile {
     fn write(&self, packed: &[u8]) -> Result<(), String> {
         std::fs::write(&self.out, packed).map_err(|e| format!("{}: {e}", self.out.display()))?;
         if let Some(cached) = &self.cached {
-            // Written whole, then renamed: builds running at once never read half a file.
-            let partial = cached.with_extension(format!("{}.partial", std::process::id()));
-            let _ = std::fs::create_dir_all(cached.parent().unwrap())
-                .and_then(|()| std::fs::write(&partial, packed))
-                .and_then(|()| std::fs::rename(&partial, cached));
+            program::keep_in_cache(cached, packed);
         }
         Ok(())
     }

@@ -39,6 +39,11 @@ unsafe impl Send for Kernels {}
 unsafe impl Sync for Kernels {}
 
 impl Kernels {
+    /// The device's compute capability as one number, e.g. 90.
+    pub fn compute_capability(&self) -> u32 {
+        (self.arch.0 * 10 + self.arch.1) as u32
+    }
+
     pub fn get(&self, algorithm: Algorithm, dtype: DataType, op: Op) -> Option<Function> {
         Kernels::index(&self.functions, algorithm, dtype, op)
     }
@@ -189,32 +194,31 @@ pub struct Images {
     pub images: Vec<Vec<u8>>,
 }
 
-/// The programs for `arch`: the built-in cubins, else the built-in PTX where `arch` can run it,
-/// else compiled by NVRTC; once per architecture in this process.
+/// Where the programs for `arch` come from: the built-in cubins, else the built-in PTX where
+/// `arch` can run it (its architecture and every later one), else NVRTC.
+pub fn source_for(arch: Arch) -> Source {
+    if built_in_for(arch).is_some() {
+        Source::BuiltIn
+    } else if carries_ptx() && arch >= program::PTX_ARCH {
+        Source::Ptx
+    } else {
+        Source::Nvrtc
+    }
+}
+
+/// The programs for `arch`, from where `source_for` says; once per architecture in this process.
 pub fn images_for(arch: Arch) -> Result<Arc<Images>, String> {
     let mut ready = READY.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(images) = ready.get_or_insert_with(HashMap::new).get(&arch) {
         return Ok(images.clone());
     }
-    // PTX runs on its architecture and every later one.
-    let ptx = match built_in_for(arch) {
-        None if carries_ptx() && arch >= program::PTX_ARCH => built_in_ptx()?,
-        _ => None,
+    let from = source_for(arch);
+    let images = match (from, built_in_for(arch)) {
+        (Source::BuiltIn, Some((_, packed))) => program::unpack(packed)?,
+        (Source::Ptx, _) => built_in_ptx()?.ok_or("the library carries no PTX")?,
+        _ => compile_with_nvrtc(arch)?,
     };
-    let images = Arc::new(match (built_in_for(arch), ptx) {
-        (Some((_, packed)), _) => Images {
-            from: Source::BuiltIn,
-            images: program::unpack(packed)?,
-        },
-        (None, Some(ptx)) => Images {
-            from: Source::Ptx,
-            images: ptx,
-        },
-        (None, None) => Images {
-            from: Source::Nvrtc,
-            images: compile_with_nvrtc(arch)?,
-        },
-    });
+    let images = Arc::new(Images { from, images });
     ready
         .get_or_insert_with(HashMap::new)
         .insert(arch, images.clone());
@@ -328,13 +332,7 @@ fn cached_cubin(dtype: DataType, arch: Arch) -> Result<Vec<u8>, String> {
     }
     let cubin = program::compile(&options)?.cubin;
     if let Some(path) = path {
-        // Written whole, then renamed: processes compiling at once never read half a file.
-        let partial = path.with_extension(format!("{}.partial", std::process::id()));
-        if std::fs::create_dir_all(path.parent().unwrap()).is_ok()
-            && std::fs::write(&partial, &cubin).is_ok()
-        {
-            let _ = std::fs::rename(&partial, &path);
-        }
+        program::keep_in_cache(&path, &cubin);
     }
     Ok(cubin)
 }

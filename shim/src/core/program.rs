@@ -122,6 +122,16 @@ pub struct Compiled {
     pub ptx: Vec<u8>,
 }
 
+/// Keeps `bytes` in the cache file `path`, its folder made if need be: written whole under
+/// another name, then renamed, so that builds and processes compiling at once never read half a
+/// file. A cache that cannot be written is no error (the next one compiles again).
+pub fn keep_in_cache(path: &std::path::Path, bytes: &[u8]) {
+    let partial = path.with_extension(format!("{}.partial", std::process::id()));
+    let _ = std::fs::create_dir_all(path.parent().unwrap_or(path))
+        .and_then(|()| std::fs::write(&partial, bytes))
+        .and_then(|()| std::fs::rename(&partial, path));
+}
+
 /// Compiles the kernels' source with `options`. Needs NVRTC loaded.
 pub fn compile(options: &[String]) -> Result<Compiled, String> {
     let source = CString::new(SOURCE).expect("the kernel source has no NUL");
@@ -154,37 +164,49 @@ pub fn compile(options: &[String]) -> Result<Compiled, String> {
 }
 
 fn cubin_of(program: nvrtc_sys::nvrtcProgram) -> Result<Vec<u8>, String> {
-    let mut size = 0usize;
-    // SAFETY: a compiled program; the buffer has the size NVRTC gave, once it gave one.
-    unsafe {
-        let sized = nvrtc_sys::nvrtcGetCUBINSize(program, &mut size);
-        if sized != nvrtc_sys::nvrtcResult::NVRTC_SUCCESS || size == 0 {
-            return Err(format!("nvrtcGetCUBINSize: {sized:?}"));
-        }
-        let mut cubin = vec![0u8; size];
-        let result = nvrtc_sys::nvrtcGetCUBIN(program, cubin.as_mut_ptr().cast());
-        if result != nvrtc_sys::nvrtcResult::NVRTC_SUCCESS || size == 0 {
-            return Err(format!("nvrtcGetCUBIN: {result:?}"));
-        }
-        Ok(cubin)
+    output_of(
+        program,
+        ("nvrtcGetCUBINSize", nvrtc_sys::nvrtcGetCUBINSize),
+        ("nvrtcGetCUBIN", nvrtc_sys::nvrtcGetCUBIN),
+    )
+}
+
+/// The PTX, its NUL included (as the driver loads it).
+fn ptx_of(program: nvrtc_sys::nvrtcProgram) -> Result<Vec<u8>, String> {
+    let ptx = output_of(
+        program,
+        ("nvrtcGetPTXSize", nvrtc_sys::nvrtcGetPTXSize),
+        ("nvrtcGetPTX", nvrtc_sys::nvrtcGetPTX),
+    )?;
+    match ptx.last() {
+        Some(0) => Ok(ptx),
+        _ => Err("nvrtcGetPTX: no NUL at the end".into()),
     }
 }
 
-fn ptx_of(program: nvrtc_sys::nvrtcProgram) -> Result<Vec<u8>, String> {
+type SizeOf = unsafe fn(nvrtc_sys::nvrtcProgram, *mut usize) -> nvrtc_sys::nvrtcResult;
+type CopyOf = unsafe fn(nvrtc_sys::nvrtcProgram, *mut std::ffi::c_char) -> nvrtc_sys::nvrtcResult;
+
+/// One output of a compiled program, through NVRTC's pair of calls for it: its size, then a
+/// copy into a buffer of that size.
+fn output_of(
+    program: nvrtc_sys::nvrtcProgram,
+    (size_name, size_of): (&str, SizeOf),
+    (copy_name, copy): (&str, CopyOf),
+) -> Result<Vec<u8>, String> {
     let mut size = 0usize;
-    // SAFETY: a compiled program; the buffer has the size NVRTC gave (its NUL included), once
-    // it gave one.
+    // SAFETY: a compiled program; the buffer has the size NVRTC gave, once it gave one.
     unsafe {
-        let sized = nvrtc_sys::nvrtcGetPTXSize(program, &mut size);
+        let sized = size_of(program, &mut size);
         if sized != nvrtc_sys::nvrtcResult::NVRTC_SUCCESS || size == 0 {
-            return Err(format!("nvrtcGetPTXSize: {sized:?}"));
+            return Err(format!("{size_name}: {sized:?}"));
         }
-        let mut ptx = vec![0u8; size];
-        let result = nvrtc_sys::nvrtcGetPTX(program, ptx.as_mut_ptr().cast());
-        if result != nvrtc_sys::nvrtcResult::NVRTC_SUCCESS || ptx.last() != Some(&0) {
-            return Err(format!("nvrtcGetPTX: {result:?}"));
+        let mut output = vec![0u8; size];
+        let result = copy(program, output.as_mut_ptr().cast());
+        if result != nvrtc_sys::nvrtcResult::NVRTC_SUCCESS {
+            return Err(format!("{copy_name}: {result:?}"));
         }
-        Ok(ptx)
+        Ok(output)
     }
 }
 

@@ -373,7 +373,7 @@ fn own_record(candidate: &Candidate) -> Record {
         buffer: parts.buffer.pointer,
         device: exchange.device.ordinal,
         resident_blocks: parts.kernels.two_shot_resident_blocks,
-        compute_capability: (parts.kernels.arch.0 * 10 + parts.kernels.arch.1) as u32,
+        compute_capability: parts.kernels.compute_capability(),
         padding: 0,
         pci_bus_id,
         ipc,

@@ -298,7 +298,7 @@ fn core_role(rank: usize, dir: &Path, processes: Vec<u64>) {
         single_process: false,
         zero_copy: true,
         resident_blocks: parts.kernels.two_shot_resident_blocks,
-        compute_capability: (parts.kernels.arch.0 * 10 + parts.kernels.arch.1) as u32,
+        compute_capability: parts.kernels.compute_capability(),
     };
     let core = CoreComm::new(
         rank,
