@@ -2,7 +2,7 @@
 # The GPU suite, on a machine with NVIDIA GPUs, nvcc and PyTorch (no Rust needed): compiles the
 # C/CUDA programs, runs the correctness matrix, the PyTorch checks and the side-by-side
 # benchmark through ncclshim, and writes logs and OUTDIR/summary.txt.
-#   run.sh OUTDIR [collectives] [torch] [torchbench] [zerocopy] [bench] [latepeer] [groupcost] [launch] [floor] [sanitizer] [waitlimit] [nccltests] [badinput] [faults] [observe] [netplugin]  (default: the first three)
+#   run.sh OUTDIR [collectives] [torch] [torchbench] [zerocopy] [bench] [latepeer] [groupcost] [groupfused] [launch] [floor] [sanitizer] [waitlimit] [nccltests] [badinput] [faults] [observe] [netplugin]  (default: the first three)
 # It runs from the folder `make gpu-bundle` makes (the shim in shim/lib beside this script).
 # Environment (all optional):
 #   GPU_COUNTS  GPU counts to run on (default "2 4", less those the machine lacks)
@@ -20,7 +20,7 @@
 #   FLOOR_ARGS     more arguments for the floor, e.g. "--sizes 8M,16M"
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
-[ $# -ge 1 ] || { echo "usage: $0 OUTDIR [collectives] [torch] [torchbench] [zerocopy] [bench] [latepeer] [groupcost] [launch] [floor] [sanitizer] [waitlimit] [nccltests] [badinput] [faults] [observe] [netplugin]" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "usage: $0 OUTDIR [collectives] [torch] [torchbench] [zerocopy] [bench] [latepeer] [groupcost] [groupfused] [launch] [floor] [sanitizer] [waitlimit] [nccltests] [badinput] [faults] [observe] [netplugin]" >&2; exit 2; }
 mkdir -p "$1" && out=$(cd "$1" && pwd) && shift
 suites=${*:-collectives torch bench}
 
@@ -386,6 +386,25 @@ group_cost_suite() {
   grep -v '^# shim\|^# nccl' "$log" | sed 's/^/  /' | tee -a "$summary"
 }
 
+# --- Groups of several all-reduces on one communicator, checked value by value (group_fused.cu):
+# the core fuses a group's small all-reduces of one type and op into one launch, and sends other
+# groups to NCCL; every type and op, eager, over two streams and in graphs; NCCL alone as the
+# control. The shim's exit summary must show fused launches ---
+group_fused_suite() {
+  local n=$1 dir=$out/group-fused-$n t=$SECONDS status=0
+  rm -rf "$dir" && mkdir -p "$dir"
+  $nvcc "${flags[@]}" "$here/group_fused.cu" -o "$out/bin/group_fused" -ldl >"$out/build-group_fused.log" 2>&1 ||
+    { verdict "group fused $n GPUs" 1 "build failed: build-group_fused.log"; return; }
+  NCCLSHIM_REAL_NCCL="$real" NCCLSHIM_SUMMARY=1 NCCL_DEBUG=WARN timeout "$step_timeout" "$out/bin/group_fused" \
+    --lib "$(readlink -f "$shim")" --ngpus "$n" >"$dir/shim.log" 2>&1 || status=1
+  NCCL_DEBUG=WARN timeout "$step_timeout" "$out/bin/group_fused" --lib "$real" --ngpus "$n" >"$dir/nccl.log" 2>&1 || status=1
+  local shared
+  shared=$(grep -ho '[0-9]* in launches shared' "$dir/shim.log" | awk '{s += $1} END {print s + 0}')
+  [ "$shared" -gt 0 ] || status=1
+  verdict "group fused $n GPUs" $status "shim: $(grep -h '^# ' "$dir/shim.log" | tail -1), $shared calls in shared launches; NCCL: $(grep -h '^# ' "$dir/nccl.log" | tail -1); $((SECONDS - t)) s; group-fused-$n/"
+  grep -h 'wrong$' "$dir/shim.log" | grep -v ' 0 wrong$' | head -10 | sed 's/^/  /' | tee -a "$summary"
+}
+
 # --- What the host pays per launch: the floor under eager times (a table, no verdict on it) ---
 launch_suite() {
   local n=$1 log=$out/launch-cost-$n.txt
@@ -613,6 +632,7 @@ for n in $counts; do
       bench) bench_suite "$n" ;;
       latepeer) late_peer_suite "$n" ;;
       groupcost) group_cost_suite "$n" ;;
+      groupfused) group_fused_suite "$n" ;;
       launch) launch_suite "$n" ;;
       floor) floor_suite "$n" ;;
       sanitizer) sanitizer_suite "$n" ;;

@@ -85,12 +85,13 @@ struct KernelArgs {
     calls: [KernelCall; MAX_BATCH],
 }
 
-/// One call of a launch: its plan and buffers.
+/// One call of a launch: its plan, buffers and the stream the program gave it.
 #[derive(Clone, Copy)]
 pub struct Launched<'a> {
     pub plan: &'a Plan,
     pub send: *const c_void,
     pub recv: *mut c_void,
+    pub stream: cuda::Stream,
 }
 
 /// What the peers of a rank touch of its buffers in a direct (zero-copy) call: the bytes of its
@@ -239,7 +240,15 @@ impl CoreComm {
         recv: *mut c_void,
         stream: cuda::Stream,
     ) -> Cuda<()> {
-        self.launch_batch(&[Launched { plan, send, recv }], stream)
+        self.launch_batch(
+            &[Launched {
+                plan,
+                send,
+                recv,
+                stream,
+            }],
+            stream,
+        )
     }
 
     /// Whether calls of `plan` may share a launch (`launch_batch`): its blocks wait for each
@@ -249,11 +258,24 @@ impl CoreComm {
     }
 
     /// Launches `calls` (1 to MAX_BATCH, every plan of the same kernel and grid, each allowed by
-    /// `may_batch` where there are several) as one kernel on the caller's stream, which runs
-    /// them one after the other: a group's calls at the cost of one launch.
+    /// `may_batch` where there are several; or calls of a kernel that fuses them, as
+    /// `Settings::fuses_with` allows) as one kernel on `stream`, which runs them one after the
+    /// other, or as one: a group's calls at the cost of one launch. Calls on other streams (only
+    /// fused ones) are joined: the kernel waits for what their streams hold, and they for it.
     pub fn launch_batch(&self, calls: &[Launched], stream: cuda::Stream) -> Cuda<()> {
         let first = calls[0].plan;
         debug_assert!(calls.len() <= MAX_BATCH && calls.iter().all(|c| c.plan.same_launch(first)));
+        let blocks = match calls
+            .iter()
+            .map(|c| c.plan.fused_bytes())
+            .sum::<Option<usize>>()
+        {
+            Some(bytes) if calls.len() > 1 => {
+                let settings = policy::settings();
+                policy::fused_blocks(settings, first.algorithm, bytes, self.facts.nranks)
+            }
+            _ => first.blocks,
+        };
         let _context = self.device.enter_if_needed()?;
         // The policy plans no algorithm for a type it lacks (policy::plan).
         let function = self
@@ -290,19 +312,31 @@ impl CoreComm {
                 root: call.plan.root,
             };
         }
+        let mut others: [Option<cuda::Stream>; MAX_BATCH] = [None; MAX_BATCH];
+        for (k, call) in calls.iter().enumerate() {
+            if call.stream != stream && !others[..k].contains(&Some(call.stream)) {
+                others[k] = Some(call.stream);
+            }
+        }
+        for &other in others.iter().flatten() {
+            self.order.join(stream, other)?;
+        }
         self.order.before_launch(stream)?;
         let mut params: [*mut c_void; 1] = [(&raw mut args).cast()];
         // SAFETY: the kernel's one parameter, `Args`; cuLaunchKernel copies it.
         unsafe {
             cuda::launch(
                 function,
-                first.blocks,
+                blocks,
                 first.threads,
                 stream,
                 &mut params,
                 self.early_launch,
             )
         }?;
+        for &other in others.iter().flatten() {
+            self.order.join(other, stream)?;
+        }
         if let Some(zero_copy) = &self.zero_copy {
             let marked = (!cuda::capturing(stream)).then_some(stream);
             uses.into_iter()

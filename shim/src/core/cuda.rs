@@ -909,6 +909,25 @@ impl StreamOrder {
     }
 }
 
+impl StreamOrder {
+    /// Makes `waiter` wait for what `on` holds so far, in the communicator's context: both
+    /// streams uncaptured, or both captured into one graph, which the wait then joins (a group's
+    /// calls of one communicator are all captured or none, group::queue).
+    pub fn join(&self, waiter: Stream, on: Stream) -> Cuda<()> {
+        // SAFETY: our event; a stream the program gave a call of the group.
+        unsafe { result::event::record(self.event, on) }.named("cuEventRecord")?;
+        // SAFETY: our event; the program's stream.
+        unsafe {
+            result::stream::wait_event(
+                waiter,
+                self.event,
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+        }
+        .named("cuStreamWaitEvent")
+    }
+}
+
 impl Drop for StreamOrder {
     fn drop(&mut self) {
         // SAFETY: our event; a pending wait on it keeps what it needs.

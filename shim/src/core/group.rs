@@ -14,7 +14,7 @@ use std::sync::Arc;
 use super::comm::{CoreComm, Launched};
 use super::cuda::{Cuda, Stream, capturing};
 use super::launcher::DeviceOp;
-use super::policy::{self, MAX_BATCH, Plan};
+use super::policy::{self, Fused, MAX_BATCH, Plan};
 use crate::api::ffi::{ncclComm_t, ncclInProgress, ncclResult_t, ncclSuccess};
 
 pub struct Queued {
@@ -51,6 +51,7 @@ impl DeviceOp for Batch<'_> {
                 plan: &call.plan,
                 send: call.send,
                 recv: call.recv,
+                stream: call.stream,
             })
             .collect();
         let first = &self.calls[0];
@@ -70,19 +71,31 @@ impl DeviceOp for Batch<'_> {
     }
 }
 
-/// Whether `call` may join `batch`, the last batch of its device so far.
+/// Whether `call` may join `batch`, the last batch of its device so far. Calls of a kernel that
+/// fuses them (device.cuh, "fused launches") join as `weigh` counted on every rank, whatever their
+/// streams (`CoreComm::launch_batch` joins those); the others only on one stream and grid.
 fn joins(batch: &[Queued], call: &Queued) -> bool {
     let first = &batch[0];
+    if !Arc::ptr_eq(&first.core, &call.core) {
+        return false;
+    }
+    if first.plan.fused_bytes().is_some() {
+        let bytes = batch.iter().filter_map(|q| q.plan.fused_bytes()).sum();
+        let nranks = first.core.facts.nranks;
+        return policy::settings().fuses_with(&first.plan, batch.len(), bytes, &call.plan, nranks);
+    }
     batch.len() < MAX_BATCH
-        && Arc::ptr_eq(&first.core, &call.core)
         && first.stream == call.stream
         && first.plan.same_launch(&call.plan)
         && call.core.may_batch(&call.plan)
 }
 
-/// The batches of `queued` (each device's calls together, as `drain_queued` hands them):
-/// consecutive calls that `joins` allows in one launch (each alone with NCCLSHIM_BATCH=0).
-/// Batching is a local choice: a launch of several calls runs them as launches of one each would.
+/// The batches of `queued` (each device's calls together, each communicator's together, as
+/// `drain_queued` hands them): consecutive calls that `joins` allows in one launch (each alone
+/// with NCCLSHIM_BATCH=0). Batching calls that run one after the other is a local choice: such a
+/// launch runs them as launches of one each would. Fusing is not (every rank fuses the same
+/// calls: the layout of the inboxes depends on it), and comes from each communicator's calls in
+/// their order and the settings alone.
 pub fn batches(queued: &[Queued]) -> Vec<Batch<'_>> {
     let batching = policy::settings().batch;
     runs(queued, |run, call| batching && joins(run, call))
@@ -111,27 +124,39 @@ fn runs<T: OnDevice>(items: &[T], joins: impl Fn(&[T], &T) -> bool) -> Vec<Range
     runs
 }
 
-/// Puts each device's items together: devices in the order they first come, each one's items in
-/// their order (what a device's stream sees is unchanged; devices are launched apart anyway).
+/// Puts each device's items together, and within a device each communicator's: devices and
+/// communicators in the order they first come, each one's items in their order. A communicator's
+/// calls thus come together however the program interleaved them with another's on the same
+/// device, which ranks need not do alike (NCCL promises no order between a group's calls of
+/// different communicators); what each communicator's kernels see is unchanged.
 fn by_device<T: OnDevice>(items: &mut [T]) {
-    let mut devices: Vec<i32> = Vec::new();
+    let mut firsts: Vec<(i32, usize)> = Vec::new();
     for item in items.iter() {
-        if !devices.contains(&item.device()) {
-            devices.push(item.device());
+        if !firsts.contains(&(item.device(), item.comm())) {
+            firsts.push((item.device(), item.comm()));
         }
     }
-    // Stable: each device's items keep their order.
-    items.sort_by_key(|item| devices.iter().position(|&d| d == item.device()));
+    let rank = |key: (i32, usize)| {
+        let device = firsts.iter().position(|f| f.0 == key.0);
+        (device, firsts.iter().position(|&f| f == key))
+    };
+    // Stable: each communicator's items keep their order.
+    items.sort_by_key(|item| rank((item.device(), item.comm())));
 }
 
-/// What `runs` needs of an item: its device.
+/// What `runs` needs of an item: its device and communicator.
 trait OnDevice {
     fn device(&self) -> i32;
+    fn comm(&self) -> usize;
 }
 
 impl OnDevice for Queued {
     fn device(&self) -> i32 {
         self.core.device.ordinal
+    }
+
+    fn comm(&self) -> usize {
+        Arc::as_ptr(&self.core) as usize
     }
 }
 
@@ -178,12 +203,15 @@ struct Seen {
     calls: usize,
     /// Every one in the band where the core beats NCCL's one kernel per group.
     all_in_band: bool,
+    /// While every one so far fits one fused launch (`Settings::fuses_with`): the first's plan,
+    /// and the bytes all of them take in the inboxes.
+    fused: Option<Fused>,
 }
 
 impl Seen {
     /// They go to NCCL: the ones queued before the deciding call, it, and every later one.
     fn to_nccl(&self) -> bool {
-        policy::settings().group_goes_to_nccl(self.calls, self.all_in_band)
+        policy::settings().group_goes_to_nccl(self.calls, self.all_in_band, self.fused.is_some())
     }
 }
 
@@ -251,14 +279,15 @@ pub fn known(comm: ncclComm_t) -> Known {
     )
 }
 
-/// Weighs one more call of `comm`, of `bytes`, that the core would take, with the group's calls
-/// of `comm` before it (`Settings::group_goes_to_nccl`): whether it goes to NCCL. Where this call
+/// Weighs one more call of `comm`, planned as `plan`, that the core would take, with the group's
+/// calls of `comm` before it (`Settings::group_goes_to_nccl`): whether it goes to NCCL. Where this call
 /// decides so, the calls of `comm` queued before it go there now, in their order, and this one
 /// must follow them; so do the group's later calls of `comm` (`known`), without being
 /// weighed. Each rank's group holds the same calls, and each call's plan is the same on every
 /// rank: every rank decides alike, at the same call.
-pub fn weigh(comm: ncclComm_t, core: &Arc<CoreComm>, bytes: usize) -> bool {
+pub fn weigh(comm: ncclComm_t, core: &Arc<CoreComm>, plan: &Plan) -> bool {
     let settings = policy::settings();
+    let bytes = plan.count * plan.dtype.size();
     let decided = SEEN.with(|seen| {
         let mut seen = seen.borrow_mut();
         let at = match seen.iter().position(|s| s.comm == comm as usize) {
@@ -269,11 +298,13 @@ pub fn weigh(comm: ncclComm_t, core: &Arc<CoreComm>, bytes: usize) -> bool {
                     core: core.clone(),
                     calls: 0,
                     all_in_band: true,
+                    fused: None,
                 });
                 seen.len() - 1
             }
         };
         let s = &mut seen[at];
+        s.fused = settings.fused_with(s.fused, s.calls, plan, core.facts.nranks);
         s.calls += 1;
         s.all_in_band &= settings.in_group_band(bytes);
         s.to_nccl()
@@ -377,14 +408,31 @@ pub fn queue(mut op: Queued) -> Result<(), ()> {
 mod tests {
     use super::*;
 
-    /// (device, kernel): calls of one kernel may join.
+    /// (device, kernel, communicator): calls of one kernel may join.
     #[derive(Clone, Copy, Debug, PartialEq)]
-    struct Item(i32, char);
+    struct Item(i32, char, usize);
 
     impl OnDevice for Item {
         fn device(&self) -> i32 {
             self.0
         }
+
+        fn comm(&self) -> usize {
+            self.2
+        }
+    }
+
+    /// Two communicators on one GPU, their calls interleaved differently: each one's calls come
+    /// together, in their order, so that what joins a launch of one communicator does not
+    /// depend on the other's calls between them.
+    #[test]
+    fn each_communicators_calls_come_together_however_interleaved() {
+        let mut one = [Item(0, 'a', 1), Item(0, 'b', 2), Item(0, 'c', 1)];
+        let mut other = [Item(0, 'a', 1), Item(0, 'c', 1), Item(0, 'b', 2)];
+        by_device(&mut one);
+        by_device(&mut other);
+        assert_eq!(one, other);
+        assert_eq!(one, [Item(0, 'a', 1), Item(0, 'c', 1), Item(0, 'b', 2)]);
     }
 
     /// nccl-tests `-g 2 -m 3` queues each GPU's call in turn; each device's calls come together,
@@ -392,25 +440,25 @@ mod tests {
     #[test]
     fn each_devices_calls_batch_in_order() {
         let mut items = [
-            Item(1, 'a'),
-            Item(0, 'a'),
-            Item(1, 'a'),
-            Item(0, 'a'),
-            Item(1, 'b'),
-            Item(0, 'a'),
-            Item(1, 'a'),
+            Item(1, 'a', 7),
+            Item(0, 'a', 7),
+            Item(1, 'a', 7),
+            Item(0, 'a', 7),
+            Item(1, 'b', 7),
+            Item(0, 'a', 7),
+            Item(1, 'a', 7),
         ];
         by_device(&mut items);
         assert_eq!(
             items,
             [
-                Item(1, 'a'),
-                Item(1, 'a'),
-                Item(1, 'b'),
-                Item(1, 'a'),
-                Item(0, 'a'),
-                Item(0, 'a'),
-                Item(0, 'a'),
+                Item(1, 'a', 7),
+                Item(1, 'a', 7),
+                Item(1, 'b', 7),
+                Item(1, 'a', 7),
+                Item(0, 'a', 7),
+                Item(0, 'a', 7),
+                Item(0, 'a', 7),
             ]
         );
         let at_most_two = |run: &[Item], item: &Item| run.len() < 2 && run[0].1 == item.1;

@@ -347,7 +347,7 @@ fn collective_of_core(
     };
     let stream = call.stream as cuda::Stream;
     if group::inside() {
-        if group::weigh(comm, &core, plan.count * plan.dtype.size()) {
+        if group::weigh(comm, &core, &plan) {
             return forward();
         }
         // Asked of the driver only where the trace wants it, or `queue` needs it.

@@ -22,14 +22,17 @@
 //!                                        as the staging holds them (32 MiB of slots); default 0,
 //!                                        none: not yet weighed against NCCL
 //!   NCCLSHIM_GROUP_CORE_BYTES=LO-HI      a group's several calls on one communicator that the
-//!                                        core would take stay the core's only where each is
-//!                                        larger than LO and at most HI bytes; otherwise they go
-//!                                        to NCCL, all of them (default 393216-2097152; 0-0:
-//!                                        every such group goes to NCCL)
-//! and four that change only how kernels are launched:
-//!   NCCLSHIM_LAUNCH_HELPERS=0            a group's all-reduces on several GPUs launched in turn
+//!                                        core would take stay the core's where they fit one
+//!                                        fused launch (small all-reduces of one type and op,
+//!                                        see `fuses_with`), or where each is larger than LO and
+//!                                        at most HI bytes; otherwise they go to NCCL, all of
+//!                                        them (default 393216-2097152; 0-0: no band)
 //!   NCCLSHIM_BATCH=0                     a group's calls launched one kernel each (not several
-//!                                        of one communicator and kernel in one launch)
+//!                                        of one communicator and kernel in one launch, nor
+//!                                        small all-reduces fused into one call), so that its
+//!                                        small calls go to NCCL
+//! and three that change only how kernels are launched:
+//!   NCCLSHIM_LAUNCH_HELPERS=0            a group's all-reduces on several GPUs launched in turn
 //!   NCCLSHIM_EARLY_LAUNCH=0              no programmatic stream serialization
 //!   NCCLSHIM_TIMEOUT=S                   a kernel gives up waiting for a peer after S seconds
 //!                                        (default 1800; 0: never), and the shim says so
@@ -67,7 +70,8 @@ pub const fn staging_bytes(half_bytes: usize) -> usize {
 }
 
 /// The sizes of a group's calls (several on one communicator) that keep the group on the core
-/// (`Settings::group_goes_to_nccl`), as (smallest excluded, largest included). nccl-tests `-m 4`
+/// where they do not fuse (`Settings::group_goes_to_nccl`), as (smallest excluded, largest
+/// included). Measured before small calls fused: nccl-tests `-m 4`
 /// (four all-reduces in a group) on 2 H100, per operation, the core (its calls one after the
 /// other) against NCCL (one kernel for the group), eager and in CUDA graphs: 1.3 – 2.6 x NCCL's
 /// time up to 256 KiB (NCCL 3.0 – 4.4 us, 1.5 – 4.2 in graphs), 0.56 – 0.66 at 512 KiB (NCCL 11
@@ -208,12 +212,62 @@ impl Settings {
     }
 
     /// Whether a group's `calls` on one communicator that the core would take go to NCCL, all of
-    /// them: NCCL runs a group's operations in one kernel with one synchronisation, while the
-    /// core runs them one after the other, each meeting its peers, which wins only where every
-    /// one is in the band (`in_group_band`). A lone call stays the core's. The same answer on
-    /// every rank: every rank's group holds the same calls.
-    pub fn group_goes_to_nccl(&self, calls: usize, all_in_band: bool) -> bool {
-        calls >= 2 && !all_in_band && !self.force_core
+    /// them: NCCL runs a group's operations in one kernel with one synchronisation. So does the
+    /// core where they all fit one fused launch (`fused`, see `fuses_with`); otherwise it runs
+    /// them one after the other, each meeting its peers, which wins only where every one is in
+    /// the band (`in_group_band`). A lone call stays the core's. The same answer on every rank:
+    /// every rank's group holds the same calls.
+    pub fn group_goes_to_nccl(&self, calls: usize, all_in_band: bool, fused: bool) -> bool {
+        calls >= 2 && !all_in_band && !fused && !self.force_core
+    }
+
+    /// The group's `calls` calls of a communicator so far as one fused launch would hold them
+    /// (`so_far`; `None` where they do not fit one), with one more, planned as `next`.
+    pub fn fused_with(
+        &self,
+        so_far: Option<Fused>,
+        calls: usize,
+        next: &Plan,
+        nranks: usize,
+    ) -> Option<Fused> {
+        match (calls, so_far) {
+            (0, _) => next
+                .fused_bytes()
+                .filter(|_| self.batch)
+                .map(|bytes| (*next, bytes)),
+            (calls, Some((first, bytes)))
+                if self.fuses_with(&first, calls, bytes, next, nranks) =>
+            {
+                Some((first, bytes + next.fused_bytes()?))
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether a call planned as `next` joins a fused launch (device.cuh, "fused launches") of
+    /// `calls` calls so far, led by `first`, whose data takes `bytes` of the inboxes: the same
+    /// packet kernel, at most MAX_BATCH calls, and all their data no more than one call of that
+    /// kernel may have (`sentinel_max`, `ll_max`: what the inboxes hold, or less). From the
+    /// calls' plans and the settings alone: every rank fuses the same calls of its group.
+    pub fn fuses_with(
+        &self,
+        first: &Plan,
+        calls: usize,
+        bytes: usize,
+        next: &Plan,
+        nranks: usize,
+    ) -> bool {
+        let most = match first.algorithm {
+            Algorithm::Sentinel => self.sentinel_max(nranks),
+            Algorithm::LowLatency => self.ll_max(nranks),
+            _ => 0,
+        };
+        self.batch
+            && calls < MAX_BATCH
+            && first.same_launch(next)
+            && next
+                .fused_bytes()
+                .is_some_and(|more| bytes.saturating_add(more) <= most)
     }
 
     /// The sentinel kernel sends nothing but data and meets no one: on 2 and 4 H200 it was as
@@ -356,6 +410,10 @@ pub struct CommFacts {
     pub compute_capability: u32,
 }
 
+/// Calls of a group as one fused launch holds them: the first one's plan, and the bytes all of
+/// them take in the inboxes (`Settings::fused_with`).
+pub type Fused = (Plan, usize);
+
 /// How the core runs one call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Plan {
@@ -371,23 +429,38 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// Whether calls of this plan and `other` may share a launch: the same kernel and grid (their
-    /// counts and roots may differ).
+    /// Whether calls of this plan and `other` may share a launch: the same kernel, and the same
+    /// grid unless the kernel fuses its calls (its grid is then the launch's, `fused_blocks`).
+    /// Their counts and roots may differ.
     pub fn same_launch(&self, other: &Plan) -> bool {
-        (
-            self.algorithm,
-            self.dtype,
-            self.op,
-            self.blocks,
-            self.threads,
-        ) == (
-            other.algorithm,
-            other.dtype,
-            other.op,
-            other.blocks,
-            other.threads,
-        )
+        let fuses = self.fused_bytes().is_some();
+        (self.algorithm, self.dtype, self.op) == (other.algorithm, other.dtype, other.op)
+            && (fuses || (self.blocks, self.threads) == (other.blocks, other.threads))
     }
+
+    /// The bytes the call takes in a fused launch's inboxes (`Algorithm::fused_bytes`).
+    pub fn fused_bytes(&self) -> Option<usize> {
+        self.algorithm.fused_bytes(self.count * self.dtype.size())
+    }
+}
+
+/// The blocks of a fused launch of `algorithm` whose calls' data takes `bytes` of the inboxes: as
+/// for one call of that size.
+pub fn fused_blocks(settings: &Settings, algorithm: Algorithm, bytes: usize, nranks: usize) -> u32 {
+    let (threads, max_blocks) = launch_shape(settings, algorithm, bytes, nranks);
+    let unit = if algorithm == Algorithm::Sentinel {
+        16
+    } else {
+        8
+    };
+    blocks_for(bytes, unit, threads, max_blocks)
+}
+
+/// Blocks of `threads` for one `unit` of `bytes` per thread, at least one and at most `max_blocks`.
+fn blocks_for(bytes: usize, unit: usize, threads: u32, max_blocks: u32) -> u32 {
+    (bytes.div_ceil(unit) as u64)
+        .div_ceil(threads as u64)
+        .clamp(1, max_blocks as u64) as u32
 }
 
 /// Threads per block and the most blocks, measured on H200 (docs/performance.md): latency-bound
@@ -450,8 +523,7 @@ pub fn plan_all_reduce(
     if algorithm.needs_resident_grid() {
         max_blocks = max_blocks.min(comm.resident_blocks.max(1));
     }
-    let units = bytes.div_ceil(unit) as u64;
-    let blocks = units.div_ceil(threads as u64).clamp(1, max_blocks as u64) as u32;
+    let blocks = blocks_for(bytes, unit, threads, max_blocks);
     Some(Plan {
         algorithm,
         dtype,
@@ -524,9 +596,7 @@ pub fn plan(
         && chunk <= settings.ll_move_max(nranks)
     {
         let (threads, max_blocks) = launch_shape(settings, Algorithm::LowLatency, chunk, nranks);
-        let blocks = (chunk.div_ceil(8) as u64)
-            .div_ceil(threads as u64)
-            .clamp(1, max_blocks as u64) as u32;
+        let blocks = blocks_for(chunk, 8, threads, max_blocks);
         return Some(Plan {
             algorithm: low_latency,
             dtype,
@@ -542,9 +612,7 @@ pub fn plan(
     let max_blocks = settings
         .two_shot_blocks(nranks)
         .min(comm.resident_blocks.max(1));
-    let blocks = (chunk.div_ceil(16) as u64)
-        .div_ceil(threads as u64)
-        .clamp(1, max_blocks as u64) as u32;
+    let blocks = blocks_for(chunk, 16, threads, max_blocks);
     Some(Plan {
         algorithm,
         dtype,
@@ -611,7 +679,7 @@ mod tests {
     fn a_group_goes_to_nccl_whole_unless_every_call_is_in_the_cores_band() {
         let goes = |s: &Settings, sizes: &[usize]| {
             let all_in_band = sizes.iter().all(|&b| s.in_group_band(b));
-            s.group_goes_to_nccl(sizes.len(), all_in_band)
+            s.group_goes_to_nccl(sizes.len(), all_in_band, false)
         };
         let s = with(&[]);
         let (above, up_to) = GROUP_CORE_BYTES;
@@ -625,6 +693,109 @@ mod tests {
         let always = with(&[("NCCLSHIM_GROUP_CORE_BYTES", "0-18446744073709551615")]);
         assert!(!goes(&always, &[1, 1 << 30]));
         assert!(!goes(&with(&[("NCCLSHIM_FORCE", "core")]), &[8, 8]));
+    }
+
+    /// A group's all-reduces (count, NCCL type, NCCL op) on a communicator of `nranks`, as the
+    /// group weighs them: whether they all fuse into one launch, and whether the group goes to
+    /// NCCL.
+    fn fused_group(s: &Settings, nranks: usize, calls: &[(usize, u32, u32)]) -> (bool, bool) {
+        let mut fused = None;
+        let mut all_in_band = true;
+        for (k, &(count, dtype, op)) in calls.iter().enumerate() {
+            let plan = plan_all_reduce(s, count, dtype, op, &procs(nranks)).unwrap();
+            fused = s.fused_with(fused, k, &plan, nranks);
+            all_in_band &= s.in_group_band(count * plan.dtype.size());
+        }
+        let goes = s.group_goes_to_nccl(calls.len(), all_in_band, fused.is_some());
+        (fused.is_some(), goes)
+    }
+
+    /// Small all-reduces of one kernel (type, op) fuse into one launch while they fit where one
+    /// call of that kernel may go and are at most MAX_BATCH, and such a group stays the core's.
+    #[test]
+    fn small_all_reduces_of_one_kernel_fuse_while_they_fit() {
+        let s = with(&[]);
+        let (f32, i32, sum, max) = (7, 2, 0, 2);
+        let kib = |n: usize, size: usize| (n << 10) / size;
+        assert_eq!(
+            fused_group(&s, 2, &[(2, f32, sum); 4]),
+            (true, false),
+            "sentinel"
+        );
+        assert_eq!(
+            fused_group(&s, 2, &[(2, i32, sum); 4]),
+            (true, false),
+            "low latency"
+        );
+        let eight = [(kib(64, 4), f32, sum); MAX_BATCH];
+        assert_eq!(fused_group(&s, 2, &eight), (true, false), "the inbox, full");
+        let mut nine = eight.to_vec();
+        nine.push((1, f32, sum));
+        assert_eq!(fused_group(&s, 2, &nine), (false, true), "past MAX_BATCH");
+        let three = [(kib(256, 4), f32, sum); 3];
+        assert_eq!(fused_group(&s, 2, &three), (false, true), "past the inbox");
+        let two = [(kib(64, 4), i32, sum); 2];
+        assert_eq!(
+            fused_group(&s, 2, &two),
+            (true, false),
+            "128 KiB of packets on 2 ranks"
+        );
+        assert_eq!(fused_group(&s, 4, &two), (false, true), "32 KiB on 4");
+        assert_eq!(
+            fused_group(&s, 2, &[(2, f32, sum), (2, i32, sum)]),
+            (false, true),
+            "types"
+        );
+        assert_eq!(
+            fused_group(&s, 2, &[(2, f32, sum), (2, f32, max)]),
+            (false, true),
+            "ops"
+        );
+        // Not a packet kernel: one-shot.
+        assert_eq!(
+            fused_group(&s, 2, &[(kib(1024, 4), f32, sum); 2]),
+            (false, false),
+            "band"
+        );
+        assert_eq!(
+            fused_group(&s, 2, &[(kib(300, 4), f32, sum); 2]),
+            (false, true)
+        );
+        let unbatched = with(&[("NCCLSHIM_BATCH", "0")]);
+        assert_eq!(
+            fused_group(&unbatched, 2, &[(2, f32, sum); 4]),
+            (false, true)
+        );
+        let small = with(&[("NCCLSHIM_SENTINEL_MAX_BYTES", "4096")]);
+        let calls = [(kib(2, 4), f32, sum); 3];
+        assert_eq!(
+            fused_group(&small, 2, &calls),
+            (false, true),
+            "by the setting's limit"
+        );
+    }
+
+    /// A fused launch's grid is one call's of all its data; other kernels' calls share a launch
+    /// only with calls of the same grid.
+    #[test]
+    fn a_fused_launch_is_sized_by_all_its_calls() {
+        let s = with(&[]);
+        let facts = procs(2);
+        let small = plan_all_reduce(&s, 16, 7, 0, &facts).unwrap();
+        let large = plan_all_reduce(&s, 64 << 10, 7, 0, &facts).unwrap();
+        assert!(small.same_launch(&large) && small.blocks < large.blocks);
+        let both = small.fused_bytes().unwrap() + large.fused_bytes().unwrap();
+        assert!(fused_blocks(&s, Algorithm::Sentinel, both, 2) >= large.blocks);
+        assert_eq!(fused_blocks(&s, Algorithm::Sentinel, 64, 2), small.blocks);
+        // 256 and 512 KiB of i32: one-shot, with other grids.
+        let one_shot = plan_all_reduce(&s, 64 << 10, 2, 0, &facts).unwrap();
+        let bigger = plan_all_reduce(&s, 128 << 10, 2, 0, &facts).unwrap();
+        assert_eq!(
+            (one_shot.algorithm, bigger.algorithm),
+            (Algorithm::OneShot, Algorithm::OneShot)
+        );
+        assert!(one_shot.fused_bytes().is_none());
+        assert!(!one_shot.same_launch(&bigger) && one_shot.same_launch(&one_shot));
     }
 
     /// A communicator of `nranks` processes on GPUs like H200's.

@@ -134,40 +134,47 @@ __device__ void direct(Peers peers, int rank, int nranks, const T* in, T* out, u
 // have received every peer's packets of that call, which each peer sends only once done with
 // the call before.
 template <typename T, int OP>
-__device__ void ll_one_shot(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,
-                            const volatile int* abort, const Views&, int) {
+__device__ void ll_one_shot(const Args& args) {
   const int E = 8 / sizeof(T);  // elements in one 8-byte unit
-  u32 epoch = begin_call(peers, rank);
-  const u64 units = (count * sizeof(T) + 7) / 8;
+  const int rank = args.rank, nranks = args.nranks;
+  u32 epoch = begin_call(args.peers, rank);
+  // The launch's calls as one (see "fused launches"): unit u is a unit of call piece.call.
+  const u64 units = fused_units<T, 8>(args);
   const u64 parity = epoch & 1;
-  const u64 inbox = inbox_offset(half_bytes);
-  const bool whole = ((u64)in & 7) == 0;
+  const u64 inbox = inbox_offset(args.half_bytes);
   for (u64 u = thread_index(); u < units; u += grid_threads()) {
-    Unit<T, E> mine = load_unit<T, E>(in, count, u, whole);
+    const Piece piece = piece_of<T, 8>(args, u);
+    const Call& c = args.calls[piece.call];
+    const T* in = (const T*)c.in;
+    Unit<T, E> mine = load_unit<T, E>(in, c.count, piece.unit, ((u64)in & 7) == 0);
     // Starting with the next rank: the ranks' first stores go to different GPUs.
     for (int i = 1; i < nranks; i++) {
       int p = (rank + i) % nranks;
-      ll_store(ll_slot(peers.staging[p], inbox, parity, rank) + 2 * u, mine.w[0], mine.w[1], epoch);
+      ll_store(ll_slot(args.peers.staging[p], inbox, parity, rank) + 2 * u, mine.w[0], mine.w[1], epoch);
     }
   }
   for (u64 u = thread_index(); u < units; u += grid_threads()) {
+    const Piece piece = piece_of<T, 8>(args, u);
+    const Call& c = args.calls[piece.call];
+    const T* in = (const T*)c.in;
+    T* out = (T*)c.out;
     Unit<T, E> from[MAX_RANKS];
 #pragma unroll
     for (int p = 0; p < MAX_RANKS; p++) {
       if (p == rank) {
         // Not yet overwritten in place: only this thread writes these elements, below.
-        from[p] = load_unit<T, E>(in, count, u, whole);
+        from[p] = load_unit<T, E>(in, c.count, piece.unit, ((u64)in & 7) == 0);
       } else if (p < nranks) {
-        ll_wait(ll_slot(peers.staging[rank], inbox, parity, p) + 2 * u, epoch, abort, p, from[p].w);
+        ll_wait(ll_slot(args.peers.staging[rank], inbox, parity, p) + 2 * u, epoch, args.abort, p, from[p].w);
       }
     }
 #pragma unroll
     for (int e = 0; e < E; e++) {
-      if (u * E + e >= count) break;
-      out[u * E + e] = reduce_element<T, OP>(from, nranks, e);
+      if (piece.unit * E + e >= c.count) break;
+      out[piece.unit * E + e] = reduce_element<T, OP>(from, nranks, e);
     }
   }
-  end_call(peers, rank, epoch);
+  end_call(args.peers, rank, epoch);
 }
 
 // Sentinel (small messages of floating-point types): as low-latency, but the data signals its
@@ -265,55 +272,66 @@ __device__ __forceinline__ Pack load_padded_pack(const T* src, u64 count, u64 j,
   return p.pack;
 }
 
+// Pack `j` of the launch's calls as one (see "fused launches"), sentinels cleared; zeros past the
+// end, with no access.
+template <typename T, typename W>
+__device__ __forceinline__ Pack own_pack(const Args& args, u64 j) {
+  const Piece piece = piece_of<T, 16>(args, j);
+  const Call& c = args.calls[piece.call];
+  return clear_sentinels<W>(load_padded_pack((const T*)c.in, c.count, piece.unit, aligned16(c.in)));
+}
+
 template <typename T, int OP>
-__device__ void sentinel(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,
-                         const volatile int* abort, const Views&, int) {
+__device__ void sentinel(const Args& args) {
   typedef typename SentinelWord<T>::W W;
   const int N = PackOf<T>::N;
-  const u64 packs = (count + N - 1) / N;
-  const bool in_aligned = aligned16(in), out_aligned = aligned16(out);
+  const int rank = args.rank, nranks = args.nranks;
+  const u64 packs = fused_units<T, 16>(args);
   // Each pack is loaded one turn ahead (past the end: zeros, no access), the first one before
   // the epoch is read, so that the two loads overlap (2 - 7 % faster on 2 and 4 H200; the same
   // in the low-latency kernel measured 0.1 us slower, so it is not there). The policy gives a
   // thread one pack, so only the first load counts there; the loop takes any grid.
-  Pack next = load_padded_pack(in, count, thread_index(), in_aligned);
-  u32 epoch = begin_call(peers, rank);
-  const u64 inbox = sentinel_inbox_offset(half_bytes);
+  Pack next = own_pack<T, W>(args, thread_index());
+  u32 epoch = begin_call(args.peers, rank);
+  const u64 inbox = sentinel_inbox_offset(args.half_bytes);
   const u64 parity = epoch & 1;
   for (u64 j = thread_index(); j < packs; j += grid_threads()) {
-    Pack mine = clear_sentinels<W>(next);
-    next = load_padded_pack(in, count, j + grid_threads(), in_aligned);
+    Pack mine = next;
+    next = own_pack<T, W>(args, j + grid_threads());
     // Starting with the next rank: the ranks' first stores go to different GPUs.
     for (int i = 1; i < nranks; i++) {
       int p = (rank + i) % nranks;
-      sentinel_store<W>(sentinel_slot(peers.staging[p], inbox, parity, rank) + j, mine);
+      sentinel_store<W>(sentinel_slot(args.peers.staging[p], inbox, parity, rank) + j, mine);
     }
   }
   for (u64 j = thread_index(); j < packs; j += grid_threads()) {
     // Not yet overwritten in place: only this thread writes these elements, below. Loaded
     // before the waits, so that its round trip overlaps theirs.
-    Pack own = clear_sentinels<W>(load_padded_pack(in, count, j, in_aligned));
+    Pack own = own_pack<T, W>(args, j);
+    const Piece piece = piece_of<T, 16>(args, j);
+    const Call& c = args.calls[piece.call];
+    T* out = (T*)c.out;
     typename PackOf<T>::U from[MAX_RANKS];
 #pragma unroll
     for (int p = 0; p < MAX_RANKS; p++) {
       if (p == rank) {
         from[p].pack = own;
       } else if (p < nranks) {
-        from[p].pack = sentinel_take<W>(sentinel_slot(peers.staging[rank], inbox, parity, p) + j, abort, p);
+        from[p].pack = sentinel_take<W>(sentinel_slot(args.peers.staging[rank], inbox, parity, p) + j, args.abort, p);
       }
     }
     typename PackOf<T>::U result;
 #pragma unroll
     for (int k = 0; k < N; k++) result.v[k] = reduce_element<T, OP>(from, nranks, k);
-    if (out_aligned && (j + 1) * N <= count) {
-      ((Pack*)out)[j] = result.pack;
+    const u64 at = piece.unit;
+    if (aligned16(out) && (at + 1) * N <= c.count) {
+      ((Pack*)out)[at] = result.pack;
     } else {
 #pragma unroll
       for (int k = 0; k < N; k++) {
-        if (j * N + k < count) out[j * N + k] = result.v[k];
+        if (at * N + k < c.count) out[at * N + k] = result.v[k];
       }
     }
   }
-  end_call(peers, rank, epoch);
+  end_call(args.peers, rank, epoch);
 }
-

@@ -440,6 +440,47 @@ __device__ __forceinline__ void batch_done(const Peers& peers, int rank, int nca
   if (atomicAdd(passed, 1u) == gridDim.x * ncalls - 1) *passed = 0;
 }
 
+// ---- fused launches -----------------------------------------------------------------------------
+//
+// The packet kernels (low-latency and sentinel all-reduce) run a launch's calls as one call
+// instead: one epoch, one begin and end, and the calls' units side by side in the inboxes, call
+// k's right after call k-1's (each call's bytes rounded up to whole units), so that k small calls
+// cost about one. The host fuses only calls whose units fit the inboxes together, and the same
+// calls on every rank (policy.rs, `fuses_with`): every rank lays the inboxes out alike. A call
+// of a fused launch must not read what another writes (NCCL promises no order inside a group
+// either).
+
+// Units (of UNIT bytes) of call `c`.
+template <typename T, int UNIT>
+__device__ __forceinline__ u64 units_of(const Call& c) {
+  return (c.count * sizeof(T) + UNIT - 1) / UNIT;
+}
+
+// Units of every call of the launch.
+template <typename T, int UNIT>
+__device__ __forceinline__ u64 fused_units(const Args& args) {
+  u64 units = 0;
+  for (int k = 0; k < args.ncalls; k++) units += units_of<T, UNIT>(args.calls[k]);
+  return units;
+}
+
+// Unit `unit` of the launch: call `call`'s unit `unit_of_call`. Past the last unit: the last
+// call's units past its end.
+struct Piece {
+  int call;
+  u64 unit;
+};
+template <typename T, int UNIT>
+__device__ __forceinline__ Piece piece_of(const Args& args, u64 unit) {
+  int k = 0;
+  for (; k + 1 < args.ncalls; k++) {
+    u64 units = units_of<T, UNIT>(args.calls[k]);
+    if (unit < units) break;
+    unit -= units;
+  }
+  return Piece{k, unit};
+}
+
 // ---- data movement ------------------------------------------------------------------------------
 
 // A pack is 16 bytes: the unit of the bulk of the work. Pack j (elements j*N .. j*N+N-1) is

@@ -12,7 +12,7 @@
 #define KERNELS(NAME, T) FOR_EACH_OP(KERNEL, NAME, T)
 
 #define KERNEL(NAME, T, OPNAME, OP)                                                                   \
-  KERNEL_OF(ll_one_shot, ncclshim_ll_##NAME##_##OPNAME, T, OP)                                        \
+  FUSED_KERNEL_OF(ll_one_shot, ncclshim_ll_##NAME##_##OPNAME, T, OP)                                 \
   KERNEL_OF(one_shot, ncclshim_one_shot_##NAME##_##OPNAME, T, OP)                                     \
   KERNEL_OF(two_shot, ncclshim_two_shot_##NAME##_##OPNAME, T, OP)                                     \
   KERNEL_OF(direct, ncclshim_direct_##NAME##_##OPNAME, T, OP)                                         \
@@ -35,7 +35,7 @@
 
 // The sentinel kernels, for the floating-point types only.
 #define SENTINEL_KERNELS(NAME, T) FOR_EACH_OP(SENTINEL_KERNEL, NAME, T)
-#define SENTINEL_KERNEL(NAME, T, OPNAME, OP) KERNEL_OF(sentinel, ncclshim_sentinel_##NAME##_##OPNAME, T, OP)
+#define SENTINEL_KERNEL(NAME, T, OPNAME, OP) FUSED_KERNEL_OF(sentinel, ncclshim_sentinel_##NAME##_##OPNAME, T, OP)
 
 // Runs the launch's calls one after the other (see "batches").
 #define KERNEL_OF(ALGORITHM, SYMBOL, T, OP)                                                           \
@@ -48,6 +48,13 @@
                        args.half_bytes, args.abort, c.views, c.root);                                 \
     }                                                                                                 \
     batch_done(args.peers, args.rank, args.ncalls);                                                   \
+  }
+
+// Runs the launch's calls as one (the packet kernels, see "fused launches").
+#define FUSED_KERNEL_OF(ALGORITHM, SYMBOL, T, OP)                                                     \
+  extern "C" __global__ void __launch_bounds__(MAX_THREADS) SYMBOL(const __grid_constant__ Args args) { \
+    after_previous_kernel();                                                                          \
+    ALGORITHM<T, OP>(args);                                                                           \
   }
 
 // NCCL_TYPES is defined by the host to the types wanted (all of them by default).

@@ -708,6 +708,7 @@ fn batches(
                     // The second call in place.
                     send: if k == 1 { recv.pointer } else { send.pointer } as *const _,
                     recv: recv.pointer as *mut _,
+                    stream: stream.stream,
                 })
                 .collect();
             core.launch_batch(&launched, stream.stream).unwrap();

@@ -1,0 +1,291 @@
+// Groups of several all-reduces on one communicator, checked value by value: the core fuses a
+// group's small all-reduces of one type and op into one launch (their data side by side in the
+// inboxes), and sends other groups to NCCL whole. One process drives every GPU (as nccl-tests
+// -g), through the library given (the shim, or NCCL alone as the control).
+//   group_fused --lib DIR/libnccl.so.2 [--ngpus 2]
+// Each group: calls of every size class (one element, odd counts, whole inboxes, past them,
+// more calls than a launch carries, mixed types and ops), every other call in place, some with
+// buffers one element off their 16-byte alignment; for every type and op; eagerly on one stream, eagerly
+// with the calls spread over two streams, and captured in a CUDA graph replayed three times with
+// new values. Prints one line per (mode, type, op) with its wrong elements, and "# N groups,
+// M wrong elements"; exits 1 where any is wrong.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <string>
+#include <vector>
+
+#include "cuda_check.h"
+#include "nccl_lib.h"
+
+enum Mode { EAGER, TWO_STREAMS, GRAPH };
+static const char* mode_names[] = {"eager", "two-streams", "graph"};
+
+// One call of a group: its count, type and op, in place or not, and its buffers' misalignment.
+struct CallSpec {
+  size_t count;
+  ncclDataType_t type;
+  ncclRedOp_t op;
+  bool in_place;
+  size_t offset;
+};
+
+static size_t type_size(ncclDataType_t t) {
+  switch (t) {
+    case ncclInt8: case ncclUint8: return 1;
+    case ncclFloat16: case ncclBfloat16: return 2;
+    case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
+    default: return 8;
+  }
+}
+
+static bool is_int(ncclDataType_t t) { return t <= ncclUint64; }
+
+// Value `v` (a small integer, or a half of one) as `t`, into `p`.
+static void put(void* p, ncclDataType_t t, double v) {
+  switch (t) {
+    case ncclInt8: *(signed char*)p = (signed char)v; break;
+    case ncclUint8: *(unsigned char*)p = (unsigned char)v; break;
+    case ncclInt32: *(int*)p = (int)v; break;
+    case ncclUint32: *(unsigned*)p = (unsigned)v; break;
+    case ncclInt64: *(long long*)p = (long long)v; break;
+    case ncclUint64: *(unsigned long long*)p = (unsigned long long)v; break;
+    case ncclFloat16: *(__half*)p = __float2half((float)v); break;
+    case ncclBfloat16: {
+      float f = (float)v;
+      unsigned bits;
+      memcpy(&bits, &f, 4);
+      *(unsigned short*)p = (unsigned short)(bits >> 16);
+      break;
+    }
+    case ncclFloat32: *(float*)p = (float)v; break;
+    default: *(double*)p = v; break;
+  }
+}
+
+static double get(const void* p, ncclDataType_t t) {
+  switch (t) {
+    case ncclInt8: return *(const signed char*)p;
+    case ncclUint8: return *(const unsigned char*)p;
+    case ncclInt32: return *(const int*)p;
+    case ncclUint32: return *(const unsigned*)p;
+    case ncclInt64: return (double)*(const long long*)p;
+    case ncclUint64: return (double)*(const unsigned long long*)p;
+    case ncclFloat16: return __half2float(*(const __half*)p);
+    case ncclBfloat16: {
+      unsigned bits = (unsigned)*(const unsigned short*)p << 16;
+      float f;
+      memcpy(&f, &bits, 4);
+      return f;
+    }
+    case ncclFloat32: return *(const float*)p;
+    default: return *(const double*)p;
+  }
+}
+
+// Element i of call k of `rank` in replay `round`: 1, 2 or 3, exact in every type, and so are
+// the sums, products (2 to 4 ranks), maxima, minima and averages of them.
+static double value(int rank, size_t i, int k, int round) { return 1 + (rank + i + k + round) % 3; }
+
+static double expected(const CallSpec& c, int nranks, size_t i, int k, int round) {
+  double acc = value(0, i, k, round);
+  for (int r = 1; r < nranks; r++) {
+    double v = value(r, i, k, round);
+    switch (c.op) {
+      case ncclSum: case ncclAvg: acc += v; break;
+      case ncclProd: acc *= v; break;
+      case ncclMax: acc = v > acc ? v : acc; break;
+      default: acc = v < acc ? v : acc; break;
+    }
+  }
+  if (c.op == ncclAvg) acc = is_int(c.type) ? (double)((long long)acc / nranks) : acc / nranks;
+  return acc;
+}
+
+static const size_t SLOT_BYTES = (512 << 10) + 64;
+static const int MAX_CALLS = 9;
+
+struct Gpus {
+  int count;
+  ncclComm_t comms[LIB_MAX_GPUS];
+  cudaStream_t streams[LIB_MAX_GPUS][2];
+  char* send[LIB_MAX_GPUS][MAX_CALLS];
+  char* recv[LIB_MAX_GPUS][MAX_CALLS];
+};
+
+// The groups run for one type and op: each a list of calls.
+static std::vector<std::vector<CallSpec>> groups_of(ncclDataType_t t, ncclRedOp_t op) {
+  size_t size = type_size(t);
+  auto calls = [&](std::vector<size_t> counts, bool misaligned = false) {
+    std::vector<CallSpec> g;
+    for (size_t k = 0; k < counts.size(); k++)
+      g.push_back({counts[k], t, op, k % 2 == 1, misaligned && k % 2 == 0 ? size : 0});
+    return g;
+  };
+  std::vector<std::vector<CallSpec>> all = {
+      calls({8 / size + 1, 8 / size + 1, 8 / size + 1, 8 / size + 1}),
+      calls({1, 4097}),
+      calls({1, 3, 17, 255, 256, 1000, 4096, 8191}),
+      calls({1, 3, 17, 255, 256, 1000, 4096, 8191}, true),
+      calls(std::vector<size_t>(9, 100)),                    // more than a launch carries
+      calls(std::vector<size_t>(8, (64 << 10) / size)),      // 512 KiB: the sentinel inbox, full
+      calls(std::vector<size_t>(3, (160 << 10) / size)),     // past it
+      calls({(32 << 10) / size, (128 << 10) / size, 5}),     // the packets' inbox, and past it
+  };
+  // Another type, and another op, in one group: not one kernel, so NCCL's.
+  std::vector<CallSpec> mixed = calls({64, 64, 64});
+  mixed[1].type = t == ncclFloat32 ? ncclInt32 : ncclFloat32;
+  mixed[2].op = op == ncclSum ? ncclMax : ncclSum;
+  all.push_back(mixed);
+  return all;
+}
+
+// Fills every call's input for `round`, and the outputs with a value no result has.
+static void fill(Gpus& g, const std::vector<CallSpec>& group, int round) {
+  for (int d = 0; d < g.count; d++) {
+    CUDA_CHECK(cudaSetDevice(d));
+    for (size_t k = 0; k < group.size(); k++) {
+      const CallSpec& c = group[k];
+      size_t size = type_size(c.type);
+      std::vector<char> in(c.count * size), out(c.count * size);
+      for (size_t i = 0; i < c.count; i++) {
+        put(&in[i * size], c.type, value(d, i, (int)k, round));
+        put(&out[i * size], c.type, 99);
+      }
+      char* send = g.send[d][k] + c.offset;
+      char* recv = g.recv[d][k] + c.offset;
+      CUDA_CHECK(cudaMemcpy(c.in_place ? recv : send, in.data(), in.size(), cudaMemcpyHostToDevice));
+      if (!c.in_place) CUDA_CHECK(cudaMemcpy(recv, out.data(), out.size(), cudaMemcpyHostToDevice));
+    }
+  }
+}
+
+static void issue(Lib* lib, Gpus& g, const std::vector<CallSpec>& group, Mode mode) {
+  NCCL_CALL(lib, GroupStart());
+  for (size_t k = 0; k < group.size(); k++) {
+    const CallSpec& c = group[k];
+    for (int d = 0; d < g.count; d++) {
+      char* recv = g.recv[d][k] + c.offset;
+      const char* send = c.in_place ? recv : g.send[d][k] + c.offset;
+      cudaStream_t s = g.streams[d][mode == TWO_STREAMS ? k % 2 : 0];
+      NCCL_CALL(lib, AllReduce(send, recv, c.count, c.type, c.op, g.comms[d], s));
+    }
+  }
+  NCCL_CALL(lib, GroupEnd());
+}
+
+static size_t check(Gpus& g, const std::vector<CallSpec>& group, int round) {
+  size_t wrong = 0;
+  for (int d = 0; d < g.count; d++) {
+    CUDA_CHECK(cudaSetDevice(d));
+    for (int s = 0; s < 2; s++) CUDA_CHECK(cudaStreamSynchronize(g.streams[d][s]));
+    for (size_t k = 0; k < group.size(); k++) {
+      const CallSpec& c = group[k];
+      size_t size = type_size(c.type);
+      std::vector<char> out(c.count * size);
+      CUDA_CHECK(cudaMemcpy(out.data(), g.recv[d][k] + c.offset, out.size(), cudaMemcpyDeviceToHost));
+      for (size_t i = 0; i < c.count; i++) {
+        double want = expected(c, g.count, i, (int)k, round), got = get(&out[i * size], c.type);
+        if (got != want) {
+          if (wrong < 3)
+            fprintf(stderr, "  GPU %d call %zu of %zu (count %zu, type %d, op %d%s): [%zu] = %g, want %g\n", d, k,
+                    group.size(), c.count, c.type, c.op, c.in_place ? ", in place" : "", i, got, want);
+          wrong++;
+        }
+      }
+    }
+  }
+  return wrong;
+}
+
+// One group in `mode`: eagerly once, or captured once and replayed three times.
+static size_t run_group(Lib* lib, Gpus& g, const std::vector<CallSpec>& group, Mode mode) {
+  if (mode != GRAPH) {
+    fill(g, group, 0);
+    issue(lib, g, group, mode);
+    return check(g, group, 0);
+  }
+  cudaGraph_t graphs[LIB_MAX_GPUS];
+  cudaGraphExec_t execs[LIB_MAX_GPUS];
+  for (int d = 0; d < g.count; d++) {
+    CUDA_CHECK(cudaSetDevice(d));
+    CUDA_CHECK(cudaStreamBeginCapture(g.streams[d][0], cudaStreamCaptureModeThreadLocal));
+  }
+  issue(lib, g, group, mode);
+  // Every capture ends before any graph is instantiated (not allowed while this thread captures).
+  for (int d = 0; d < g.count; d++) {
+    CUDA_CHECK(cudaSetDevice(d));
+    CUDA_CHECK(cudaStreamEndCapture(g.streams[d][0], &graphs[d]));
+  }
+  for (int d = 0; d < g.count; d++) {
+    CUDA_CHECK(cudaSetDevice(d));
+    CUDA_CHECK(cudaGraphInstantiate(&execs[d], graphs[d], 0));
+  }
+  size_t wrong = 0;
+  for (int round = 1; round <= 3; round++) {
+    fill(g, group, round);
+    for (int d = 0; d < g.count; d++) {
+      CUDA_CHECK(cudaSetDevice(d));
+      CUDA_CHECK(cudaGraphLaunch(execs[d], g.streams[d][0]));
+    }
+    wrong += check(g, group, round);
+  }
+  for (int d = 0; d < g.count; d++) {
+    CUDA_CHECK(cudaGraphExecDestroy(execs[d]));
+    CUDA_CHECK(cudaGraphDestroy(graphs[d]));
+  }
+  return wrong;
+}
+
+int main(int argc, char** argv) {
+  const char* path = NULL;
+  int ngpus = 2;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string a = argv[i];
+    if (a == "--lib") path = argv[i + 1];
+    else if (a == "--ngpus") ngpus = atoi(argv[i + 1]);
+    else { fprintf(stderr, "unknown argument %s\n", a.c_str()); return 2; }
+  }
+  if (!path || ngpus < 2 || ngpus > 4) {
+    fprintf(stderr, "usage: group_fused --lib LIB [--ngpus 2..4]\n");
+    return 2;
+  }
+  Lib lib;
+  load(&lib, "lib", path);
+  Gpus g;
+  g.count = ngpus;
+  int devices[LIB_MAX_GPUS];
+  for (int d = 0; d < ngpus; d++) devices[d] = d;
+  NCCL_CALL(&lib, CommInitAll(g.comms, ngpus, devices));
+  for (int d = 0; d < ngpus; d++) {
+    CUDA_CHECK(cudaSetDevice(d));
+    for (int s = 0; s < 2; s++) CUDA_CHECK(cudaStreamCreateWithFlags(&g.streams[d][s], cudaStreamNonBlocking));
+    for (int k = 0; k < MAX_CALLS; k++) {
+      CUDA_CHECK(cudaMalloc(&g.send[d][k], SLOT_BYTES));
+      CUDA_CHECK(cudaMalloc(&g.recv[d][k], SLOT_BYTES));
+    }
+  }
+  const ncclDataType_t types[] = {ncclFloat32, ncclBfloat16, ncclFloat16, ncclFloat64,
+                                  ncclInt32,   ncclUint8,    ncclInt64};
+  const ncclRedOp_t ops[] = {ncclSum, ncclProd, ncclMax, ncclMin, ncclAvg};
+  size_t groups = 0, wrong_all = 0;
+  for (int mode = EAGER; mode <= GRAPH; mode++) {
+    for (ncclDataType_t t : types) {
+      for (ncclRedOp_t op : ops) {
+        size_t wrong = 0;
+        for (const auto& group : groups_of(t, op)) {
+          wrong += run_group(&lib, g, group, (Mode)mode);
+          groups++;
+        }
+        printf("%-12s type %d op %d: %zu wrong\n", mode_names[mode], t, op, wrong);
+        wrong_all += wrong;
+      }
+    }
+  }
+  for (int d = 0; d < ngpus; d++) NCCL_CALL(&lib, CommDestroy(g.comms[d]));
+  printf("# %zu groups, %zu wrong elements\n", groups, wrong_all);
+  return wrong_all ? 1 : 0;
+}
