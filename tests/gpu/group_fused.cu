@@ -1,14 +1,14 @@
 // Groups of several all-reduces on one communicator, checked value by value: the core fuses a
-// group's small all-reduces of one type and op into one launch (their data side by side in the
-// inboxes), and sends other groups to NCCL whole. One process drives every GPU (as nccl-tests
+// group's small all-reduces of one type and op into one or two launches (their data side by side
+// in the inboxes), and sends other groups to NCCL whole. One process drives every GPU (as nccl-tests
 // -g), through the library given (the shim, or NCCL alone as the control).
 //   group_fused --lib DIR/libnccl.so.2 [--ngpus 2]
-// Each group: calls of every size class (one element, odd counts, whole inboxes, past them,
-// more calls than a launch carries, mixed types and ops), every other call in place, some with
-// buffers one element off their 16-byte alignment; for every type and op; eagerly on one stream, eagerly
-// with the calls spread over two streams, and captured in a CUDA graph replayed three times with
-// new values. Prints one line per (mode, type, op) with its wrong elements, and "# N groups,
-// M wrong elements"; exits 1 where any is wrong.
+// Each group: calls of every size class (one element, odd counts, whole inboxes, past one and
+// past two, more calls than one or two launches carry, mixed types and ops), every other call in
+// place, some with buffers one element off their 16-byte alignment; for every type and op;
+// eagerly on one stream, eagerly with the calls spread over two streams, and captured in a CUDA
+// graph replayed three times with new values. Prints one line per (mode, type, op) with its
+// wrong elements, and "# N groups, M wrong elements"; exits 1 where any is wrong.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -106,7 +106,7 @@ static double expected(const CallSpec& c, int nranks, size_t i, int k, int round
 }
 
 static const size_t SLOT_BYTES = (512 << 10) + 64;
-static const int MAX_CALLS = 9;
+static const int MAX_CALLS = 17;
 
 struct Gpus {
   int count;
@@ -131,8 +131,10 @@ static std::vector<std::vector<CallSpec>> groups_of(ncclDataType_t t, ncclRedOp_
       calls({1, 3, 17, 255, 256, 1000, 4096, 8191}),
       calls({1, 3, 17, 255, 256, 1000, 4096, 8191}, true),
       calls(std::vector<size_t>(9, 100)),                    // more than a launch carries
+      calls(std::vector<size_t>(17, 100)),                   // more than two launches carry
       calls(std::vector<size_t>(8, (64 << 10) / size)),      // 512 KiB: the sentinel inbox, full
-      calls(std::vector<size_t>(3, (160 << 10) / size)),     // past it
+      calls(std::vector<size_t>(3, (160 << 10) / size)),     // past it: two launches
+      calls(std::vector<size_t>(5, (256 << 10) / size)),     // past two
       calls({(32 << 10) / size, (128 << 10) / size, 5}),     // the packets' inbox, and past it
   };
   // Another type, and another op, in one group: not one kernel, so NCCL's.

@@ -8,7 +8,8 @@
 # NCCL_TESTS_QUICK=1 (fewer runs), NCCL_TESTS_GROUPS (only these groups of runs, e.g. "core
 # coregraph"; the cold start always runs), STEP_TIMEOUT, NCCL_TESTS_GATE_LIMIT (the gate's
 # largest shim / real median time, default 1.05), NCCL_TESTS_GATE_ROUNDS (default 3),
-# NCCL_TESTS_GATE_SETS (only these of the gate's sets, e.g. "plain -r2 -g -m4 -m4g").
+# NCCL_TESTS_GATE_SETS (only these of the gate's sets, e.g. "plain -r2 -g -r2g -m2 -m4 -m8 -m4g
+# -m8g").
 # Groups: basic (every binary), reg1, reg2, graph, types, core, coregraph, coretypes, batch,
 # batchgraph, large, and gate (all_reduce's speed per size, shim and NCCL alone taking turns).
 # Writes OUTDIR/nccl-tests/ (one log per run), OUTDIR/nccl-tests-ratios.md (shim / real per
@@ -222,10 +223,12 @@ if [[ " ${pairs[*]} " == *" large-2.28.9-group-all_reduce "* ]]; then
 fi
 
 # --- Speed gate: all_reduce per size, the shim and NCCL alone taking turns, several rounds ---
-# Eager, with symmetric windows (-R 2), in a CUDA graph, four calls aggregated (-m 4), both; each
-# run sweeps the sizes twice (-N 2). The best time per size and placement over every round and
-# cycle, shim against NCCL alone, may be at most NCCL_TESTS_GATE_LIMIT x NCCL's.
-gate_sets=(":" "-r2:-R 2" "-g:-G 1" "-m4:-m 4" "-m4g:-m 4 -G 1")
+# Eager, with symmetric windows (-R 2), in a CUDA graph, both, and two, four and eight calls
+# aggregated in a group (-m), eager and in graphs; each run sweeps the sizes twice (-N 2). The
+# best time per size and placement over every round and cycle, shim against NCCL alone, may be
+# at most NCCL_TESTS_GATE_LIMIT x NCCL's.
+gate_sets=(":" "-r2:-R 2" "-g:-G 1" "-r2g:-R 2 -G 1" "-m2:-m 2" "-m4:-m 4" "-m8:-m 8" "-m4g:-m 4 -G 1"
+  "-m8g:-m 8 -G 1")
 if wanted gate && [ -x "$dir/src-2.28.9/build/all_reduce_perf" ]; then
   gate_names=() status=0 problems="" runs=0
   for mode in mpi group; do

@@ -2,7 +2,7 @@
 # The GPU suite, on a machine with NVIDIA GPUs, nvcc and PyTorch (no Rust needed): compiles the
 # C/CUDA programs, runs the correctness matrix, the PyTorch checks and the side-by-side
 # benchmark through ncclshim, and writes logs and OUTDIR/summary.txt.
-#   run.sh OUTDIR [collectives] [torch] [torchbench] [zerocopy] [bench] [latepeer] [groupcost] [groupfused] [launch] [floor] [sanitizer] [waitlimit] [nccltests] [badinput] [faults] [observe] [netplugin]  (default: the first three)
+#   run.sh OUTDIR [collectives] [torch] [torchbench] [zerocopy] [bench] [latepeer] [groupcost] [groupfused] [torchcoalesced] [launch] [floor] [sanitizer] [waitlimit] [nccltests] [badinput] [faults] [observe] [netplugin]  (default: the first three)
 # It runs from the folder `make gpu-bundle` makes (the shim in shim/lib beside this script).
 # Environment (all optional):
 #   GPU_COUNTS  GPU counts to run on (default "2 4", less those the machine lacks)
@@ -20,7 +20,7 @@
 #   FLOOR_ARGS     more arguments for the floor, e.g. "--sizes 8M,16M"
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
-[ $# -ge 1 ] || { echo "usage: $0 OUTDIR [collectives] [torch] [torchbench] [zerocopy] [bench] [latepeer] [groupcost] [groupfused] [launch] [floor] [sanitizer] [waitlimit] [nccltests] [badinput] [faults] [observe] [netplugin]" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "usage: $0 OUTDIR [collectives] [torch] [torchbench] [zerocopy] [bench] [latepeer] [groupcost] [groupfused] [torchcoalesced] [launch] [floor] [sanitizer] [waitlimit] [nccltests] [badinput] [faults] [observe] [netplugin]" >&2; exit 2; }
 mkdir -p "$1" && out=$(cd "$1" && pwd) && shift
 suites=${*:-collectives torch bench}
 
@@ -405,6 +405,28 @@ group_fused_suite() {
   grep -h 'wrong$' "$dir/shim.log" | grep -v ' 0 wrong$' | head -10 | sed 's/^/  /' | tee -a "$summary"
 }
 
+# --- PyTorch's coalescing manager timed (torch_coalesced.py): eight small bf16 all-reduces in
+# one group, as DDP, FSDP and optimizers issue them, eager and in a CUDA graph; runs without and
+# with the shim alternate, twice each; fails where the shim is above TORCH_GATE_LIMIT (1.05) x
+# NCCL, or a result is wrong ---
+torch_coalesced_suite() {
+  local n=$1 dir=$out/torch-coalesced-$n t=$SECONDS status=0 round
+  rm -rf "$dir" && mkdir -p "$dir"
+  local launch=($python -m torch.distributed.run --standalone --nproc_per_node "$n" "$here/torch_coalesced.py")
+  for round in 1 2; do
+    NCCL_DEBUG=WARN timeout "$step_timeout" "${launch[@]}" "$dir/nccl-$round.json" >"$dir/nccl-$round.log" 2>&1 ||
+      status=1
+    LD_PRELOAD="$shim" NCCLSHIM_REAL_NCCL="$real" NCCLSHIM_SUMMARY=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT \
+      timeout "$step_timeout" "${launch[@]}" "$dir/shim-$round.json" >"$dir/shim-$round.log" 2>&1 || status=1
+  done
+  $python "$here/torch_bench_report.py" --limit "${TORCH_GATE_LIMIT:-1.05}" --nccl "$dir"/nccl-*.json \
+    --shim "$dir"/shim-*.json >"$dir/report.txt" 2>&1 || status=1
+  # The core served the shim's runs (each process says so; they end without an exit summary).
+  [ "$(grep -c 'core on for comm' "$dir/shim-1.log")" -ge "$n" ] || status=1
+  verdict "torch coalesced $n GPUs" $status "$(grep -h 'torch coalesced rank 0' "$dir/shim-1.log" | cut -c1-60); $((SECONDS - t)) s; table in torch-coalesced-$n/report.txt"
+  sed 's/^/  /' "$dir/report.txt" | tee -a "$summary"
+}
+
 # --- What the host pays per launch: the floor under eager times (a table, no verdict on it) ---
 launch_suite() {
   local n=$1 log=$out/launch-cost-$n.txt
@@ -633,6 +655,7 @@ for n in $counts; do
       latepeer) late_peer_suite "$n" ;;
       groupcost) group_cost_suite "$n" ;;
       groupfused) group_fused_suite "$n" ;;
+      torchcoalesced) torch_coalesced_suite "$n" ;;
       launch) launch_suite "$n" ;;
       floor) floor_suite "$n" ;;
       sanitizer) sanitizer_suite "$n" ;;

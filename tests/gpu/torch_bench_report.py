@@ -23,6 +23,14 @@ def times(files):
     return by_size
 
 
+def label(size):
+    """A size as 16 B, 32 KiB or 4 MiB."""
+    for unit, shift in (("MiB", 20), ("KiB", 10)):
+        if size >= 1 << shift:
+            return f"{size >> shift} {unit}"
+    return f"{size} B"
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--nccl", nargs="+", required=True)
@@ -36,13 +44,13 @@ def main():
     for size in sorted(nccl):
         if size not in shim:
             continue
-        row = [f"{size >> 20} MiB".rjust(8)]
+        row = [label(size).rjust(8)]
         for k in (0, 1):
             a, b = statistics.median(nccl[size][k]), statistics.median(shim[size][k])
             row += [f"{a:11.1f}", f"{b:11.1f}", f"{b / a:6.2f}"]
             gpu_bound = k == 1 or a <= 1.25 * statistics.median(nccl[size][1])
             if args.limit is not None and gpu_bound and b / a > args.limit:
-                above.append(f"{size >> 20} MiB {('eager', 'graph')[k]} {b / a:.2f}")
+                above.append(f"{label(size)} {('eager', 'graph')[k]} {b / a:.2f}")
         print(" ".join(row))
     if args.limit is not None:
         print(f"# {len(above)} above {args.limit} x NCCL{': ' + ', '.join(above) if above else ''}")

@@ -203,8 +203,8 @@ struct Seen {
     calls: usize,
     /// Every one in the band where the core beats NCCL's one kernel per group.
     all_in_band: bool,
-    /// While every one so far fits one fused launch (`Settings::fuses_with`): the first's plan,
-    /// and the bytes all of them take in the inboxes.
+    /// While every one so far fits at most MAX_FUSED_LAUNCHES fused launches
+    /// (`Settings::fused_with`): how.
     fused: Option<Fused>,
 }
 

@@ -22,11 +22,12 @@
 //!                                        as the staging holds them (32 MiB of slots); default 0,
 //!                                        none: not yet weighed against NCCL
 //!   NCCLSHIM_GROUP_CORE_BYTES=LO-HI      a group's several calls on one communicator that the
-//!                                        core would take stay the core's where they fit one
-//!                                        fused launch (small all-reduces of one type and op,
-//!                                        see `fuses_with`), or where each is larger than LO and
-//!                                        at most HI bytes; otherwise they go to NCCL, all of
-//!                                        them (default 393216-2097152; 0-0: no band)
+//!                                        core would take stay the core's where they fit two
+//!                                        fused launches (small all-reduces of one type and op,
+//!                                        see `fused_with`), or where they are at most four and
+//!                                        each is larger than LO and at most HI bytes; otherwise
+//!                                        they go to NCCL, all of them (default
+//!                                        393216-2097152; 0-0: no band)
 //!   NCCLSHIM_BATCH=0                     a group's calls launched one kernel each (not several
 //!                                        of one communicator and kernel in one launch, nor
 //!                                        small all-reduces fused into one call), so that its
@@ -78,6 +79,16 @@ pub const fn staging_bytes(half_bytes: usize) -> usize {
 /// us, where it leaves its low-latency protocol), 0.82 – 0.92 from 1 to 2 MiB, 1.06 – 1.17 from
 /// 4 to 16 MiB (two-shot; NCCL runs the four at once).
 pub const GROUP_CORE_BYTES: (usize, usize) = (384 << 10, 2 << 20);
+
+/// The most calls of a communicator in a group that stay the core's, one after the other, in the
+/// band (`GROUP_CORE_BYTES`): nccl-tests `-m 8` on 2 H100, eight calls of 2 MiB took 1.29 – 1.38 x
+/// NCCL's time per operation (NCCL's one kernel gains with every call), `-m 4` 0.91 – 0.92, `-m 2`
+/// 0.61.
+pub const GROUP_BAND_CALLS: usize = 4;
+
+/// The most fused launches a group's calls of one communicator may take and stay the core's
+/// (`Settings::fused_with`): more small calls than that go to NCCL's one kernel.
+pub const MAX_FUSED_LAUNCHES: usize = 2;
 
 /// How long a core kernel waits for a peer by default before it gives up: a rank that never
 /// comes (it skipped a call, or died) is found, yet far longer than any peer is slow for good
@@ -213,16 +224,20 @@ impl Settings {
 
     /// Whether a group's `calls` on one communicator that the core would take go to NCCL, all of
     /// them: NCCL runs a group's operations in one kernel with one synchronisation. So does the
-    /// core where they all fit one fused launch (`fused`, see `fuses_with`); otherwise it runs
-    /// them one after the other, each meeting its peers, which wins only where every one is in
-    /// the band (`in_group_band`). A lone call stays the core's. The same answer on every rank:
-    /// every rank's group holds the same calls.
+    /// core where they fit at most MAX_FUSED_LAUNCHES fused launches (`fused`, see
+    /// `fused_with`); otherwise it runs them one after the other, each meeting its peers, which
+    /// wins only where every one is in the band (`in_group_band`) and they are at most
+    /// GROUP_BAND_CALLS. A lone call stays the core's. The same answer on every rank: every
+    /// rank's group holds the same calls.
     pub fn group_goes_to_nccl(&self, calls: usize, all_in_band: bool, fused: bool) -> bool {
-        calls >= 2 && !all_in_band && !fused && !self.force_core
+        let band = all_in_band && calls <= GROUP_BAND_CALLS;
+        calls >= 2 && !band && !fused && !self.force_core
     }
 
-    /// The group's `calls` calls of a communicator so far as one fused launch would hold them
-    /// (`so_far`; `None` where they do not fit one), with one more, planned as `next`.
+    /// The group's `calls` calls of a communicator so far as fused launches would hold them
+    /// (`so_far`; `None` where they do not fit MAX_FUSED_LAUNCHES), with one more, planned as
+    /// `next`: in the last launch where it fits there (`fuses_with`), else in a launch of its
+    /// own, as `group::batches` cuts them.
     pub fn fused_with(
         &self,
         so_far: Option<Fused>,
@@ -230,18 +245,32 @@ impl Settings {
         next: &Plan,
         nranks: usize,
     ) -> Option<Fused> {
-        match (calls, so_far) {
-            (0, _) => next
-                .fused_bytes()
-                .filter(|_| self.batch)
-                .map(|bytes| (*next, bytes)),
-            (calls, Some((first, bytes)))
-                if self.fuses_with(&first, calls, bytes, next, nranks) =>
-            {
-                Some((first, bytes + next.fused_bytes()?))
-            }
-            _ => None,
+        let more = next.fused_bytes().filter(|_| self.batch)?;
+        if calls == 0 {
+            let first = *next;
+            return Some(Fused {
+                first,
+                launches: 1,
+                calls: 1,
+                bytes: more,
+            });
         }
+        let so_far = so_far?;
+        if self.fuses_with(&so_far.first, so_far.calls, so_far.bytes, next, nranks) {
+            let (calls, bytes) = (so_far.calls + 1, so_far.bytes + more);
+            return Some(Fused {
+                calls,
+                bytes,
+                ..so_far
+            });
+        }
+        let another = so_far.first.same_launch(next) && so_far.launches < MAX_FUSED_LAUNCHES;
+        another.then_some(Fused {
+            launches: so_far.launches + 1,
+            calls: 1,
+            bytes: more,
+            ..so_far
+        })
     }
 
     /// Whether a call planned as `next` joins a fused launch (device.cuh, "fused launches") of
@@ -410,9 +439,16 @@ pub struct CommFacts {
     pub compute_capability: u32,
 }
 
-/// Calls of a group as one fused launch holds them: the first one's plan, and the bytes all of
-/// them take in the inboxes (`Settings::fused_with`).
-pub type Fused = (Plan, usize);
+/// A group's calls of a communicator as fused launches hold them (`Settings::fused_with`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fused {
+    /// The first call's plan: every call's is of the same kernel.
+    pub first: Plan,
+    pub launches: usize,
+    /// The calls of the last launch, and the bytes they take in the inboxes.
+    pub calls: usize,
+    pub bytes: usize,
+}
 
 /// How the core runs one call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -687,6 +723,12 @@ mod tests {
         assert!(goes(&s, &[above + 1, up_to + 1]), "a large one");
         assert!(goes(&s, &[above, up_to]));
         assert!(!goes(&s, &[above + 1, up_to]), "every one in the band");
+        let band = [up_to; GROUP_BAND_CALLS];
+        assert!(!goes(&s, &band));
+        assert!(
+            goes(&s, &[band.as_slice(), &[up_to]].concat()),
+            "more calls than the band's"
+        );
         assert!(!goes(&s, &[8]), "a lone call stays");
         let never = with(&[("NCCLSHIM_GROUP_CORE_BYTES", "0-0")]);
         assert!(goes(&never, &[1, 1 << 30]));
@@ -710,45 +752,60 @@ mod tests {
         (fused.is_some(), goes)
     }
 
-    /// Small all-reduces of one kernel (type, op) fuse into one launch while they fit where one
-    /// call of that kernel may go and are at most MAX_BATCH, and such a group stays the core's.
+    /// Small all-reduces of one kernel (type, op) fuse into launches, each of at most MAX_BATCH
+    /// calls whose data fits where one call of that kernel may go, and a group of them that
+    /// takes at most MAX_FUSED_LAUNCHES stays the core's.
     #[test]
     fn small_all_reduces_of_one_kernel_fuse_while_they_fit() {
         let s = with(&[]);
         let (f32, i32, sum, max) = (7, 2, 0, 2);
         let kib = |n: usize, size: usize| (n << 10) / size;
-        assert_eq!(
-            fused_group(&s, 2, &[(2, f32, sum); 4]),
-            (true, false),
-            "sentinel"
-        );
+        let stays = (true, false);
+        let goes = (false, true);
+        assert_eq!(fused_group(&s, 2, &[(2, f32, sum); 4]), stays, "sentinel");
         assert_eq!(
             fused_group(&s, 2, &[(2, i32, sum); 4]),
-            (true, false),
+            stays,
             "low latency"
         );
         let eight = [(kib(64, 4), f32, sum); MAX_BATCH];
-        assert_eq!(fused_group(&s, 2, &eight), (true, false), "the inbox, full");
-        let mut nine = eight.to_vec();
-        nine.push((1, f32, sum));
-        assert_eq!(fused_group(&s, 2, &nine), (false, true), "past MAX_BATCH");
-        let three = [(kib(256, 4), f32, sum); 3];
-        assert_eq!(fused_group(&s, 2, &three), (false, true), "past the inbox");
+        assert_eq!(fused_group(&s, 2, &eight), stays, "the inbox, full");
+        let launches = |calls: usize, count: usize| vec![(count, f32, sum); calls];
+        let most = MAX_BATCH * MAX_FUSED_LAUNCHES;
+        assert_eq!(fused_group(&s, 2, &launches(most, 1)), stays, "calls");
+        assert_eq!(
+            fused_group(&s, 2, &launches(most + 1, 1)),
+            goes,
+            "past the calls"
+        );
+        let quarter = kib(128, 4);
+        assert_eq!(
+            fused_group(&s, 2, &launches(8, quarter)),
+            stays,
+            "two full inboxes"
+        );
+        assert_eq!(fused_group(&s, 2, &launches(9, quarter)), goes, "past them");
         let two = [(kib(64, 4), i32, sum); 2];
         assert_eq!(
             fused_group(&s, 2, &two),
-            (true, false),
+            stays,
             "128 KiB of packets on 2 ranks"
         );
-        assert_eq!(fused_group(&s, 4, &two), (false, true), "32 KiB on 4");
+        let two_on_four = [(kib(32, 4), i32, sum); 2];
+        assert_eq!(
+            fused_group(&s, 4, &two_on_four),
+            stays,
+            "on 4: 32 KiB, two launches"
+        );
+        assert_eq!(fused_group(&s, 4, &[(kib(32, 4), i32, sum); 3]), goes);
         assert_eq!(
             fused_group(&s, 2, &[(2, f32, sum), (2, i32, sum)]),
-            (false, true),
+            goes,
             "types"
         );
         assert_eq!(
             fused_group(&s, 2, &[(2, f32, sum), (2, f32, max)]),
-            (false, true),
+            goes,
             "ops"
         );
         // Not a packet kernel: one-shot.
@@ -757,20 +814,14 @@ mod tests {
             (false, false),
             "band"
         );
-        assert_eq!(
-            fused_group(&s, 2, &[(kib(300, 4), f32, sum); 2]),
-            (false, true)
-        );
+        assert_eq!(fused_group(&s, 2, &[(kib(300, 4), f32, sum); 3]), goes);
         let unbatched = with(&[("NCCLSHIM_BATCH", "0")]);
-        assert_eq!(
-            fused_group(&unbatched, 2, &[(2, f32, sum); 4]),
-            (false, true)
-        );
+        assert_eq!(fused_group(&unbatched, 2, &[(2, f32, sum); 4]), goes);
         let small = with(&[("NCCLSHIM_SENTINEL_MAX_BYTES", "4096")]);
-        let calls = [(kib(2, 4), f32, sum); 3];
+        let calls = [(kib(2, 4), f32, sum); 5];
         assert_eq!(
             fused_group(&small, 2, &calls),
-            (false, true),
+            goes,
             "by the setting's limit"
         );
     }
