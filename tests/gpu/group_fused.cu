@@ -24,13 +24,16 @@
 enum Mode { EAGER, TWO_STREAMS, GRAPH };
 static const char* mode_names[] = {"eager", "two-streams", "graph"};
 
-// One call of a group: its count, type and op, in place or not, and its buffers' misalignment.
+// One call of a group: its count, type and op, in place or not, and its buffers' misalignment
+// (the input's; the output's is another).
 struct CallSpec {
   size_t count;
   ncclDataType_t type;
   ncclRedOp_t op;
   bool in_place;
   size_t offset;
+  size_t send_offset() const { return offset; }
+  size_t recv_offset() const { return offset * 3 % 16; }
 };
 
 static size_t type_size(ncclDataType_t t) {
@@ -87,8 +90,19 @@ static double get(const void* p, ncclDataType_t t) {
 }
 
 // Element i of call k of `rank` in replay `round`: 1, 2 or 3, exact in every type, and so are
-// the sums, products (2 to 4 ranks), maxima, minima and averages of them.
-static double value(int rank, size_t i, int k, int round) { return 1 + (rank + i + k + round) % 3; }
+// the sums, products (2 to 4 ranks), maxima, minima and averages of them; scrambled, so that no
+// two calls, offsets or rounds hold the same values.
+static double value(int rank, size_t i, int k, int round) {
+  unsigned h = (unsigned)i * 2654435761u + (unsigned)k * 40503u + (unsigned)rank * 9973u + (unsigned)round * 7919u;
+  return 1 + (h >> 13) % 3;
+}
+
+// Holds a stream for about `ns` nanoseconds: what comes after it there is late.
+__global__ void hold(long long ns) {
+  long long start = clock64(), cycles = ns * 2;  // about 2 GHz
+  while (clock64() - start < cycles) {
+  }
+}
 
 static double expected(const CallSpec& c, int nranks, size_t i, int k, int round) {
   double acc = value(0, i, k, round);
@@ -114,6 +128,7 @@ struct Gpus {
   cudaStream_t streams[LIB_MAX_GPUS][2];
   char* send[LIB_MAX_GPUS][MAX_CALLS];
   char* recv[LIB_MAX_GPUS][MAX_CALLS];
+  char* scratch[LIB_MAX_GPUS][MAX_CALLS];  // an input and an output, staged for `fill`
 };
 
 // The groups run for one type and op: each a list of calls.
@@ -122,7 +137,7 @@ static std::vector<std::vector<CallSpec>> groups_of(ncclDataType_t t, ncclRedOp_
   auto calls = [&](std::vector<size_t> counts, bool misaligned = false) {
     std::vector<CallSpec> g;
     for (size_t k = 0; k < counts.size(); k++)
-      g.push_back({counts[k], t, op, k % 2 == 1, misaligned && k % 2 == 0 ? size : 0});
+      g.push_back({counts[k], t, op, k % 2 == 1, misaligned && k % 4 < 2 ? size : 0});
     return g;
   };
   std::vector<std::vector<CallSpec>> all = {
@@ -133,7 +148,8 @@ static std::vector<std::vector<CallSpec>> groups_of(ncclDataType_t t, ncclRedOp_
       calls(std::vector<size_t>(9, 100)),                    // more than a launch carries
       calls(std::vector<size_t>(17, 100)),                   // more than two launches carry
       calls(std::vector<size_t>(8, (64 << 10) / size)),      // 512 KiB: the sentinel inbox, full
-      calls(std::vector<size_t>(3, (160 << 10) / size)),     // past it: two launches
+      calls(std::vector<size_t>(3, (200 << 10) / size)),     // past it (floats): two launches
+      calls(std::vector<size_t>(3, (48 << 10) / size)),      // past the packets' (integers): two
       calls(std::vector<size_t>(5, (256 << 10) / size)),     // past two
       calls({(32 << 10) / size, (128 << 10) / size, 5}),     // the packets' inbox, and past it
   };
@@ -145,23 +161,37 @@ static std::vector<std::vector<CallSpec>> groups_of(ncclDataType_t t, ncclRedOp_
   return all;
 }
 
-// Fills every call's input for `round`, and the outputs with a value no result has.
-static void fill(Gpus& g, const std::vector<CallSpec>& group, int round) {
+// The stream call k of a group is issued on.
+static cudaStream_t stream_of(Gpus& g, int d, size_t k, Mode mode) {
+  return g.streams[d][mode == TWO_STREAMS ? k % 2 : 0];
+}
+
+// Fills every call's input for `round`, and the outputs with a value no result has, on the
+// call's own stream (staged, then copied there): with two streams, late (`hold`), so that a
+// launch on the other stream must wait for it, and that stream itself is held before the group,
+// so that a read of the results on this one must wait for the launch.
+static void fill(Gpus& g, const std::vector<CallSpec>& group, int round, Mode mode) {
   for (int d = 0; d < g.count; d++) {
     CUDA_CHECK(cudaSetDevice(d));
     for (size_t k = 0; k < group.size(); k++) {
       const CallSpec& c = group[k];
       size_t size = type_size(c.type);
+      cudaStream_t s = stream_of(g, d, k, mode);
       std::vector<char> in(c.count * size), out(c.count * size);
       for (size_t i = 0; i < c.count; i++) {
         put(&in[i * size], c.type, value(d, i, (int)k, round));
         put(&out[i * size], c.type, 99);
       }
-      char* send = g.send[d][k] + c.offset;
-      char* recv = g.recv[d][k] + c.offset;
-      CUDA_CHECK(cudaMemcpy(c.in_place ? recv : send, in.data(), in.size(), cudaMemcpyHostToDevice));
-      if (!c.in_place) CUDA_CHECK(cudaMemcpy(recv, out.data(), out.size(), cudaMemcpyHostToDevice));
+      char* send = g.send[d][k] + c.send_offset();
+      char* recv = g.recv[d][k] + c.recv_offset();
+      char* staged = g.scratch[d][k];
+      CUDA_CHECK(cudaMemcpy(staged, in.data(), in.size(), cudaMemcpyHostToDevice));
+      CUDA_CHECK(cudaMemcpy(staged + SLOT_BYTES, out.data(), out.size(), cudaMemcpyHostToDevice));
+      if (mode == TWO_STREAMS && k % 2 == 1) hold<<<1, 1, 0, s>>>(200000);
+      CUDA_CHECK(cudaMemcpyAsync(c.in_place ? recv : send, staged, in.size(), cudaMemcpyDeviceToDevice, s));
+      if (!c.in_place) CUDA_CHECK(cudaMemcpyAsync(recv, staged + SLOT_BYTES, out.size(), cudaMemcpyDeviceToDevice, s));
     }
+    if (mode == TWO_STREAMS) hold<<<1, 1, 0, g.streams[d][0]>>>(2000000);
   }
 }
 
@@ -170,25 +200,27 @@ static void issue(Lib* lib, Gpus& g, const std::vector<CallSpec>& group, Mode mo
   for (size_t k = 0; k < group.size(); k++) {
     const CallSpec& c = group[k];
     for (int d = 0; d < g.count; d++) {
-      char* recv = g.recv[d][k] + c.offset;
-      const char* send = c.in_place ? recv : g.send[d][k] + c.offset;
-      cudaStream_t s = g.streams[d][mode == TWO_STREAMS ? k % 2 : 0];
-      NCCL_CALL(lib, AllReduce(send, recv, c.count, c.type, c.op, g.comms[d], s));
+      char* recv = g.recv[d][k] + c.recv_offset();
+      const char* send = c.in_place ? recv : g.send[d][k] + c.send_offset();
+      NCCL_CALL(lib, AllReduce(send, recv, c.count, c.type, c.op, g.comms[d], stream_of(g, d, k, mode)));
     }
   }
   NCCL_CALL(lib, GroupEnd());
 }
 
-static size_t check(Gpus& g, const std::vector<CallSpec>& group, int round) {
+// Reads each call's output on the call's own stream (which must wait for the launch), then
+// checks it.
+static size_t check(Gpus& g, const std::vector<CallSpec>& group, int round, Mode mode) {
   size_t wrong = 0;
   for (int d = 0; d < g.count; d++) {
     CUDA_CHECK(cudaSetDevice(d));
-    for (int s = 0; s < 2; s++) CUDA_CHECK(cudaStreamSynchronize(g.streams[d][s]));
     for (size_t k = 0; k < group.size(); k++) {
       const CallSpec& c = group[k];
       size_t size = type_size(c.type);
       std::vector<char> out(c.count * size);
-      CUDA_CHECK(cudaMemcpy(out.data(), g.recv[d][k] + c.offset, out.size(), cudaMemcpyDeviceToHost));
+      cudaStream_t s = stream_of(g, d, k, mode);
+      CUDA_CHECK(cudaMemcpyAsync(out.data(), g.recv[d][k] + c.recv_offset(), out.size(), cudaMemcpyDeviceToHost, s));
+      CUDA_CHECK(cudaStreamSynchronize(s));
       for (size_t i = 0; i < c.count; i++) {
         double want = expected(c, g.count, i, (int)k, round), got = get(&out[i * size], c.type);
         if (got != want) {
@@ -199,6 +231,7 @@ static size_t check(Gpus& g, const std::vector<CallSpec>& group, int round) {
         }
       }
     }
+    for (int s = 0; s < 2; s++) CUDA_CHECK(cudaStreamSynchronize(g.streams[d][s]));
   }
   return wrong;
 }
@@ -206,9 +239,9 @@ static size_t check(Gpus& g, const std::vector<CallSpec>& group, int round) {
 // One group in `mode`: eagerly once, or captured once and replayed three times.
 static size_t run_group(Lib* lib, Gpus& g, const std::vector<CallSpec>& group, Mode mode) {
   if (mode != GRAPH) {
-    fill(g, group, 0);
+    fill(g, group, 0, mode);
     issue(lib, g, group, mode);
-    return check(g, group, 0);
+    return check(g, group, 0, mode);
   }
   cudaGraph_t graphs[LIB_MAX_GPUS];
   cudaGraphExec_t execs[LIB_MAX_GPUS];
@@ -228,12 +261,12 @@ static size_t run_group(Lib* lib, Gpus& g, const std::vector<CallSpec>& group, M
   }
   size_t wrong = 0;
   for (int round = 1; round <= 3; round++) {
-    fill(g, group, round);
+    fill(g, group, round, mode);
     for (int d = 0; d < g.count; d++) {
       CUDA_CHECK(cudaSetDevice(d));
       CUDA_CHECK(cudaGraphLaunch(execs[d], g.streams[d][0]));
     }
-    wrong += check(g, group, round);
+    wrong += check(g, group, round, mode);
   }
   for (int d = 0; d < g.count; d++) {
     CUDA_CHECK(cudaGraphExecDestroy(execs[d]));
@@ -268,6 +301,7 @@ int main(int argc, char** argv) {
     for (int k = 0; k < MAX_CALLS; k++) {
       CUDA_CHECK(cudaMalloc(&g.send[d][k], SLOT_BYTES));
       CUDA_CHECK(cudaMalloc(&g.recv[d][k], SLOT_BYTES));
+      CUDA_CHECK(cudaMalloc(&g.scratch[d][k], 2 * SLOT_BYTES));
     }
   }
   const ncclDataType_t types[] = {ncclFloat32, ncclBfloat16, ncclFloat16, ncclFloat64,

@@ -12,7 +12,9 @@ use super::cuda::{
     StreamOrder,
 };
 use super::kernels::Kernels;
-use super::policy::{self, CommFacts, MAX_BATCH, MAX_RANKS, Plan};
+use super::policy::{
+    self, CommFacts, LL_MAX_BYTES, MAX_BATCH, MAX_FUSED, MAX_RANKS, Plan, SENTINEL_MAX_BYTES,
+};
 use super::types::Algorithm;
 use super::zero_copy::{Uses, ZeroCopy};
 use crate::api::ffi::ncclComm_t;
@@ -83,6 +85,28 @@ struct KernelArgs {
     nranks: i32,
     ncalls: i32,
     calls: [KernelCall; MAX_BATCH],
+}
+
+/// One call of a fused launch: `struct FusedCall` in device/device.cuh.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct FusedKernelCall {
+    input: u64,
+    output: u64,
+    count: u64,
+}
+
+/// What the packet kernels take: `struct FusedArgs` in device/device.cuh.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct FusedKernelArgs {
+    peers: Peers,
+    half_bytes: u64,
+    abort: u64,
+    rank: i32,
+    nranks: i32,
+    ncalls: i32,
+    calls: [FusedKernelCall; MAX_FUSED],
 }
 
 /// One call of a launch: its plan, buffers and the stream the program gave it.
@@ -258,24 +282,12 @@ impl CoreComm {
     }
 
     /// Launches `calls` (1 to MAX_BATCH, every plan of the same kernel and grid, each allowed by
-    /// `may_batch` where there are several; or calls of a kernel that fuses them, as
-    /// `Settings::fuses_with` allows) as one kernel on `stream`, which runs them one after the
-    /// other, or as one: a group's calls at the cost of one launch. Calls on other streams (only
-    /// fused ones) are joined: the kernel waits for what their streams hold, and they for it.
+    /// `may_batch` where there are several) as one kernel on `stream`, which runs them one after
+    /// the other: a group's calls at the cost of one launch. Calls of a packet kernel (as many as
+    /// `Settings::fuses_with` allows, on any streams) go to `launch_fused`.
     pub fn launch_batch(&self, calls: &[Launched], stream: cuda::Stream) -> Cuda<()> {
         let first = calls[0].plan;
-        debug_assert!(calls.len() <= MAX_BATCH && calls.iter().all(|c| c.plan.same_launch(first)));
-        let blocks = match calls
-            .iter()
-            .map(|c| c.plan.fused_bytes())
-            .sum::<Option<usize>>()
-        {
-            Some(bytes) if calls.len() > 1 => {
-                let settings = policy::settings();
-                policy::fused_blocks(settings, first.algorithm, bytes, self.facts.nranks)
-            }
-            _ => first.blocks,
-        };
+        debug_assert!(calls.iter().all(|c| c.plan.same_launch(first)));
         let _context = self.device.enter_if_needed()?;
         // The policy plans no algorithm for a type it lacks (policy::plan).
         let function = self
@@ -285,6 +297,10 @@ impl CoreComm {
                 call: "launch",
                 error: format!("no {} kernel for {:?}", first.algorithm.name(), first.dtype),
             })?;
+        if first.fused_bytes().is_some() {
+            return self.launch_fused(function, calls, stream);
+        }
+        debug_assert!(calls.len() <= MAX_BATCH && calls.iter().all(|c| c.stream == stream));
         let mut args = KernelArgs {
             peers: self.peers,
             half_bytes: self.half_bytes,
@@ -312,8 +328,78 @@ impl CoreComm {
                 root: call.plan.root,
             };
         }
-        let mut others: [Option<cuda::Stream>; MAX_BATCH] = [None; MAX_BATCH];
+        self.order.before_launch(stream)?;
+        let mut params: [*mut c_void; 1] = [(&raw mut args).cast()];
+        // SAFETY: the kernel's one parameter, `Args`; cuLaunchKernel copies it.
+        unsafe {
+            cuda::launch(
+                function,
+                first.blocks,
+                first.threads,
+                stream,
+                &mut params,
+                self.early_launch,
+            )
+        }?;
+        if let Some(zero_copy) = &self.zero_copy {
+            let marked = (!cuda::capturing(stream)).then_some(stream);
+            uses.into_iter()
+                .flatten()
+                .for_each(|used| zero_copy.used(used, marked));
+        }
+        Ok(())
+    }
+
+    /// Launches `calls` of a packet kernel (1 to MAX_FUSED, their data within its inboxes) as one
+    /// call (device.cuh, "fused launches") on `stream`, in the communicator's context. Calls on
+    /// other streams are joined: the kernel waits for what their streams hold, and they for it.
+    fn launch_fused(
+        &self,
+        function: cuda::Function,
+        calls: &[Launched],
+        stream: cuda::Stream,
+    ) -> Cuda<()> {
+        let first = calls[0].plan;
+        let bytes: usize = calls.iter().filter_map(|c| c.plan.fused_bytes()).sum();
+        let inbox = match first.algorithm {
+            Algorithm::Sentinel => SENTINEL_MAX_BYTES,
+            _ => LL_MAX_BYTES,
+        };
+        // Past the inbox, the kernel would write into the next sender's: never launched.
+        if calls.len() > MAX_FUSED || bytes > inbox {
+            return Err(CudaError {
+                call: "launch",
+                error: format!(
+                    "{} calls of {bytes} bytes do not fit one fused launch",
+                    calls.len()
+                ),
+            });
+        }
+        let blocks = match calls.len() {
+            1 => first.blocks,
+            _ => policy::fused_blocks(
+                policy::settings(),
+                first.algorithm,
+                bytes,
+                self.facts.nranks,
+            ),
+        };
+        let mut args = FusedKernelArgs {
+            peers: self.peers,
+            half_bytes: self.half_bytes,
+            abort: self.control.device,
+            rank: self.rank as i32,
+            nranks: self.facts.nranks as i32,
+            ncalls: calls.len() as i32,
+            calls: [FusedKernelCall::default(); MAX_FUSED],
+        };
+        let mut others: [Option<cuda::Stream>; MAX_FUSED] = [None; MAX_FUSED];
         for (k, call) in calls.iter().enumerate() {
+            args.calls[k] = FusedKernelCall {
+                input: call.send as u64,
+                output: call.recv as u64,
+                count: call.plan.count as u64,
+            };
             if call.stream != stream && !others[..k].contains(&Some(call.stream)) {
                 others[k] = Some(call.stream);
             }
@@ -323,7 +409,7 @@ impl CoreComm {
         }
         self.order.before_launch(stream)?;
         let mut params: [*mut c_void; 1] = [(&raw mut args).cast()];
-        // SAFETY: the kernel's one parameter, `Args`; cuLaunchKernel copies it.
+        // SAFETY: the kernel's one parameter, `FusedArgs`; cuLaunchKernel copies it.
         unsafe {
             cuda::launch(
                 function,
@@ -334,14 +420,12 @@ impl CoreComm {
                 self.early_launch,
             )
         }?;
+        // The kernel is queued (the peers count on it): a stream that cannot wait for it is said,
+        // not an error of the launch.
         for &other in others.iter().flatten() {
-            self.order.join(other, stream)?;
-        }
-        if let Some(zero_copy) = &self.zero_copy {
-            let marked = (!cuda::capturing(stream)).then_some(stream);
-            uses.into_iter()
-                .flatten()
-                .for_each(|used| zero_copy.used(used, marked));
+            if let Err(e) = self.order.join(other, stream) {
+                log_warn!("a group's stream could not wait for the core's kernel: {e}");
+            }
         }
         Ok(())
     }
@@ -507,5 +591,8 @@ mod tests {
         assert_eq!(size_of::<KernelCall>(), 168);
         assert_eq!(std::mem::offset_of!(KernelArgs, calls), 160);
         assert_eq!(size_of::<KernelArgs>(), 160 + 168 * MAX_BATCH);
+        assert_eq!(size_of::<FusedKernelCall>(), 24);
+        assert_eq!(std::mem::offset_of!(FusedKernelArgs, calls), 160);
+        assert_eq!(size_of::<FusedKernelArgs>(), 160 + 24 * MAX_FUSED);
     }
 }

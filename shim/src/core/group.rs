@@ -33,7 +33,8 @@ pub struct Queued {
 }
 
 /// Queued calls launched together (`CoreComm::launch_batch`): consecutive calls of one device
-/// in the group, on one communicator and stream, of one kernel and grid.
+/// in the group, on one communicator, of one kernel: on one stream and of one grid, or fused
+/// (`joins`).
 pub struct Batch<'a> {
     calls: &'a [Queued],
 }
@@ -72,8 +73,9 @@ impl DeviceOp for Batch<'_> {
 }
 
 /// Whether `call` may join `batch`, the last batch of its device so far. Calls of a kernel that
-/// fuses them (device.cuh, "fused launches") join as `weigh` counted on every rank, whatever their
-/// streams (`CoreComm::launch_batch` joins those); the others only on one stream and grid.
+/// fuses them (device.cuh, "fused launches") join while `Settings::fuses_with` allows, from
+/// their plans alone, whatever their streams (`CoreComm::launch_fused` joins those), as
+/// `Settings::fused_with` counted them in `weigh`; the others only on one stream and grid.
 fn joins(batch: &[Queued], call: &Queued) -> bool {
     let first = &batch[0];
     if !Arc::ptr_eq(&first.core, &call.core) {

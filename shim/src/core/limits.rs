@@ -12,6 +12,9 @@ pub const MAX_RANKS: usize = 8;
 pub const LL_MAX_BYTES: usize = 128 << 10;
 /// Largest sentinel all-reduce: sizes the sentinel inboxes.
 pub const SENTINEL_MAX_BYTES: usize = 512 << 10;
-/// Calls one launch may carry (a group's calls of one communicator and kernel, run one after the
-/// other or fused into one): sizes the kernels' argument struct.
-pub const MAX_BATCH: usize = 8;
+/// Calls one launch may carry (a group's calls of one communicator, kernel and shape, run one
+/// after the other): sizes the kernels' argument struct.
+pub const MAX_BATCH: usize = 4;
+/// Calls one launch of a packet kernel may carry, run as one (device.cuh, "fused launches"):
+/// sizes those kernels' argument struct.
+pub const MAX_FUSED: usize = 8;

@@ -115,7 +115,8 @@ pub struct Settings {
     pub two_shot_blocks: Option<u32>,
     /// Helper threads launch a group's all-reduces on other GPUs (launcher.rs).
     pub launch_helpers: bool,
-    /// A group's calls of one communicator, stream and kernel share launches (group.rs).
+    /// A group's calls of one communicator, stream and kernel share launches, and its small
+    /// all-reduces of one kernel are fused (group.rs).
     pub batch: bool,
     /// Kernels launched with programmatic stream serialization (device/device.cuh).
     pub early_launch: bool,
@@ -275,7 +276,7 @@ impl Settings {
 
     /// Whether a call planned as `next` joins a fused launch (device.cuh, "fused launches") of
     /// `calls` calls so far, led by `first`, whose data takes `bytes` of the inboxes: the same
-    /// packet kernel, at most MAX_BATCH calls, and all their data no more than one call of that
+    /// packet kernel, at most MAX_FUSED calls, and all their data no more than one call of that
     /// kernel may have (`sentinel_max`, `ll_max`: what the inboxes hold, or less). From the
     /// calls' plans and the settings alone: every rank fuses the same calls of its group.
     pub fn fuses_with(
@@ -292,7 +293,7 @@ impl Settings {
             _ => 0,
         };
         self.batch
-            && calls < MAX_BATCH
+            && calls < MAX_FUSED
             && first.same_launch(next)
             && next
                 .fused_bytes()
@@ -752,7 +753,7 @@ mod tests {
         (fused.is_some(), goes)
     }
 
-    /// Small all-reduces of one kernel (type, op) fuse into launches, each of at most MAX_BATCH
+    /// Small all-reduces of one kernel (type, op) fuse into launches, each of at most MAX_FUSED
     /// calls whose data fits where one call of that kernel may go, and a group of them that
     /// takes at most MAX_FUSED_LAUNCHES stays the core's.
     #[test]
@@ -768,10 +769,10 @@ mod tests {
             stays,
             "low latency"
         );
-        let eight = [(kib(64, 4), f32, sum); MAX_BATCH];
+        let eight = [(kib(64, 4), f32, sum); MAX_FUSED];
         assert_eq!(fused_group(&s, 2, &eight), stays, "the inbox, full");
         let launches = |calls: usize, count: usize| vec![(count, f32, sum); calls];
-        let most = MAX_BATCH * MAX_FUSED_LAUNCHES;
+        let most = MAX_FUSED * MAX_FUSED_LAUNCHES;
         assert_eq!(fused_group(&s, 2, &launches(most, 1)), stays, "calls");
         assert_eq!(
             fused_group(&s, 2, &launches(most + 1, 1)),

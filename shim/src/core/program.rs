@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
 
 use super::limits::{
-    LL_MAX_BYTES, MAX_BATCH, MAX_BLOCKS, MAX_RANKS, MAX_THREADS, SENTINEL_MAX_BYTES,
+    LL_MAX_BYTES, MAX_BATCH, MAX_BLOCKS, MAX_FUSED, MAX_RANKS, MAX_THREADS, SENTINEL_MAX_BYTES,
 };
 use super::types::{Algorithm, DataType, Op};
 
@@ -67,6 +67,7 @@ pub fn options(dtype: DataType, arch: Arch) -> Vec<String> {
         format!("-DMAX_RANKS={MAX_RANKS}"),
         format!("-DMAX_BLOCKS={MAX_BLOCKS}"),
         format!("-DMAX_BATCH={MAX_BATCH}"),
+        format!("-DMAX_FUSED={MAX_FUSED}"),
         format!("-DLL_MAX_BYTES={LL_MAX_BYTES}"),
         format!("-DSENTINEL_MAX_BYTES={SENTINEL_MAX_BYTES}"),
         format!("-DNCCL_TYPES={types}"),

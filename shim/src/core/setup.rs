@@ -25,8 +25,9 @@ use crate::log::log_info;
 
 const MAGIC: u64 = 0x6e63_636c_7368_696d; // "ncclshim"
 // The record's and the buffer's layout (3: sentinel inboxes; 4: zero-copy; 5: every setting on
-// its own): other versions never pair up.
-const LAYOUT: u32 = 6;
+// its own; 6: compute capability; 7: a group's small all-reduces fused, which peers must do
+// alike): other versions never pair up.
+const LAYOUT: u32 = 7;
 /// Room for the settings every rank must have alike (`Settings::agreed`), one word each.
 const AGREED_SLOTS: usize = 32;
 

@@ -134,7 +134,7 @@ __device__ void direct(Peers peers, int rank, int nranks, const T* in, T* out, u
 // have received every peer's packets of that call, which each peer sends only once done with
 // the call before.
 template <typename T, int OP>
-__device__ void ll_one_shot(const Args& args) {
+__device__ void ll_one_shot(const FusedArgs& args) {
   const int E = 8 / sizeof(T);  // elements in one 8-byte unit
   const int rank = args.rank, nranks = args.nranks;
   u32 epoch = begin_call(args.peers, rank);
@@ -144,7 +144,7 @@ __device__ void ll_one_shot(const Args& args) {
   const u64 inbox = inbox_offset(args.half_bytes);
   for (u64 u = thread_index(); u < units; u += grid_threads()) {
     const Piece piece = piece_of<T, 8>(args, u);
-    const Call& c = args.calls[piece.call];
+    const FusedCall& c = args.calls[piece.call];
     const T* in = (const T*)c.in;
     Unit<T, E> mine = load_unit<T, E>(in, c.count, piece.unit, ((u64)in & 7) == 0);
     // Starting with the next rank: the ranks' first stores go to different GPUs.
@@ -155,7 +155,7 @@ __device__ void ll_one_shot(const Args& args) {
   }
   for (u64 u = thread_index(); u < units; u += grid_threads()) {
     const Piece piece = piece_of<T, 8>(args, u);
-    const Call& c = args.calls[piece.call];
+    const FusedCall& c = args.calls[piece.call];
     const T* in = (const T*)c.in;
     T* out = (T*)c.out;
     Unit<T, E> from[MAX_RANKS];
@@ -275,14 +275,14 @@ __device__ __forceinline__ Pack load_padded_pack(const T* src, u64 count, u64 j,
 // Pack `j` of the launch's calls as one (see "fused launches"), sentinels cleared; zeros past the
 // end, with no access.
 template <typename T, typename W>
-__device__ __forceinline__ Pack own_pack(const Args& args, u64 j) {
+__device__ __forceinline__ Pack own_pack(const FusedArgs& args, u64 j) {
   const Piece piece = piece_of<T, 16>(args, j);
-  const Call& c = args.calls[piece.call];
+  const FusedCall& c = args.calls[piece.call];
   return clear_sentinels<W>(load_padded_pack((const T*)c.in, c.count, piece.unit, aligned16(c.in)));
 }
 
 template <typename T, int OP>
-__device__ void sentinel(const Args& args) {
+__device__ void sentinel(const FusedArgs& args) {
   typedef typename SentinelWord<T>::W W;
   const int N = PackOf<T>::N;
   const int rank = args.rank, nranks = args.nranks;
@@ -309,7 +309,7 @@ __device__ void sentinel(const Args& args) {
     // before the waits, so that its round trip overlaps theirs.
     Pack own = own_pack<T, W>(args, j);
     const Piece piece = piece_of<T, 16>(args, j);
-    const Call& c = args.calls[piece.call];
+    const FusedCall& c = args.calls[piece.call];
     T* out = (T*)c.out;
     typename PackOf<T>::U from[MAX_RANKS];
 #pragma unroll

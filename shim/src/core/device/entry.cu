@@ -52,7 +52,7 @@
 
 // Runs the launch's calls as one (the packet kernels, see "fused launches").
 #define FUSED_KERNEL_OF(ALGORITHM, SYMBOL, T, OP)                                                     \
-  extern "C" __global__ void __launch_bounds__(MAX_THREADS) SYMBOL(const __grid_constant__ Args args) { \
+  extern "C" __global__ void __launch_bounds__(MAX_THREADS) SYMBOL(const __grid_constant__ FusedArgs args) { \
     after_previous_kernel();                                                                          \
     ALGORITHM<T, OP>(args);                                                                           \
   }
