@@ -129,8 +129,9 @@ fn runs<T: OnDevice>(items: &[T], joins: impl Fn(&[T], &T) -> bool) -> Vec<Range
 /// Puts each device's items together, and within a device each communicator's: devices and
 /// communicators in the order they first come, each one's items in their order. A communicator's
 /// calls thus come together however the program interleaved them with another's on the same
-/// device, which ranks need not do alike (NCCL promises no order between a group's calls of
-/// different communicators); what each communicator's kernels see is unchanged.
+/// device, so that which of them share a launch depends on its own calls alone; what each
+/// communicator's kernels see is unchanged. Communicators' launches still follow the order of
+/// their first calls in the group.
 fn by_device<T: OnDevice>(items: &mut [T]) {
     let mut firsts: Vec<(i32, usize)> = Vec::new();
     for item in items.iter() {

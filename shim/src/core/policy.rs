@@ -827,6 +827,49 @@ mod tests {
         );
     }
 
+    /// `fused_with` (what `group::weigh` decides on) counts the launches that `fuses_with` (what
+    /// `group::joins` cuts by) makes, call by call, for any sequence of small calls.
+    #[test]
+    fn the_weighed_launches_are_the_launches_cut() {
+        let s = with(&[]);
+        let facts = procs(2);
+        let mut seed = 12345u64;
+        for _ in 0..200 {
+            let (mut fused, mut cut): (Option<Fused>, Vec<(Plan, usize, usize)>) = (None, vec![]);
+            for k in 0..20 {
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let count = 1 + (seed >> 33) as usize % (48 << 10);
+                let plan = plan_all_reduce(&s, count, 7, 0, &facts).unwrap();
+                fused = s.fused_with(fused, k, &plan, 2);
+                let more = plan.fused_bytes().unwrap();
+                match cut.last_mut() {
+                    Some((first, calls, bytes))
+                        if s.fuses_with(first, *calls, *bytes, &plan, 2) =>
+                    {
+                        *calls += 1;
+                        *bytes += more;
+                    }
+                    _ => cut.push((plan, 1, more)),
+                }
+                match fused {
+                    Some(f) => {
+                        assert_eq!(f.launches, cut.len());
+                        assert_eq!(
+                            (f.calls, f.bytes),
+                            (cut.last().unwrap().1, cut.last().unwrap().2)
+                        );
+                    }
+                    None => {
+                        assert!(cut.len() > MAX_FUSED_LAUNCHES);
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
     /// A fused launch's grid is one call's of all its data; other kernels' calls share a launch
     /// only with calls of the same grid.
     #[test]
