@@ -283,9 +283,9 @@ pub fn known(comm: ncclComm_t) -> Known {
 }
 
 /// Weighs one more call of `comm`, planned as `plan`, that the core would take, with the group's
-/// calls of `comm` before it (`Settings::group_goes_to_nccl`): whether it goes to NCCL. Where this call
-/// decides so, the calls of `comm` queued before it go there now, in their order, and this one
-/// must follow them; so do the group's later calls of `comm` (`known`), without being
+/// calls of `comm` before it (`Settings::group_goes_to_nccl`): whether it goes to NCCL. Where
+/// this call decides so, the calls of `comm` queued before it go there now, in their order, and
+/// this one must follow them; so do the group's later calls of `comm` (`known`), without being
 /// weighed. Each rank's group holds the same calls, and each call's plan is the same on every
 /// rank: every rank decides alike, at the same call.
 pub fn weigh(comm: ncclComm_t, core: &Arc<CoreComm>, plan: &Plan) -> bool {

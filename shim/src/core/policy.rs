@@ -72,18 +72,18 @@ pub const fn staging_bytes(half_bytes: usize) -> usize {
 
 /// The sizes of a group's calls (several on one communicator) that keep the group on the core
 /// where they do not fuse (`Settings::group_goes_to_nccl`), as (smallest excluded, largest
-/// included). Measured before small calls fused: nccl-tests `-m 4`
-/// (four all-reduces in a group) on 2 H100, per operation, the core (its calls one after the
-/// other) against NCCL (one kernel for the group), eager and in CUDA graphs: 1.3 – 2.6 x NCCL's
-/// time up to 256 KiB (NCCL 3.0 – 4.4 us, 1.5 – 4.2 in graphs), 0.56 – 0.66 at 512 KiB (NCCL 11
-/// us, where it leaves its low-latency protocol), 0.82 – 0.92 from 1 to 2 MiB, 1.06 – 1.17 from
-/// 4 to 16 MiB (two-shot; NCCL runs the four at once).
+/// included). Measured before small calls fused: nccl-tests `-m 4` (four all-reduces in a
+/// group) on 2 H100, per operation, the core (its calls one after the other) against NCCL (one
+/// kernel for the group), eager and in CUDA graphs: 1.3 – 2.6 x NCCL's time up to 256 KiB (NCCL
+/// 3.0 – 4.4 us, 1.5 – 4.2 in graphs), 0.56 – 0.66 at 512 KiB (NCCL 11 us, where it leaves its
+/// low-latency protocol), 0.82 – 0.92 from 1 to 2 MiB, 1.06 – 1.17 from 4 to 16 MiB (two-shot;
+/// NCCL runs the four at once).
 pub const GROUP_CORE_BYTES: (usize, usize) = (384 << 10, 2 << 20);
 
-/// The most calls of a communicator in a group that stay the core's, one after the other, in the
-/// band (`GROUP_CORE_BYTES`): nccl-tests `-m 8` on 2 H100, eight calls of 2 MiB took 1.29 – 1.38 x
-/// NCCL's time per operation (NCCL's one kernel gains with every call), `-m 4` 0.91 – 0.92, `-m 2`
-/// 0.61.
+/// The most calls of a communicator in a group that stay the core's, one after the other, in
+/// the band (`GROUP_CORE_BYTES`): nccl-tests `-m 8` on 2 H100, eight calls of 2 MiB took 1.29 –
+/// 1.38 x NCCL's time per operation (NCCL's one kernel gains with every call), `-m 4` 0.91 –
+/// 0.92, `-m 2` 0.61.
 pub const GROUP_BAND_CALLS: usize = 4;
 
 /// The most fused launches a group's calls of one communicator may take and stay the core's
