@@ -15,6 +15,7 @@ use std::sync::OnceLock;
 use crate::api::ffi::{ncclComm_t, ncclInProgress, ncclResult_t, ncclSuccess};
 use crate::api::{OPERATIONS, real};
 use crate::core::Stopwatch;
+use crate::core::policy::switch;
 use crate::core::types::{Algorithm, DataType, Op};
 use crate::log::{Level, log_warn};
 
@@ -44,11 +45,8 @@ struct Settings {
 fn settings() -> &'static Settings {
     static SETTINGS: OnceLock<Settings> = OnceLock::new();
     SETTINGS.get_or_init(|| {
-        let set = |name: &str| {
-            std::env::var(name)
-                .ok()
-                .filter(|v| !v.is_empty() && v != "0")
-        };
+        // Given, and not a no (policy::switch): a switch that is on, or the trace's file.
+        let set = |name: &str| std::env::var(name).ok().filter(|v| switch(v) == Some(true));
         if set("NCCLSHIM_DUMP_ON_SIGNAL").is_some() {
             signal::dump_on_sigusr1();
         }

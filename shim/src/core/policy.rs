@@ -380,7 +380,7 @@ impl Settings {
         let mut s = Settings::defaults();
         let number = |v: &str| v.trim().parse::<usize>().ok();
         let bytes = |name: &str| get(name).and_then(|v| number(&v));
-        let off = |name: &str| get(name).is_some_and(|v| v.trim() == "0");
+        let off = |name: &str| get(name).and_then(|v| switch(&v)) == Some(false);
         s.enabled = !off("NCCLSHIM_CORE");
         s.direct = !off("NCCLSHIM_DIRECT");
         s.zero_copy = !off("NCCLSHIM_ZERO_COPY");
@@ -416,6 +416,16 @@ impl Settings {
             s.max_bytes[collective as usize] = bytes(&name).unwrap_or(0);
         }
         s
+    }
+}
+
+/// A yes-or-no setting's value, read alike for every variable: `0`, `false`, `no` and `off` (in
+/// any case) say no, any other value yes; an empty one is not given.
+pub fn switch(value: &str) -> Option<bool> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "" => None,
+        "0" | "false" | "no" | "off" => Some(false),
+        _ => Some(true),
     }
 }
 
@@ -1040,6 +1050,12 @@ mod tests {
     #[test]
     fn settings_come_from_the_environment() {
         assert!(!with(&[("NCCLSHIM_CORE", "0")]).enabled);
+        for no in ["0", "false", "No", " off "] {
+            assert!(!with(&[("NCCLSHIM_DIRECT", no)]).direct, "{no:?}");
+        }
+        for yes in ["1", "true", "YES", "on", ""] {
+            assert!(with(&[("NCCLSHIM_DIRECT", yes)]).direct, "{yes:?}");
+        }
         let defaults = with(&[]);
         assert!(defaults.enabled && defaults.launch_helpers && defaults.early_launch);
         let launches = with(&[
