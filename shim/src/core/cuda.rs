@@ -9,7 +9,6 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 use super::limits::MAX_RANKS;
-use super::zero_copy::{Allocation, Sharing};
 
 use cudarc::driver::{result, sys};
 
@@ -401,11 +400,22 @@ pub fn ipc_handle(pointer: DevicePtr) -> Cuda<IpcHandle> {
     Ok(handle.reserved.map(|b| b as u8))
 }
 
-/// The allocation holding `pointer` where another process can map it: cudaMalloc memory of
-/// device `ordinal` (CUDA IPC), or cuMem memory made shareable as a file descriptor (such as
-/// ncclMemAlloc's, or a chunk of PyTorch's expandable segments); its range and the driver's
-/// unique id for it. `None` for any other memory.
-pub fn shareable_allocation(pointer: DevicePtr, ordinal: i32) -> Option<Allocation> {
+/// What the driver says of the device allocation holding `pointer`: its own range, its unique
+/// id, and how another process could map it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AllocationFacts {
+    pub base: DevicePtr,
+    pub size: u64,
+    pub id: u64,
+    /// cudaMalloc memory: a CUDA IPC handle maps it.
+    pub legacy_ipc: bool,
+    /// cuMem memory made shareable as a file descriptor.
+    pub posix_fd: bool,
+}
+
+/// The allocation holding `pointer` on device `ordinal` (`None` for host memory, another
+/// device's, or no allocation).
+pub fn allocation_facts(pointer: DevicePtr, ordinal: i32) -> Option<AllocationFacts> {
     use sys::CUpointer_attribute::*;
     let mut id: u64 = 0;
     let mut legacy_ipc: c_int = 0;
@@ -438,18 +448,12 @@ pub fn shareable_allocation(pointer: DevicePtr, ordinal: i32) -> Option<Allocati
     }
     let posix_fd =
         sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR.0 as u64;
-    let sharing = if legacy_ipc != 0 {
-        Sharing::LegacyIpc
-    } else if handle_types & posix_fd != 0 {
-        Sharing::PosixFd
-    } else {
-        return None;
-    };
-    Some(Allocation {
+    Some(AllocationFacts {
         base,
         size: size as u64,
         id,
-        sharing,
+        legacy_ipc: legacy_ipc != 0,
+        posix_fd: handle_types & posix_fd != 0,
     })
 }
 

@@ -212,7 +212,7 @@ fn role(rank: usize, dir: &Path, processes: Vec<u64>, ids: bool) {
         let start = cumem(device, chunk, 1);
         stream.fill(start, 0x33, chunk).unwrap();
         let inside = start + 256;
-        let allocation = cuda::shareable_allocation(inside, device.ordinal);
+        let allocation = super::shareable_allocation(inside, device.ordinal);
         println!("round 3: allocation {allocation:x?}");
         let started = Instant::now();
         let (addresses, _) = member
@@ -234,7 +234,7 @@ fn role(rank: usize, dir: &Path, processes: Vec<u64>, ids: bool) {
             .expect("rank 1 maps the second allocation alone");
         println!(
             "round 3: in the second of two allocations: {:x?}, rank 1's address {:#x}, first call {:.1} ms",
-            cuda::shareable_allocation(second, device.ordinal),
+            super::shareable_allocation(second, device.ordinal),
             in_second.input[1],
             started.elapsed().as_secs_f64() * 1e3
         );

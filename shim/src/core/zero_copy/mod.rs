@@ -454,9 +454,28 @@ impl Done for Event {
     }
 }
 
+/// The allocation holding `pointer` where another process can map it: cudaMalloc memory of
+/// device `ordinal` (CUDA IPC), or cuMem memory made shareable as a file descriptor (such as
+/// ncclMemAlloc's, or a chunk of PyTorch's expandable segments); its range and the driver's
+/// unique id for it. `None` for any other memory.
+fn shareable_allocation(pointer: u64, ordinal: i32) -> Option<Allocation> {
+    let facts = cuda::allocation_facts(pointer, ordinal)?;
+    let sharing = match (facts.legacy_ipc, facts.posix_fd) {
+        (true, _) => Sharing::LegacyIpc,
+        (false, true) => Sharing::PosixFd,
+        (false, false) => return None,
+    };
+    Some(Allocation {
+        base: facts.base,
+        size: facts.size,
+        id: facts.id,
+        sharing,
+    })
+}
+
 impl Memory for DeviceMemory {
     fn allocation_of(&self, pointer: u64) -> Option<Allocation> {
-        cuda::shareable_allocation(pointer, self.0.ordinal)
+        shareable_allocation(pointer, self.0.ordinal)
     }
 
     fn share(&self, allocation: &Allocation) -> Result<Shared, String> {
