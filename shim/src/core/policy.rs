@@ -2,43 +2,10 @@
 //! settings read once from the environment, so that every rank decides the same. Nothing local
 //! (capture status, caches, timing) enters it.
 //!
-//! Settings (the same on every rank):
-//!   NCCLSHIM_CORE=0                      the core is off: no set-up, everything forwards
-//!   NCCLSHIM_FORCE=nccl|core             route nothing / everything the core can take
-//!   NCCLSHIM_SENTINEL_MAX_BYTES=N        floating-point types: sentinel low-latency up to N
-//!                                        bytes (at most 512 KiB; 0: none)
-//!   NCCLSHIM_LL_MAX_BYTES=N              other types (and floating-point ones past the sentinel
-//!                                        limit): low-latency up to N bytes (at most 128 KiB)
-//!   NCCLSHIM_ONE_SHOT_MAX_BYTES=N        one-shot up to N bytes (at most 4 MiB)
-//!   NCCLSHIM_ALL_REDUCE_MAX_BYTES=N      the core up to N bytes (two-shot above one-shot's limit)
-//!   NCCLSHIM_DIRECT=0                    no direct two-shot, staged only
-//!   NCCLSHIM_ZERO_COPY=0                 no direct two-shot for ranks of several processes (their
-//!                                        user buffers are not mapped by the peers: zero_copy/)
-//!   NCCLSHIM_TWO_SHOT_BLOCKS=N           two-shot grids of at most N blocks (1 to 256)
-//!   NCCLSHIM_<COLLECTIVE>_MAX_BYTES=N    the other collectives (ALL_GATHER, REDUCE_SCATTER,
-//!                                        BROADCAST, REDUCE, ALL_TO_ALL, GATHER, SCATTER) on the
-//!                                        core up to N bytes, as nccl-tests counts them (all ranks'
-//!                                        chunks together; a broadcast's or reduce's count), as far
-//!                                        as the staging holds them (32 MiB of slots); default 0,
-//!                                        none: not yet weighed against NCCL
-//!   NCCLSHIM_GROUP_CORE_BYTES=LO-HI      a group's several calls on one communicator that the
-//!                                        core would take stay the core's where they fit two
-//!                                        fused launches (small all-reduces of one type and op,
-//!                                        see `fused_with`), or where they are at most four and
-//!                                        each is larger than LO and at most HI bytes; otherwise
-//!                                        they go to NCCL, all of them (default
-//!                                        393216-2097152; 0-0: no band)
-//!   NCCLSHIM_BATCH=0                     a group's calls launched one kernel each (not several
-//!                                        of one communicator and kernel in one launch, nor
-//!                                        small all-reduces fused into one call), so that its
-//!                                        small calls go to NCCL
-//! and three that change only how kernels are launched:
-//!   NCCLSHIM_LAUNCH_HELPERS=0            a group's all-reduces on several GPUs launched in turn
-//!   NCCLSHIM_EARLY_LAUNCH=0              no programmatic stream serialization
-//!   NCCLSHIM_TIMEOUT=S                   a kernel gives up waiting for a peer after S seconds
-//!                                        (default 1800; 0: never), and the shim says so
-//! Every rank of a communicator must have every one of them alike (`Settings::agreed`): where
-//! one differs, the core stays off for that communicator on every rank, and each says which.
+//! The settings come from `NCCLSHIM_*` variables (`Settings::from_lookup`; what each means: the
+//! README's table, the one place that lists them). Every rank of a communicator must have every
+//! one of them alike (`Settings::agreed`): where one differs, the core stays off for that
+//! communicator on every rank, and each says which.
 
 use std::sync::OnceLock;
 
@@ -1045,6 +1012,21 @@ mod tests {
         let fewer = "two-shot on 4 ranks: up to 64 blocks";
         assert_eq!(shape(1 << 20, 4), (TwoShot, 256, 64), "{fewer}");
         assert_eq!(shape(16 << 20, 4), (TwoShot, MAX_THREADS, 64), "{fewer}");
+    }
+
+    /// The README's table is where the settings are said: every one the ranks agree on is there.
+    #[test]
+    fn every_setting_is_in_the_readme() {
+        let readme = include_str!("../../../README.md");
+        for (name, _) in Settings::defaults().agreed() {
+            let variable = name.split([' ', '=']).next().unwrap();
+            let row = format!("`{variable}`");
+            let collectives = variable.ends_with("_MAX_BYTES") && readme.contains(&row);
+            assert!(
+                readme.contains(&format!("| {row} |")) || collectives,
+                "{variable}"
+            );
+        }
     }
 
     #[test]
