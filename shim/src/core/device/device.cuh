@@ -487,8 +487,8 @@ __device__ __forceinline__ u64 fused_units(const FusedArgs& args) {
   return units;
 }
 
-// Unit `unit` of the launch, as call `call`'s unit `unit`. Past the last unit: the last call's
-// units past its end.
+// Unit `unit` of the launch: call `call`'s unit `unit_of_call`. Past the last unit: the last
+// call's units past its end.
 struct Piece {
   int call;
   u64 unit;
