@@ -387,9 +387,9 @@ group_cost_suite() {
 }
 
 # --- Groups of several all-reduces on one communicator, checked value by value (group_fused.cu):
-# the core fuses a group's small all-reduces of one type and op into one launch, and sends other
-# groups to NCCL; every type and op, eager, over two streams and in graphs; NCCL alone as the
-# control. The shim's exit summary must show fused launches ---
+# the core fuses a group's small all-reduces of one type and op into one or two launches, and
+# sends other groups to NCCL; every type and op, eager, over two streams and in graphs; NCCL
+# alone as the control. The shim's exit summary must show fused launches ---
 group_fused_suite() {
   local n=$1 dir=$out/group-fused-$n t=$SECONDS status=0
   rm -rf "$dir" && mkdir -p "$dir"
@@ -416,7 +416,7 @@ torch_coalesced_suite() {
   for round in 1 2; do
     NCCL_DEBUG=WARN timeout "$step_timeout" "${launch[@]}" "$dir/nccl-$round.json" >"$dir/nccl-$round.log" 2>&1 ||
       status=1
-    LD_PRELOAD="$shim" NCCLSHIM_REAL_NCCL="$real" NCCLSHIM_SUMMARY=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT \
+    LD_PRELOAD="$shim" NCCLSHIM_REAL_NCCL="$real" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT \
       timeout "$step_timeout" "${launch[@]}" "$dir/shim-$round.json" >"$dir/shim-$round.log" 2>&1 || status=1
   done
   $python "$here/torch_bench_report.py" --limit "${TORCH_GATE_LIMIT:-1.05}" --nccl "$dir"/nccl-*.json \
