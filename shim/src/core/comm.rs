@@ -74,18 +74,21 @@ struct KernelCall {
     root: i32,
 }
 
-/// What every kernel takes: `struct Args` in device/device.cuh.
+/// What a kernel takes: the communicator's side, and `ncalls` of up to N calls of kind C.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
-struct KernelArgs {
+struct LaunchArgs<C, const N: usize> {
     peers: Peers,
     half_bytes: u64,
     abort: u64,
     rank: i32,
     nranks: i32,
     ncalls: i32,
-    calls: [KernelCall; MAX_BATCH],
+    calls: [C; N],
 }
+
+/// What every kernel but the packet kernels takes: `struct Args` in device/device.cuh.
+type KernelArgs = LaunchArgs<KernelCall, MAX_BATCH>;
 
 /// One call of a fused launch: `struct FusedCall` in device/device.cuh.
 #[repr(C)]
@@ -97,17 +100,7 @@ struct FusedKernelCall {
 }
 
 /// What the packet kernels take: `struct FusedArgs` in device/device.cuh.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-struct FusedKernelArgs {
-    peers: Peers,
-    half_bytes: u64,
-    abort: u64,
-    rank: i32,
-    nranks: i32,
-    ncalls: i32,
-    calls: [FusedKernelCall; MAX_FUSED],
-}
+type FusedKernelArgs = LaunchArgs<FusedKernelCall, MAX_FUSED>;
 
 /// One call of a launch: its plan, buffers and the stream the program gave it.
 #[derive(Clone, Copy)]
@@ -301,15 +294,7 @@ impl CoreComm {
             return self.launch_fused(function, calls, stream);
         }
         debug_assert!(calls.len() <= MAX_BATCH && calls.iter().all(|c| c.stream == stream));
-        let mut args = KernelArgs {
-            peers: self.peers,
-            half_bytes: self.half_bytes,
-            abort: self.control.device,
-            rank: self.rank as i32,
-            nranks: self.facts.nranks as i32,
-            ncalls: calls.len() as i32,
-            calls: [KernelCall::default(); MAX_BATCH],
-        };
+        let mut args: KernelArgs = self.launch_args(calls.len());
         let mut uses: [Option<Uses>; MAX_BATCH] = [None; MAX_BATCH];
         for (k, call) in calls.iter().enumerate() {
             let (input, output) = (call.send as u64, call.recv as u64);
@@ -329,18 +314,8 @@ impl CoreComm {
             };
         }
         self.order.before_launch(stream)?;
-        let mut params: [*mut c_void; 1] = [(&raw mut args).cast()];
-        // SAFETY: the kernel's one parameter, `Args`; cuLaunchKernel copies it.
-        unsafe {
-            cuda::launch(
-                function,
-                first.blocks,
-                first.threads,
-                stream,
-                &mut params,
-                self.early_launch,
-            )
-        }?;
+        // SAFETY: `Args`, the kernel's one parameter.
+        unsafe { self.launch_with(function, first.blocks, first.threads, stream, &mut args) }?;
         if let Some(zero_copy) = &self.zero_copy {
             let marked = (!cuda::capturing(stream)).then_some(stream);
             uses.into_iter()
@@ -348,6 +323,46 @@ impl CoreComm {
                 .for_each(|used| zero_copy.used(used, marked));
         }
         Ok(())
+    }
+
+    /// The communicator's side of a kernel's arguments, for `ncalls` calls (all N left empty).
+    fn launch_args<C: Copy + Default, const N: usize>(&self, ncalls: usize) -> LaunchArgs<C, N> {
+        LaunchArgs {
+            peers: self.peers,
+            half_bytes: self.half_bytes,
+            abort: self.control.device,
+            rank: self.rank as i32,
+            nranks: self.facts.nranks as i32,
+            ncalls: ncalls as i32,
+            calls: [C::default(); N],
+        }
+    }
+
+    /// Launches `function` on `stream` with `args` as its one parameter, in the communicator's
+    /// context.
+    ///
+    /// # Safety
+    /// `args` is laid out as `function`'s parameter.
+    unsafe fn launch_with<C, const N: usize>(
+        &self,
+        function: cuda::Function,
+        blocks: u32,
+        threads: u32,
+        stream: cuda::Stream,
+        args: &mut LaunchArgs<C, N>,
+    ) -> Cuda<()> {
+        let mut params: [*mut c_void; 1] = [(args as *mut LaunchArgs<C, N>).cast()];
+        // SAFETY: the caller's; cuLaunchKernel copies the parameter.
+        unsafe {
+            cuda::launch(
+                function,
+                blocks,
+                threads,
+                stream,
+                &mut params,
+                self.early_launch,
+            )
+        }
     }
 
     /// Launches `calls` of a packet kernel (1 to MAX_FUSED, their data within its inboxes) as one
@@ -384,15 +399,7 @@ impl CoreComm {
                 self.facts.nranks,
             ),
         };
-        let mut args = FusedKernelArgs {
-            peers: self.peers,
-            half_bytes: self.half_bytes,
-            abort: self.control.device,
-            rank: self.rank as i32,
-            nranks: self.facts.nranks as i32,
-            ncalls: calls.len() as i32,
-            calls: [FusedKernelCall::default(); MAX_FUSED],
-        };
+        let mut args: FusedKernelArgs = self.launch_args(calls.len());
         let mut others: [Option<cuda::Stream>; MAX_FUSED] = [None; MAX_FUSED];
         for (k, call) in calls.iter().enumerate() {
             args.calls[k] = FusedKernelCall {
@@ -408,18 +415,8 @@ impl CoreComm {
             self.order.join(stream, other)?;
         }
         self.order.before_launch(stream)?;
-        let mut params: [*mut c_void; 1] = [(&raw mut args).cast()];
-        // SAFETY: the kernel's one parameter, `FusedArgs`; cuLaunchKernel copies it.
-        unsafe {
-            cuda::launch(
-                function,
-                blocks,
-                first.threads,
-                stream,
-                &mut params,
-                self.early_launch,
-            )
-        }?;
+        // SAFETY: `FusedArgs`, the kernel's one parameter.
+        unsafe { self.launch_with(function, blocks, first.threads, stream, &mut args) }?;
         // The kernel is queued (the peers count on it): a stream that cannot wait for it is said,
         // not an error of the launch.
         for &other in others.iter().flatten() {
