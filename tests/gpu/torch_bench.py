@@ -31,6 +31,33 @@ def timed(run):
     return statistics.median(times)
 
 
+def eager_and_graph_us(call):
+    """Median microseconds per `call` over batches of CALLS, eager (after a warm-up) and replayed
+    from a CUDA graph of CALLS calls (its communicator warmed up on a side stream first, as
+    PyTorch's capture needs)."""
+    def eager():
+        for _ in range(CALLS):
+            call()
+
+    for _ in range(3):
+        eager()
+    torch.cuda.synchronize()
+    eager_us = timed(eager)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(CALLS):
+            call()
+    graph.replay()
+    torch.cuda.synchronize()
+    return eager_us, timed(graph.replay)
+
+
 def main():
     out = sys.argv[1]
     local = int(os.environ["LOCAL_RANK"])
@@ -40,28 +67,7 @@ def main():
     results, wrong = [], []
     for size in SIZES:
         x = torch.zeros(size // 2, dtype=torch.bfloat16, device="cuda")
-
-        def eager():
-            for _ in range(CALLS):
-                dist.all_reduce(x)
-
-        for _ in range(3):
-            eager()
-        torch.cuda.synchronize()
-        eager_us = timed(eager)
-
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            dist.all_reduce(x)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(CALLS):
-                dist.all_reduce(x)
-        graph.replay()
-        torch.cuda.synchronize()
-        graph_us = timed(graph.replay)
+        eager_us, graph_us = eager_and_graph_us(lambda: dist.all_reduce(x))
 
         # The same tensor, eager and by one replay of a graph of one all-reduce, checked.
         i = torch.arange(x.numel(), device="cuda")
@@ -80,7 +86,6 @@ def main():
         torch.cuda.synchronize()
         if not torch.equal(x, want):
             wrong.append(f"graph {size}")
-        del graph
         results.append({"bytes": size, "eager_us": eager_us, "graph_us": graph_us})
         if rank == 0:
             print(f"torch bench {size >> 20} MiB: eager {eager_us:.1f} us, graph {graph_us:.1f} us",

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import _coalescing_manager
 
-from torch_bench import finish, timed, CALLS
+from torch_bench import eager_and_graph_us, finish
 
 SIZES = [16, 2 << 10, 32 << 10, 64 << 10]
 TENSORS = 8
@@ -37,27 +37,7 @@ def main():
                     dist.all_reduce(x)
             cm.wait()
 
-        def eager():
-            for _ in range(CALLS):
-                group()
-
-        for _ in range(3):
-            eager()
-        torch.cuda.synchronize()
-        eager_us = timed(eager)
-
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            group()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(CALLS):
-                group()
-        graph.replay()
-        torch.cuda.synchronize()
-        graph_us = timed(graph.replay)
+        eager_us, graph_us = eager_and_graph_us(group)
 
         # One group eagerly, then by one replay of a graph of one group, checked.
         def check(label, run):
@@ -76,7 +56,7 @@ def main():
         with torch.cuda.graph(one):
             group()
         check("graph", one.replay)
-        del graph, one
+        del one
         results.append({"bytes": size, "eager_us": eager_us, "graph_us": graph_us})
         if rank == 0:
             print(f"torch coalesced {TENSORS} x {size} B: eager {eager_us:.1f} us, graph {graph_us:.1f} us"
