@@ -5,7 +5,8 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use nccl::core::{kernels, policy, program};
+use nccl::core::types::Collective;
+use nccl::core::{kernels, measured, policy, program};
 
 use crate::gpus::{self, Machine};
 use crate::libraries;
@@ -317,6 +318,31 @@ fn check_routing(report: &Report, machine: Option<&Machine>) {
             "all-reduce, {label}: {two_shot} two-shot up to {}, NCCL above",
             size(settings.all_reduce_max(nranks, single_process))
         ));
+    }
+    // Each GPU's measured row; a communicator over several takes the least of them.
+    let measured = measured::least(
+        machine
+            .map(|m| m.gpus.iter().map(|g| g.name.clone()).collect())
+            .unwrap_or_else(|| vec![String::new()])
+            .iter()
+            .map(|gpu| measured::limits(gpu, nranks)),
+    );
+    for collective in Collective::ALL.into_iter().skip(1) {
+        let variable = format!("NCCLSHIM_{}_MAX_BYTES", collective.variable_name());
+        let source = match settings.max_bytes[collective as usize] {
+            Some(_) => variable,
+            None if machine.is_some() => format!("measured on these GPUs for {nranks} ranks"),
+            None => "no GPU to look up".to_string(),
+        };
+        let routed = match settings.limit(collective, &measured) {
+            _ if settings.force_core => {
+                "the core at every size it can take (NCCLSHIM_FORCE=core)".into()
+            }
+            _ if !settings.enabled => "NCCL (the core is off)".into(),
+            0 => format!("NCCL ({source})"),
+            limit => format!("the core up to {}, NCCL above ({source})", size(limit)),
+        };
+        report.note(format!("{}: {routed}", collective.name()));
     }
     report.note("every other operation: forwarded to NCCL");
 }

@@ -254,3 +254,36 @@ if wanted gate && [ -x "$dir/src-2.28.9/build/all_reduce_perf" ]; then
   verdict gate $gate_status "${last#\# }; nccl-tests-gate.md"
   [ $status = 0 ] || verdict gate-runs 1 "$runs runs; failed:$problems"
 fi
+
+# --- Limits: where each collective but all-reduce beats NCCL on these GPUs ---
+# Every such collective on the core up to the staged limit (32 MiB), against NCCL alone, with
+# plain buffers, symmetric windows (-R 2) and in CUDA graphs, one process per GPU and one for
+# all; each run sweeps the sizes twice (-N 2), NCCL_TESTS_LIMITS_ROUNDS rounds (default 1).
+# nccl_tests_report.py --limits turns the best times into the row of this GPU for the shim's
+# table of measured limits (shim/src/core/measured_limits.tsv): nccl-tests-limits.md.
+limit_sets=(":" "-r2:-R 2" "-g:-G 1")
+if wanted limits && [ -x "$dir/src-2.28.9/build/all_gather_perf" ]; then
+  shim_env=("${core_settings[@]}") limit_names=() status=0 problems="" runs=0
+  for mode in mpi group; do
+    for binary in all_gather reduce_scatter broadcast reduce alltoall gather scatter; do
+      for set in "${limit_sets[@]}"; do
+        IFS=: read -r suffix args <<<"$set"
+        name=limits-2.28.9-$mode-$binary$suffix
+        limit_names+=("$name")
+        for round in $(seq "${NCCL_TESTS_LIMITS_ROUNDS:-1}"); do
+          for lib in shim real; do
+            run_one "$name-$lib-r$round" "$lib" 2.28.9 "$mode" "$binary" -b 8 -e 32M -f 4 -w 5 -n 20 -c 1 -N 2 $args
+            p=$(check_run "$name-$lib-r$round" "$lib") || { status=1; problems="$problems $p;"; }
+            runs=$((runs + 1))
+          done
+        done
+      done
+    done
+  done
+  shim_env=()
+  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader -i 0 | head -n 1)
+  python3 "$here/nccl_tests_report.py" --limits "$gpu" "$n" "$dir" "${limit_names[@]}" >"$out/nccl-tests-limits.md"
+  limits_status=$?
+  verdict limits $limits_status "$(tail -n 1 "$out/nccl-tests-limits.md")"
+  [ $status = 0 ] || verdict limits-runs 1 "$runs runs; failed:$problems"
+fi

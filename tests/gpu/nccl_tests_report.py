@@ -16,6 +16,12 @@ the run started):
                               process (one driving both GPUs runs 30 % apart from the next), so a
                               median of a few rounds is one process's luck; work the shim adds is
                               in its best round too
+  --limits GPU NRANKS DIR NAME...
+                              markdown: per collective and size the worst shim / NCCL-at-its-best
+                              ratio over the runs limits-*-MODE-BINARY[-r2|-g] (best of rounds),
+                              and last the row of the measured-limits table for GPU: per
+                              collective the largest size up to which every size, placement, mode
+                              and set came out at most LIMIT_RATIO x NCCL's time
 A result row: size count type redop root, then time algbw busbw #wrong out of place, then the
 same in place.
 """
@@ -220,6 +226,71 @@ def gate(limit, directory, names):
     return 1 if above or problems else 0
 
 
+# The shim's own name for each nccl-tests binary, in the column order of the limits table.
+LIMIT_COLUMNS = (
+    ("all_gather", "all_gather"),
+    ("reduce_scatter", "reduce_scatter"),
+    ("broadcast", "broadcast"),
+    ("reduce", "reduce"),
+    ("alltoall", "all_to_all"),
+    ("gather", "gather"),
+    ("scatter", "scatter"),
+)
+# Taken only where the core needs at most this share of NCCL's time: the best of a few rounds
+# still varies by a few percent, and the core must never be the slower.
+LIMIT_RATIO = 0.97
+
+
+def best_times(directory, name, lib):
+    """{size: (best out-of-place us, best in-place us)} over every round and cycle."""
+    found = samples(sorted(glob.glob(f"{directory}/{name}-{lib}-r*.log")))
+    return {key[0]: (min(oop), min(ip)) for key, (oop, ip) in found.items()}
+
+
+def limits(gpu, nranks, directory, names):
+    """Worst ratio per collective and size, against NCCL at its best on the same buffers: plain
+    buffers against NCCL's plain, windows (-R 2) against the faster of NCCL's two, graphs (-G)
+    against NCCL's graphs."""
+    print(f"# Where each collective's core beats NCCL: {gpu}, {nranks} ranks\n")
+    print(f"Worst shim / NCCL time over modes (one process per GPU, one for all), sets (plain, -R 2, -G 1) "
+          f"and placements; a limit is the largest size up to which every cell is at most {LIMIT_RATIO}.\n")
+    row, problems = [], []
+    for binary, column in LIMIT_COLUMNS:
+        ours = [n for n in names if re.search(rf"-{binary}(-r2|-g)?$", n)]
+        worst = {}
+        for name in ours:
+            shim, real = best_times(directory, name, "shim"), best_times(directory, name, "real")
+            if name.endswith("-r2"):
+                plain = best_times(directory, name[: -len("-r2")], "real")
+                real = {size: tuple(min(a, b) for a, b in zip(times, plain.get(size, times)))
+                        for size, times in real.items()}
+            if not shim or set(shim) != set(real):
+                problems.append(f"{name}: {len(shim)} sizes with the shim, {len(real)} with NCCL")
+                continue
+            # Zero bytes (nccl-tests' smallest size rounds down to no element): never the core's.
+            for size in filter(None, shim):
+                ratio = max(s / r if r > 0 else math.inf for s, r in zip(shim[size], real[size]))
+                if ratio > worst.get(size, (0, ""))[0]:
+                    worst[size] = (ratio, name.split("-", 3)[3])
+        limit = 0
+        for size in sorted(worst):
+            if worst[size][0] > LIMIT_RATIO:
+                break
+            limit = size
+        row.append(str(limit))
+        print(f"## {column}: limit {human(limit) if limit else 'off'}\n")
+        print("| size | worst ratio | where |")
+        print("|---|---|---|")
+        for size in sorted(worst):
+            ratio, where = worst[size]
+            print(f"| {human(size)} | {ratio:.3f} | {where} |")
+        print()
+    for problem in problems:
+        print(f"problem: {problem}")
+    print("\t".join([gpu, str(nranks)] + row))
+    return 1 if problems else 0
+
+
 def main(argv):
     if len(argv) >= 2 and argv[0] == "--check":
         return max(check(p) for p in argv[1:])
@@ -234,6 +305,8 @@ def main(argv):
         return 0
     if len(argv) >= 4 and argv[0] == "--gate":
         return gate(float(argv[1]), argv[2], argv[3:])
+    if len(argv) >= 5 and argv[0] == "--limits":
+        return limits(argv[1], int(argv[2]), argv[3], argv[4:])
     print(__doc__, file=sys.stderr)
     return 2
 

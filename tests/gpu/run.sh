@@ -96,7 +96,7 @@ collectives() {
   # the same addresses between tests, and in graphs), with cudaMalloc and with ncclMemAlloc
   # (cuMem, mapped for every GPU) buffers.
   local direct="NCCLSHIM_FORCE=core NCCLSHIM_SENTINEL_MAX_BYTES=0 NCCLSHIM_LL_MAX_BYTES=0 NCCLSHIM_ONE_SHOT_MAX_BYTES=0"
-  # Every collective on the core (all but all-reduce off by default) at every size it takes.
+  # Every collective on the core (the others by default only up to their measured limits) at every size it takes.
   local every="" collective
   for collective in ALL_GATHER REDUCE_SCATTER BROADCAST REDUCE ALL_TO_ALL GATHER SCATTER; do
     every+=" NCCLSHIM_${collective}_MAX_BYTES=33554432"
@@ -190,7 +190,7 @@ torch_suite() {
   env "${common[@]}" "${preload[@]}" timeout "$step_timeout" "${launch[@]}" "$dir/shim" \
     >"$dir/shim.log" 2>&1
   local s_shim=$?
-  # Every collective the core has on it (all but all-reduce are off by default).
+  # Every collective the core has on it, to the staged limit (by default only to the measured ones).
   local every=() collective
   for collective in ALL_GATHER REDUCE_SCATTER BROADCAST REDUCE ALL_TO_ALL GATHER SCATTER; do
     every+=("NCCLSHIM_${collective}_MAX_BYTES=33554432")

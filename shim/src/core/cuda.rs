@@ -120,6 +120,11 @@ impl Device {
         self.enter().map(Some)
     }
 
+    /// The GPU's name as the driver gives it (e.g. "NVIDIA H200"); empty if it cannot.
+    pub fn name(&self) -> String {
+        result::device::get_name(self.handle).unwrap_or_default()
+    }
+
     pub fn compute_capability(&self) -> Cuda<(i32, i32)> {
         use sys::CUdevice_attribute::*;
         // SAFETY: valid device and attributes.

@@ -13,6 +13,7 @@ pub mod kernels;
 mod launcher;
 mod lifecycle;
 mod limits;
+pub mod measured;
 mod nvrtc;
 pub mod policy;
 pub mod program;
@@ -267,7 +268,13 @@ pub fn collective(
     forward: impl FnOnce() -> ncclResult_t + 'static,
 ) -> ncclResult_t {
     let settings = policy::settings();
-    if !settings.may_take(call.collective) {
+    if !settings.may_take(call.collective, measured::in_use(call.collective)) {
+        return forward();
+    }
+    // No element to move is never the core's (`policy::plan`): outside a group, such a call
+    // forwards at NCCL's own cost, without looking its communicator up. An all-reduce still
+    // looks, as its first one may set a communicator's core up.
+    if call.count == 0 && call.collective != Collective::AllReduce && !group::inside() {
         return forward();
     }
     // The group's calls on this communicator go to NCCL (group::weigh decided on an earlier one),

@@ -20,6 +20,7 @@ pub const ONE_SHOT_LIMIT_BYTES: usize = 2 * STAGING_HALF_BYTES / MAX_RANKS;
 // The limits compiled into the kernels (MAX_THREADS, MAX_BLOCKS, MAX_RANKS, LL_MAX_BYTES,
 // SENTINEL_MAX_BYTES) live in limits.rs, which the build script reads too.
 pub use super::limits::*;
+pub use super::measured::Limits;
 /// The most bytes of slots the staged path of a collective other than all-reduce puts in one
 /// staging area: one slot (each rounded up to 16 bytes) per sender, or one in all for a broadcast
 /// and a scatter.
@@ -93,8 +94,8 @@ pub struct Settings {
     /// than `.0` and at most `.1` bytes (`group_goes_to_nccl`).
     pub group_core_bytes: (usize, usize),
     /// The largest call of each collective but all-reduce the core takes (`Collective::size`),
-    /// by `Collective as usize`.
-    pub max_bytes: [usize; Collective::ALL.len()],
+    /// by `Collective as usize`; `None`: as measured on the communicator's GPUs (measured.rs).
+    pub max_bytes: [Option<usize>; Collective::ALL.len()],
 }
 
 impl Settings {
@@ -115,7 +116,7 @@ impl Settings {
             early_launch: true,
             wait_limit_s: DEFAULT_WAIT_LIMIT_S,
             group_core_bytes: GROUP_CORE_BYTES,
-            max_bytes: [0; Collective::ALL.len()],
+            max_bytes: [None; Collective::ALL.len()],
         }
     }
 
@@ -123,9 +124,37 @@ impl Settings {
     /// it looks its communicator up (every other collective's calls forward at once). An
     /// all-reduce always looks: with the core off here, this rank still meets its peers where they
     /// set up theirs (at a nonblocking communicator's first all-reduce), and says no there.
-    pub fn may_take(&self, collective: Collective) -> bool {
+    /// `measured_in_use`: whether a communicator of this process has a measured limit above 0
+    /// for the collective (`measured::in_use`), where no setting gives one.
+    pub fn may_take(&self, collective: Collective, measured_in_use: bool) -> bool {
         collective == Collective::AllReduce
-            || (self.enabled && (self.force_core || self.max_bytes[collective as usize] > 0))
+            || (self.enabled
+                && (self.force_core
+                    || self.max_bytes[collective as usize].map_or(measured_in_use, |n| n > 0)))
+    }
+
+    /// The largest call of `collective` (not all-reduce) the core takes: the setting's, or else
+    /// the communicator's `measured` limit.
+    pub fn limit(&self, collective: Collective, measured: &Limits) -> usize {
+        self.max_bytes[collective as usize].unwrap_or(measured[collective as usize])
+    }
+
+    /// The limits of the collectives but all-reduce for the "core on" line: "all-gather up to
+    /// 131072 B, ..." where the core takes some, else that NCCL has them all.
+    pub fn limits_text(&self, measured: &Limits) -> String {
+        let taken: Vec<String> = Collective::ALL
+            .into_iter()
+            .skip(1)
+            .filter_map(|c| match self.limit(c, measured) {
+                _ if self.force_core => Some(format!("{} (forced)", c.name())),
+                0 => None,
+                limit => Some(format!("{} up to {limit} B", c.name())),
+            })
+            .collect();
+        match taken.is_empty() {
+            true => "other collectives: NCCL's".into(),
+            false => format!("also {}", taken.join(", ")),
+        }
     }
 
     /// Every setting as the ranks compare them when they set a communicator up (setup.rs): the
@@ -178,7 +207,7 @@ impl Settings {
         .into();
         for collective in Collective::ALL.into_iter().skip(1) {
             let name = format!("NCCLSHIM_{}_MAX_BYTES", collective.variable_name());
-            all.push((name, max_bytes[collective as usize] as u64));
+            all.push((name, given(max_bytes[collective as usize])));
         }
         all
     }
@@ -380,7 +409,7 @@ impl Settings {
         s.all_reduce_max_bytes = bytes("NCCLSHIM_ALL_REDUCE_MAX_BYTES");
         for collective in Collective::ALL.into_iter().skip(1) {
             let name = format!("NCCLSHIM_{}_MAX_BYTES", collective.variable_name());
-            s.max_bytes[collective as usize] = bytes(&name).unwrap_or(0);
+            s.max_bytes[collective as usize] = bytes(&name);
         }
         s
     }
@@ -415,6 +444,8 @@ pub struct CommFacts {
     pub resident_blocks: u32,
     /// The lowest compute capability of the ranks' GPUs, e.g. 90.
     pub compute_capability: u32,
+    /// The least of the ranks' measured limits (measured.rs), for collectives no setting limits.
+    pub measured: Limits,
 }
 
 /// A group's calls of a communicator as fused launches hold them (`Settings::fused_with`).
@@ -597,7 +628,7 @@ pub fn plan(
     };
     let slots = chunk.div_ceil(16).checked_mul(16 * senders)?;
     let size = collective.size(chunk, nranks);
-    let max_bytes = settings.max_bytes[collective as usize];
+    let max_bytes = settings.limit(collective, &comm.measured);
     if slots > GATHER_SCATTER_LIMIT_BYTES || (!settings.force_core && size > max_bytes) {
         return None;
     }
@@ -878,6 +909,7 @@ mod tests {
             zero_copy: false,
             resident_blocks: 132,
             compute_capability: 90,
+            measured: [0; Collective::ALL.len()],
         }
     }
 
@@ -1172,21 +1204,53 @@ mod tests {
         assert_eq!(plan(&staged, 64 << 20, 2, true), None, "{farther}");
     }
 
+    /// Unset, a collective's limit is the communicator's measured one; set, the setting's, also
+    /// where it is 0 (off) or beyond the measured one.
+    #[test]
+    fn measured_limits_apply_where_no_setting_gives_one() {
+        let mut measured = [0; Collective::ALL.len()];
+        measured[Collective::AllGather as usize] = 128 << 10;
+        let comm = CommFacts {
+            measured,
+            ..procs(2)
+        };
+        let gathers = |s: &Settings, bytes: usize| {
+            plan(s, Collective::AllGather, bytes / 2 / 4, 7, 0, -1, &comm).is_some()
+        };
+        let s = with(&[]);
+        assert!(s.may_take(Collective::AllGather, true));
+        assert!(!s.may_take(Collective::AllGather, false));
+        assert!(gathers(&s, 128 << 10) && !gathers(&s, 256 << 10));
+        assert!(
+            plan(&s, Collective::Scatter, 64, 7, 0, 0, &comm).is_none(),
+            "0: NCCL's"
+        );
+        let off = with(&[("NCCLSHIM_ALL_GATHER_MAX_BYTES", "0")]);
+        assert!(!off.may_take(Collective::AllGather, true) && !gathers(&off, 1024));
+        let more = with(&[("NCCLSHIM_ALL_GATHER_MAX_BYTES", "1048576")]);
+        assert!(gathers(&more, 1 << 20) && !gathers(&more, 2 << 20));
+        assert_ne!(s.agreed(), off.agreed(), "unset and 0 differ between ranks");
+        let core_off = with(&[("NCCLSHIM_CORE", "0")]);
+        assert!(!core_off.may_take(Collective::AllGather, true));
+    }
+
     #[test]
     fn all_gather_and_reduce_scatter_only_where_set_and_within_the_staging() {
         let s = with(&[]);
-        assert!(s.may_take(Collective::AllReduce));
-        assert!(!s.may_take(Collective::AllGather) && !s.may_take(Collective::ReduceScatter));
+        assert!(s.may_take(Collective::AllReduce, false));
+        assert!(!s.may_take(Collective::AllGather, false));
+        assert!(!s.may_take(Collective::ReduceScatter, false));
         assert_eq!(
             plan(&s, Collective::AllGather, 1024, 7, 0, -1, &procs(2)),
             None,
-            "not yet weighed against NCCL: off by default"
+            "not measured on these GPUs: NCCL's"
         );
         let on = with(&[
             ("NCCLSHIM_ALL_GATHER_MAX_BYTES", "33554432"),
             ("NCCLSHIM_REDUCE_SCATTER_MAX_BYTES", "8388608"),
         ]);
-        assert!(on.may_take(Collective::AllGather) && on.may_take(Collective::ReduceScatter));
+        assert!(on.may_take(Collective::AllGather, false));
+        assert!(on.may_take(Collective::ReduceScatter, false));
         // All-gather moves bytes, whatever the type; the op plays no part.
         let gather = plan(&on, Collective::AllGather, 1000, 9, 77, -1, &procs(4)).unwrap();
         assert_eq!(
@@ -1284,10 +1348,17 @@ mod tests {
     fn rooted_and_exchanging_collectives_only_where_set_with_a_root_in_range() {
         let s = with(&[]);
         for collective in Collective::ALL.into_iter().skip(1) {
-            assert!(!s.may_take(collective), "{collective:?} is off by default");
+            assert!(
+                !s.may_take(collective, false),
+                "{collective:?}: none measured in use"
+            );
         }
         let forced = with(&[("NCCLSHIM_FORCE", "core")]);
-        assert!(Collective::ALL.into_iter().all(|c| forced.may_take(c)));
+        assert!(
+            Collective::ALL
+                .into_iter()
+                .all(|c| forced.may_take(c, false))
+        );
         let on = with(&[
             ("NCCLSHIM_BROADCAST_MAX_BYTES", "1048576"),
             ("NCCLSHIM_REDUCE_MAX_BYTES", "1048576"),

@@ -15,8 +15,9 @@ use super::cuda::{
 use super::policy::{
     self, CommFacts, INBOX_BYTES, MAX_RANKS, SENTINEL_INBOX_BYTES, STAGING_HALF_BYTES,
 };
+use super::types::Collective;
 use super::zero_copy::{DeviceMemory, Service, ZeroCopy};
-use super::{kernels, lifecycle};
+use super::{kernels, lifecycle, measured};
 use crate::api::ffi::{
     cudaStream_t, ncclComm_t, ncclInProgress, ncclResult_t, ncclSuccess, ncclUint8,
 };
@@ -26,8 +27,8 @@ use crate::log::log_info;
 const MAGIC: u64 = 0x6e63_636c_7368_696d; // "ncclshim"
 // The record's and the buffer's layout (3: sentinel inboxes; 4: zero-copy; 5: every setting on
 // its own; 6: compute capability; 7: a group's small all-reduces fused, which peers must do
-// alike): other versions never pair up.
-const LAYOUT: u32 = 7;
+// alike; 8: measured limits): other versions never pair up.
+const LAYOUT: u32 = 8;
 /// Room for the settings every rank must have alike (`Settings::agreed`), one word each.
 const AGREED_SLOTS: usize = 32;
 
@@ -58,6 +59,8 @@ struct Record {
     padding: u32,
     pci_bus_id: [u8; 16],
     ipc: [u8; 64],
+    /// The measured limits of this rank's GPU for this many ranks (measured.rs).
+    measured: [u64; Collective::ALL.len()],
 }
 
 const RECORD_BYTES: usize = size_of::<Record>();
@@ -82,6 +85,7 @@ impl Record {
             padding: 0,
             pci_bus_id: [0; 16],
             ipc: [0; 64],
+            measured: [0; Collective::ALL.len()],
         }
     }
 
@@ -378,6 +382,7 @@ fn own_record(candidate: &Candidate) -> Record {
         padding: 0,
         pci_bus_id,
         ipc,
+        measured: measured::limits(&parts.device.name(), candidate.nranks).map(|n| n as u64),
     }
 }
 
@@ -492,6 +497,7 @@ fn map_peers(candidate: &Candidate, gathered: &[u8]) -> Result<Mapped, String> {
                 .map(|r| r.compute_capability)
                 .min()
                 .unwrap_or(0),
+            measured: measured::least(records.iter().map(|r| r.measured.map(|n| n as usize))),
         },
     };
     for (r, record) in records.iter().enumerate() {
@@ -614,7 +620,7 @@ fn finish(
         (Some(parts), Ok(mapped), true) => {
             let settings = policy::settings();
             log_info!(
-                "core on for comm {:p} rank {}/{} on GPU {}, set up in {:.3} s (all-reduce: sentinel for floating-point types up to {} B, low-latency up to {} B, one-shot up to {} B, {} two-shot up to {} B)",
+                "core on for comm {:p} rank {}/{} on GPU {}, set up in {:.3} s (all-reduce: sentinel for floating-point types up to {} B, low-latency up to {} B, one-shot up to {} B, {} two-shot up to {} B; {})",
                 candidate.comm,
                 candidate.rank,
                 candidate.nranks,
@@ -631,8 +637,10 @@ fn finish(
                     (false, true) => "zero-copy direct",
                     _ => "staged",
                 },
-                settings.all_reduce_max(candidate.nranks, mapped.facts.single_process)
+                settings.all_reduce_max(candidate.nranks, mapped.facts.single_process),
+                settings.limits_text(&mapped.facts.measured)
             );
+            measured::note_in_use(&mapped.facts.measured);
             let core = CoreComm::new(
                 candidate.rank,
                 candidate.blocking,
