@@ -4,17 +4,64 @@ use ncclshim_syntax::{Function, Returns, Spec};
 use proc_macro2::TokenStream;
 use quote::{format_ident, quote};
 
-use crate::input::ApiInput;
+/// The paths the exports name.
+pub struct Paths {
+    pub ffi: syn::Path,
+    pub real: syn::Path,
+    pub router: syn::Path,
+    pub runtime: syn::Path,
+    pub recorder: syn::Path,
+}
 
-pub fn expand(spec: &Spec, paths: &[PathBuf], input: &ApiInput) -> TokenStream {
-    let runtime = &input.runtime;
-    let router = &input.router;
+/// The API's types and constants, the ABI's version and functions, the operations described call
+/// by call, and `if_exported!`.
+pub fn ffi(spec: &Spec, paths: &[PathBuf]) -> TokenStream {
     let items = &spec.items;
     let version = spec.version.to_string();
     let version_code = spec.version.code() as i32;
     let names: Vec<&str> = spec.functions.iter().map(|f| f.name.as_str()).collect();
     let path_strings: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+    let operation_names: Vec<&str> = operations(spec).iter().map(|f| f.name.as_str()).collect();
+    let exported_arms = spec.functions.iter().map(|f| {
+        let ident = &f.ident;
+        quote! { (#ident { $($body:tt)* }) => { $($body)* }; }
+    });
+    quote! {
+        /// Expands its body only if this build exports the named function, so that hand-written
+        /// code can claim functions that older NCCL versions lack:
+        /// `if_exported!(ncclCommShrink { unsafe fn ncclCommShrink(...) { ... } });`
+        #[allow(unused_macros)]
+        macro_rules! if_exported {
+            #(#exported_arms)*
+            ($other:ident { $($body:tt)* }) => {};
+        }
+        #[allow(unused_imports)]
+        pub(crate) use if_exported;
 
+        /// The types and constants of the NCCL API, as the spec declares them.
+        #[allow(non_camel_case_types, non_upper_case_globals, non_snake_case, dead_code, unused_imports)]
+        #[allow(clippy::all)]
+        mod declared {
+            #(#items)*
+        }
+        pub use self::declared::*;
+        // Makes the compiler rebuild this crate whenever a spec file changes.
+        #(const _: &[u8] = include_bytes!(#path_strings);)*
+
+        /// The NCCL version whose ABI this library exports.
+        pub const ABI_VERSION: &str = #version;
+        /// `NCCL_VERSION_CODE` of that version.
+        pub const ABI_VERSION_CODE: i32 = #version_code;
+        /// Every function exported, without its `pncclX` twin.
+        pub const ABI_FUNCTIONS: &[&str] = &[#(#names),*];
+        /// The operations on a communicator's stream (collectives, sends, receives), which the
+        /// shim describes call by call; a call's `Operation::kind` is its index here.
+        pub const OPERATIONS: &[&str] = &[#(#operation_names),*];
+    }
+}
+
+/// The real NCCL's functions: the table of them, a typed forwarder each, and the `Route` trait.
+pub fn real(spec: &Spec, ffi: &syn::Path, runtime: &syn::Path) -> TokenStream {
     let table_fields = spec.functions.iter().map(|f| {
         let ident = &f.ident;
         let pointer = pointer_type(f);
@@ -39,62 +86,13 @@ pub fn expand(spec: &Spec, paths: &[PathBuf], input: &ApiInput) -> TokenStream {
             /// Forwards to the real NCCL unless the router claims it.
             unsafe fn #ident(#(#params),*) #ret {
                 // SAFETY: the caller's arguments go on unchanged to the function they were meant for.
-                unsafe { real::#ident(#(#args),*) }
+                unsafe { #ident(#(#args),*) }
             }
         }
     });
-    let operations: Vec<&Function> = spec
-        .functions
-        .iter()
-        .filter(|f| f.operation().is_some())
-        .collect();
-    let operation_names: Vec<&str> = operations.iter().map(|f| f.name.as_str()).collect();
-    let exports = spec.functions.iter().flat_map(|f| {
-        let profiling = format_ident!("p{}", f.ident);
-        let kind = operations.iter().position(|o| o.name == f.name);
-        [
-            export(f, &f.ident, kind, runtime, router),
-            export(f, &profiling, kind, runtime, router),
-        ]
-    });
-
-    let exported_arms = spec.functions.iter().map(|f| {
-        let ident = &f.ident;
-        quote! { (#ident { $($body:tt)* }) => { $($body)* }; }
-    });
-
     quote! {
-        /// Expands its body only if this build exports the named function, so that hand-written
-        /// code can claim functions that older NCCL versions lack:
-        /// `if_exported!(ncclCommShrink { unsafe fn ncclCommShrink(...) { ... } });`
-        #[allow(unused_macros)]
-        macro_rules! if_exported {
-            #(#exported_arms)*
-            ($other:ident { $($body:tt)* }) => {};
-        }
         #[allow(unused_imports)]
-        pub(crate) use if_exported;
-
-        /// The types and constants of the NCCL API, as the spec declares them.
-        #[allow(non_camel_case_types, non_upper_case_globals, non_snake_case, dead_code, unused_imports)]
-        #[allow(clippy::all)]
-        pub mod ffi {
-            #(#items)*
-        }
-        #[allow(unused_imports)]
-        use self::ffi::*;
-        // Makes the compiler rebuild this crate whenever a spec file changes.
-        #(const _: &[u8] = include_bytes!(#path_strings);)*
-
-        /// The NCCL version whose ABI this library exports.
-        pub const ABI_VERSION: &str = #version;
-        /// `NCCL_VERSION_CODE` of that version.
-        pub const ABI_VERSION_CODE: i32 = #version_code;
-        /// Every function exported, without its `pncclX` twin.
-        pub const ABI_FUNCTIONS: &[&str] = &[#(#names),*];
-        /// The operations on a communicator's stream (collectives, sends, receives), which the
-        /// shim describes call by call; a call's `Operation::kind` is its index here.
-        pub const OPERATIONS: &[&str] = &[#(#operation_names),*];
+        use #ffi::*;
 
         /// The real NCCL's functions, each looked up once; `None` where the real library lacks it.
         #[allow(non_snake_case)]
@@ -123,12 +121,7 @@ pub fn expand(spec: &Spec, paths: &[PathBuf], input: &ApiInput) -> TokenStream {
             }
         }
 
-        /// Typed forwarders to the real NCCL; the stub answers where it lacks the function.
-        #[allow(non_snake_case, clippy::too_many_arguments, clippy::missing_safety_doc)]
-        pub mod real {
-            use super::ffi::*;
-            #(#forwarders)*
-        }
+        #(#forwarders)*
 
         /// One method per NCCL function. Hand-written code claims a function by overriding its
         /// method; every other function keeps the default, which forwards.
@@ -136,14 +129,34 @@ pub fn expand(spec: &Spec, paths: &[PathBuf], input: &ApiInput) -> TokenStream {
         pub trait Route {
             #(#route_methods)*
         }
-
-        #[allow(non_snake_case, clippy::too_many_arguments, clippy::missing_safety_doc)]
-        mod exports {
-            use super::ffi::*;
-            use super::{real, Route};
-            #(#exports)*
-        }
     }
+}
+
+/// The C exports, `ncclX` and `pncclX` for every function.
+pub fn exports(spec: &Spec, paths: &Paths) -> TokenStream {
+    let operations = operations(spec);
+    let exports = spec.functions.iter().flat_map(|f| {
+        let profiling = format_ident!("p{}", f.ident);
+        let kind = operations.iter().position(|o| o.name == f.name);
+        [
+            export(f, &f.ident, kind, paths),
+            export(f, &profiling, kind, paths),
+        ]
+    });
+    let ffi = &paths.ffi;
+    quote! {
+        #[allow(unused_imports)]
+        use #ffi::*;
+        #(#exports)*
+    }
+}
+
+/// The functions the spec reads as operations on a communicator's stream, in its order.
+fn operations(spec: &Spec) -> Vec<&Function> {
+    spec.functions
+        .iter()
+        .filter(|f| f.operation().is_some())
+        .collect()
 }
 
 fn params(f: &Function) -> Vec<TokenStream> {
@@ -204,9 +217,11 @@ fn forwarder(f: &Function, runtime: &syn::Path) -> TokenStream {
         _ => quote! { unsafe { function(#(#args),*) } },
     };
     quote! {
+        /// Forwards to the real NCCL's function; the stub answers where it lacks it.
         #[inline]
+        #[allow(non_snake_case, clippy::too_many_arguments, clippy::missing_safety_doc)]
         pub unsafe fn #ident(#(#params),*) #ret {
-            match super::real_functions().and_then(|table| table.#ident) {
+            match real_functions().and_then(|table| table.#ident) {
                 // SAFETY: `function` is the real NCCL's own, of this signature; arguments pass unchanged.
                 Some(function) => #call,
                 None => #missing,
@@ -216,20 +231,26 @@ fn forwarder(f: &Function, runtime: &syn::Path) -> TokenStream {
 }
 
 /// `kind`: the function's index in `OPERATIONS`, for an operation on a communicator's stream,
-/// whose every outermost call is described to `runtime::operation_done` once it returns.
+/// whose every outermost call is described to the recorder's `operation_done` once it returns.
 fn export(
     f: &Function,
     export_name: &syn::Ident,
     kind: Option<usize>,
-    runtime: &syn::Path,
-    router: &syn::Path,
+    paths: &Paths,
 ) -> TokenStream {
+    let Paths {
+        real,
+        router,
+        runtime,
+        recorder,
+        ..
+    } = paths;
     let (ident, params, args, ret) = (&f.ident, params(f), args(f), ret(f));
     let name = export_name.to_string();
     let panicked = failure_value(f, quote! { #runtime::panicked(#name) });
     let routed = quote! {
         // SAFETY: the C caller's arguments, passed on unchanged.
-        unsafe { <#router as Route>::#ident(#(#args),*) }
+        unsafe { <#router as #real::Route>::#ident(#(#args),*) }
     };
     let routed = match (kind, f.operation()) {
         (Some(kind), Some(o)) => {
@@ -244,8 +265,8 @@ fn export(
             });
             quote! {{
                 let result = #routed;
-                #runtime::operation_done(
-                    &#runtime::Operation {
+                #recorder::operation_done(
+                    &#recorder::Operation {
                         kind: #kind as u8,
                         comm: #comm as usize,
                         count: #count as u64,
@@ -262,6 +283,7 @@ fn export(
     };
     quote! {
         #[unsafe(no_mangle)]
+        #[allow(non_snake_case, clippy::too_many_arguments, clippy::missing_safety_doc)]
         pub unsafe extern "C" fn #export_name(#(#params),*) #ret {
             let outcome = ::std::panic::catch_unwind(::std::panic::AssertUnwindSafe(|| {
                 let inside = #runtime::Reentry::enter();
@@ -270,7 +292,7 @@ fn export(
                 } else {
                     // Already inside the shim on this thread: straight to the real NCCL.
                     // SAFETY: as above.
-                    unsafe { real::#ident(#(#args),*) }
+                    unsafe { #real::#ident(#(#args),*) }
                 }
             }));
             match outcome {

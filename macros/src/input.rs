@@ -1,49 +1,61 @@
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use ncclshim_syntax::Spec;
 use syn::parse::{Parse, ParseStream};
 
-/// What `nccl_api!` is given.
-pub struct ApiInput {
+/// What a macro is given: `key = value` pairs, the spec variable's name a string and every other
+/// value a path.
+pub struct Input {
     pub specs_env: syn::LitStr,
-    pub router: syn::Path,
-    pub runtime: syn::Path,
+    paths: BTreeMap<String, syn::Path>,
 }
 
-impl Parse for ApiInput {
+impl Parse for Input {
     fn parse(input: ParseStream) -> syn::Result<Self> {
         let mut specs_env = None;
-        let mut router = None;
-        let mut runtime = None;
+        let mut paths = BTreeMap::new();
         while !input.is_empty() {
             let key: syn::Ident = input.parse()?;
             input.parse::<syn::Token![=]>()?;
             match key.to_string().as_str() {
                 "specs_env" => specs_env = Some(input.parse()?),
-                "router" => router = Some(input.parse()?),
-                "runtime" => runtime = Some(input.parse()?),
-                _ => {
-                    return Err(syn::Error::new(
-                        key.span(),
-                        "expected specs_env, router or runtime",
-                    ));
+                name => {
+                    paths.insert(name.to_string(), input.parse()?);
                 }
             }
             if !input.is_empty() {
                 input.parse::<syn::Token![,]>()?;
             }
         }
-        let missing =
-            |what: &str| syn::Error::new(input.span(), format!("nccl_api! needs `{what} = ...`"));
-        Ok(ApiInput {
-            specs_env: specs_env.ok_or_else(|| missing("specs_env"))?,
-            router: router.ok_or_else(|| missing("router"))?,
-            runtime: runtime.ok_or_else(|| missing("runtime"))?,
-        })
+        let specs_env = specs_env
+            .ok_or_else(|| syn::Error::new(input.span(), "needs `specs_env = \"VAR\"`"))?;
+        Ok(Input { specs_env, paths })
     }
 }
 
-impl ApiInput {
+impl Input {
+    /// The paths named `keys`, in their order; an error naming what is missing or unknown.
+    pub fn paths<const N: usize>(&self, keys: [&str; N]) -> syn::Result<[syn::Path; N]> {
+        if let Some(unknown) = self.paths.keys().find(|k| !keys.contains(&k.as_str())) {
+            return Err(syn::Error::new(
+                self.specs_env.span(),
+                format!(
+                    "unknown key `{unknown}`: expected specs_env, {}",
+                    keys.join(", ")
+                ),
+            ));
+        }
+        let mut found = Vec::with_capacity(N);
+        for key in keys {
+            let path = self.paths.get(key).ok_or_else(|| {
+                syn::Error::new(self.specs_env.span(), format!("needs `{key} = ...`"))
+            })?;
+            found.push(path.clone());
+        }
+        Ok(found.try_into().unwrap_or_else(|_| unreachable!("N paths")))
+    }
+
     /// Parses every spec the variable names and merges them into one.
     pub fn load_spec(&self) -> Result<(Spec, Vec<PathBuf>), String> {
         let var = self.specs_env.value();

@@ -1,24 +1,71 @@
-//! Proc macros that turn NCCL spec files into the shim's C ABI: for every function of the spec,
-//! the exports `ncclX` and `pncclX`, a typed forwarder to the real NCCL's `ncclX` (resolved once),
-//! the reentrancy guard, the stub for a real NCCL that lacks the function, and a method of the
-//! `Route` trait through which hand-written code claims the function.
+//! Proc macros that turn NCCL spec files into the shim's C ABI, in three layers, each expanded in
+//! a module of its own so that the lower ones never name the higher:
+//! - `nccl_ffi!`: the API's types and constants, and what the spec says of its functions;
+//! - `nccl_real!`: for every function a typed forwarder to the real NCCL's (resolved once) with
+//!   the stub for a real NCCL that lacks it, and the `Route` trait, one method per function,
+//!   forwarding unless hand-written code claims it;
+//! - `nccl_exports!`: the exports `ncclX` and `pncclX`, with the reentrancy guard, each calling
+//!   the router's method and describing every operation on a stream to the recorder.
 
 mod expand;
 mod input;
 
 use proc_macro::TokenStream;
 
-/// `nccl_api!(specs_env = "VAR", router = path::Router, runtime = path::runtime)`
+/// Expands `expand` over the spec the input names, or into the error that stops it.
+fn with_spec(
+    input: TokenStream,
+    expand: impl FnOnce(
+        &ncclshim_syntax::Spec,
+        &[std::path::PathBuf],
+        &input::Input,
+    ) -> syn::Result<proc_macro2::TokenStream>,
+) -> TokenStream {
+    let input = syn::parse_macro_input!(input as input::Input);
+    let expanded = input
+        .load_spec()
+        .map_err(|message| syn::Error::new(input.specs_env.span(), message))
+        .and_then(|(spec, paths)| expand(&spec, &paths, &input));
+    match expanded {
+        Ok(tokens) => tokens.into(),
+        Err(error) => error.to_compile_error().into(),
+    }
+}
+
+/// `nccl_ffi!(specs_env = "VAR")`
 ///
 /// `VAR` names an environment variable (set by the build script) holding the absolute paths of
 /// the spec files to export, separated by `:`; several specs export their union.
 #[proc_macro]
-pub fn nccl_api(input: TokenStream) -> TokenStream {
-    let input = syn::parse_macro_input!(input as input::ApiInput);
-    match input.load_spec() {
-        Ok((spec, paths)) => expand::expand(&spec, &paths, &input).into(),
-        Err(message) => syn::Error::new(input.specs_env.span(), message)
-            .to_compile_error()
-            .into(),
-    }
+pub fn nccl_ffi(input: TokenStream) -> TokenStream {
+    with_spec(input, |spec, paths, _| Ok(expand::ffi(spec, paths)))
+}
+
+/// `nccl_real!(specs_env = "VAR", ffi = path::ffi, runtime = path::runtime)`
+#[proc_macro]
+pub fn nccl_real(input: TokenStream) -> TokenStream {
+    with_spec(input, |spec, _, input| {
+        let [ffi, runtime] = input.paths(["ffi", "runtime"])?;
+        Ok(expand::real(spec, &ffi, &runtime))
+    })
+}
+
+/// `nccl_exports!(specs_env = "VAR", ffi = path::ffi, real = path::real, router = path::Router,
+/// runtime = path::runtime, recorder = path::recorder)`
+#[proc_macro]
+pub fn nccl_exports(input: TokenStream) -> TokenStream {
+    with_spec(input, |spec, _, input| {
+        let [ffi, real, router, runtime, recorder] =
+            input.paths(["ffi", "real", "router", "runtime", "recorder"])?;
+        Ok(expand::exports(
+            spec,
+            &expand::Paths {
+                ffi,
+                real,
+                router,
+                runtime,
+                recorder,
+            },
+        ))
+    })
 }

@@ -1,5 +1,5 @@
-//! `nccl_api!` expanded over the committed 2.27.7 spec, with a runtime and a router of the test's
-//! own: claimed functions route, others forward, missing ones get the stub, nested calls go
+//! `nccl_ffi!`, `nccl_real!` and `nccl_exports!` expanded over the committed 2.27.7 spec, with a
+//! runtime, a recorder and a router of the test's own: claimed functions route, others forward, missing ones get the stub, nested calls go
 //! straight to the real function, and panics stop at the C boundary.
 
 use std::ffi::{CStr, c_char, c_int, c_void};
@@ -43,7 +43,7 @@ mod runtime {
 
     pub static EVENTS: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
-    fn record(event: String) {
+    pub fn record(event: String) {
         EVENTS.lock().unwrap().push(event);
     }
 
@@ -74,6 +74,11 @@ mod runtime {
     pub fn real_call_failed() {
         record("real failed".into());
     }
+}
+
+/// A stand-in for the shim's recorder: what the exports describe of each operation.
+mod recorder {
+    use super::runtime::record;
 
     pub struct Operation {
         pub kind: u8,
@@ -85,7 +90,7 @@ mod runtime {
     }
 
     pub fn operation_done(call: &Operation, result: u32) {
-        let name = super::api::OPERATIONS[call.kind as usize];
+        let name = super::ffi::OPERATIONS[call.kind as usize];
         record(format!(
             "{name} comm {:#x} count {} type {} op {} root {} -> {result}",
             call.comm, call.count, call.datatype, call.op, call.root
@@ -96,11 +101,8 @@ mod runtime {
 /// The router of this test: claims ncclCommCount only.
 struct Router;
 
-impl api::Route for Router {
-    unsafe fn ncclCommCount(
-        _comm: api::ffi::ncclComm_t,
-        count: *mut c_int,
-    ) -> api::ffi::ncclResult_t {
+impl real::Route for Router {
+    unsafe fn ncclCommCount(_comm: ffi::ncclComm_t, count: *mut c_int) -> ffi::ncclResult_t {
         assert!(!count.is_null(), "the router was given a NULL count");
         // SAFETY: checked non-null; the caller's int.
         unsafe { *count = 42 };
@@ -108,11 +110,26 @@ impl api::Route for Router {
     }
 }
 
-mod api {
-    ncclshim_macros::nccl_api!(
+mod ffi {
+    ncclshim_macros::nccl_ffi!(specs_env = "NCCLSHIM_TEST_SPECS");
+}
+
+mod real {
+    ncclshim_macros::nccl_real!(
         specs_env = "NCCLSHIM_TEST_SPECS",
-        router = crate::Router,
+        ffi = crate::ffi,
         runtime = crate::runtime
+    );
+}
+
+mod exports {
+    ncclshim_macros::nccl_exports!(
+        specs_env = "NCCLSHIM_TEST_SPECS",
+        ffi = crate::ffi,
+        real = crate::real,
+        router = crate::Router,
+        runtime = crate::runtime,
+        recorder = crate::recorder
     );
 }
 
@@ -179,10 +196,10 @@ fn events() -> Vec<String> {
 // One test, so that the recorded events are this test's alone.
 #[test]
 fn exports_route_forward_stub_and_contain_panics() {
-    assert_eq!(api::ABI_VERSION, "2.27.7");
-    assert_eq!(api::ABI_VERSION_CODE, 22707);
-    assert_eq!(api::ABI_FUNCTIONS.len(), 37);
-    assert!(api::ABI_FUNCTIONS.contains(&"ncclCommInitRankScalable"));
+    assert_eq!(ffi::ABI_VERSION, "2.27.7");
+    assert_eq!(ffi::ABI_VERSION_CODE, 22707);
+    assert_eq!(ffi::ABI_FUNCTIONS.len(), 37);
+    assert!(ffi::ABI_FUNCTIONS.contains(&"ncclCommInitRankScalable"));
 
     // SAFETY (every call below): arguments as NCCL's C API takes them.
     unsafe {
@@ -239,7 +256,7 @@ fn exports_route_forward_stub_and_contain_panics() {
         // described once each returns (here: missing from the "real" library, the stub's 5).
         // (2.27.7's; all-to-all, gather and scatter come with 2.28.)
         assert_eq!(
-            api::OPERATIONS,
+            ffi::OPERATIONS,
             [
                 "ncclReduce",
                 "ncclBcast",

@@ -2,7 +2,7 @@
 
 use std::ffi::{CStr, c_char};
 
-use crate::api::ffi::*;
+use crate::ffi::*;
 
 #[allow(non_upper_case_globals)] // NCCL's own names for its result codes
 pub fn describe(result: ncclResult_t) -> *const c_char {

@@ -2,13 +2,15 @@
 //! signature (generated from `spec/`); each call is routed to our own code where `route` claims
 //! it, and forwarded to the real NCCL, loaded at first use, everywhere else.
 
-pub mod api;
 mod calls;
 pub mod core;
 mod error_strings;
+mod exports;
+pub mod ffi;
 pub mod identity;
 pub mod locate;
 mod log;
+mod real;
 mod real_nccl;
 mod route;
 pub mod runtime;

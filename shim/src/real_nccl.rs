@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 
 use libloading::os::unix::{Library, RTLD_LAZY, RTLD_LOCAL};
 
-use crate::api::{ABI_VERSION, ABI_VERSION_CODE};
+use crate::ffi::{ABI_VERSION, ABI_VERSION_CODE};
 use crate::locate::{self, SearchEnv};
 use crate::log::{log_info, log_warn, log_warn_always};
 
@@ -174,11 +174,11 @@ mod tests {
         );
         assert_eq!(
             super::abi_description(false, specs),
-            format!("ABI of NCCL {}", crate::api::ABI_VERSION)
+            format!("ABI of NCCL {}", crate::ffi::ABI_VERSION)
         );
         assert_eq!(
             super::abi_description(true, ""),
-            format!("ABI of NCCL {}", crate::api::ABI_VERSION)
+            format!("ABI of NCCL {}", crate::ffi::ABI_VERSION)
         );
     }
 

@@ -4,10 +4,11 @@
 
 use std::ffi::{c_char, c_int, c_void};
 
-use crate::api::ffi::*;
-use crate::api::{Route, if_exported, real, real_functions};
 use crate::core::Call;
 use crate::core::Collective::{AllGather, AllReduce, Broadcast, Reduce, ReduceScatter};
+use crate::ffi::if_exported;
+use crate::ffi::*;
+use crate::real::{self, Route, real_functions};
 use crate::{calls, core, error_strings, runtime};
 
 pub struct Router;

@@ -9,11 +9,9 @@ use std::ptr;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicPtr, Ordering};
 
-use crate::api::ffi::{ncclInternalError, ncclInvalidUsage, ncclResult_t, ncclSystemError};
+use crate::ffi::{ncclInternalError, ncclInvalidUsage, ncclResult_t, ncclSystemError};
 use crate::log::log_warn;
 use crate::real_nccl::{RealState, real_nccl, real_nccl_state};
-
-pub use crate::calls::{Operation, operation_done};
 
 thread_local! {
     static DEPTH: Cell<u32> = const { Cell::new(0) };

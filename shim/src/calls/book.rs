@@ -8,8 +8,8 @@ use std::sync::atomic::{
     AtomicBool, AtomicI32, AtomicI64, AtomicU8, AtomicU64, AtomicUsize, Ordering,
 };
 
-use crate::api::OPERATIONS;
 use crate::core::types::Algorithm;
+use crate::ffi::OPERATIONS;
 
 /// Communicators kept at once (alive, or destroyed and not yet overwritten).
 const SLOTS: usize = 256;

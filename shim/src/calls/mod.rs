@@ -12,12 +12,13 @@ mod trace;
 use std::cell::Cell;
 use std::sync::OnceLock;
 
-use crate::api::ffi::{ncclComm_t, ncclInProgress, ncclResult_t, ncclSuccess};
-use crate::api::{OPERATIONS, real};
-use crate::core::Stopwatch;
 use crate::core::policy::switch;
 use crate::core::types::{Algorithm, DataType, Op};
+use crate::core::{Observer, Stopwatch};
+use crate::ffi::OPERATIONS;
+use crate::ffi::{ncclComm_t, ncclInProgress, ncclResult_t, ncclSuccess};
 use crate::log::{Level, log_warn};
+use crate::real;
 
 pub use book::Recorded;
 
@@ -59,6 +60,51 @@ fn settings() -> &'static Settings {
     })
 }
 
+/// The record of calls as the core sees it (core/observer.rs).
+struct CallBook;
+
+impl Observer for CallBook {
+    fn wants_capture_state(&self) -> bool {
+        wants_capture_state()
+    }
+    fn wants_timing(&self) -> bool {
+        settings().timing
+    }
+    fn ran_on_core(&self, algorithm: Algorithm, captured: Option<bool>) {
+        let captured = captured.map_or(0, |c| 1 + c as u16);
+        ON_CORE.with(|c| c.set((1 + algorithm as u16) | (captured << 8)));
+    }
+    fn timed(&self, watch: Stopwatch) {
+        TIMED.with(|t| t.set(Some(watch)));
+    }
+    fn shared_launch(&self, comm: ncclComm_t, calls: usize) {
+        if let Some(page) = book::find(comm as usize) {
+            page.shared_launch(calls as u64);
+        }
+    }
+    fn sent_with_group(&self, comm: ncclComm_t) {
+        if let Some(page) = book::find(comm as usize) {
+            page.sent_with_group();
+        }
+    }
+    fn core_decided(&self, comm: ncclComm_t, on: bool, rank: i32, nranks: i32, device: i32) {
+        if let Some(page) = book::find_or_claim(comm as usize, |page| {
+            page.set_identity(rank, nranks, device)
+        }) {
+            book::set_core(page, on);
+        }
+    }
+    fn dump(&self, comm: ncclComm_t, why: &str) {
+        dump(comm, why);
+    }
+}
+
+/// Hands the core the call book when the library loads: a pointer stored, nothing loaded.
+#[ctor::ctor]
+fn observe_the_core() {
+    crate::core::set_observer(&CallBook);
+}
+
 thread_local! {
     /// How this thread's current call went on the core: 0 not (forwarded), else
     /// 1 + algorithm | captured << 8 (1 not captured, 2 captured).
@@ -67,39 +113,8 @@ thread_local! {
     static TIMED: Cell<Option<Stopwatch>> = const { Cell::new(None) };
 }
 
-/// The core timed this thread's current call with `watch` (its events now the trace's).
-pub fn timed(watch: Stopwatch) {
-    TIMED.with(|t| t.set(Some(watch)));
-}
-
-/// Whether routed calls should be timed: `NCCLSHIM_TRACE_TIMING=1` with the trace on.
-pub fn wants_timing() -> bool {
-    settings().timing
-}
-
-/// The core ran (or queued) this thread's current call with `algorithm`.
-pub fn ran_on_core(algorithm: Algorithm, captured: Option<bool>) {
-    let captured = captured.map_or(0, |c| 1 + c as u16);
-    ON_CORE.with(|c| c.set((1 + algorithm as u16) | (captured << 8)));
-}
-
-/// `calls` queued calls of `comm` went out in one launch of the core's (a group's batch).
-pub fn shared_launch(comm: ncclComm_t, calls: usize) {
-    if let Some(page) = book::find(comm as usize) {
-        page.shared_launch(calls as u64);
-    }
-}
-
-/// A call of `comm` queued for the core went to NCCL with the rest of its group (counted as the
-/// core's when it was made).
-pub fn sent_with_group(comm: ncclComm_t) {
-    if let Some(page) = book::find(comm as usize) {
-        page.sent_with_group();
-    }
-}
-
 /// Whether calls should say if they are captured: only where the trace is written.
-pub fn wants_capture_state() -> bool {
+fn wants_capture_state() -> bool {
     settings().trace.is_some()
 }
 
@@ -192,15 +207,6 @@ fn ask_identity(page: &book::Page, comm: usize) {
         }
     }
     page.set_identity(rank, nranks, device);
-}
-
-/// The set-up decided whether the core serves `comm` (rank `rank` of `nranks` on GPU `device`).
-pub fn core_decided(comm: ncclComm_t, on: bool, rank: i32, nranks: i32, device: i32) {
-    if let Some(page) = book::find_or_claim(comm as usize, |page| {
-        page.set_identity(rank, nranks, device)
-    }) {
-        book::set_core(page, on);
-    }
 }
 
 /// `comm` was destroyed or aborted: its page stays for the summary.
@@ -367,7 +373,7 @@ mod tests {
             op: 0,
             root: -1,
         };
-        ran_on_core(Algorithm::OneShot, Some(true));
+        CallBook.ran_on_core(Algorithm::OneShot, Some(true));
         operation_done(&call(0), 0);
         operation_done(&call(1), 0);
         let page = book::find(comm).unwrap();

@@ -17,7 +17,7 @@ use super::policy::{
 };
 use super::types::Algorithm;
 use super::zero_copy::{Uses, ZeroCopy};
-use crate::api::ffi::ncclComm_t;
+use crate::ffi::ncclComm_t;
 use crate::log::log_warn;
 
 /// Bytes at the start of each rank's buffer for the flags (see device/device.cuh), rounded up.
@@ -479,7 +479,7 @@ impl CoreComm {
                 self.device.ordinal,
                 policy::settings().wait_limit_s
             );
-            crate::calls::dump(comm, "a wait of the core gave up");
+            super::observer::observer().dump(comm, "a wait of the core gave up");
         }
         true
     }

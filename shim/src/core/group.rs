@@ -15,7 +15,7 @@ use super::comm::{CoreComm, Launched};
 use super::cuda::{Cuda, Stream, capturing};
 use super::launcher::DeviceOp;
 use super::policy::{self, Fused, MAX_BATCH, Plan};
-use crate::api::ffi::{ncclComm_t, ncclInProgress, ncclResult_t, ncclSuccess};
+use crate::ffi::{ncclComm_t, ncclInProgress, ncclResult_t, ncclSuccess};
 
 pub struct Queued {
     /// The communicator's handle, for the exit summary.
@@ -58,7 +58,7 @@ impl DeviceOp for Batch<'_> {
         let first = &self.calls[0];
         first.core.launch_batch(&launched, first.stream)?;
         if self.calls.len() > 1 {
-            crate::calls::shared_launch(first.comm, self.calls.len());
+            super::observer::observer().shared_launch(first.comm, self.calls.len());
         }
         Ok(())
     }
@@ -324,7 +324,7 @@ fn send_queued_to_nccl(comm: ncclComm_t) {
     // Out of the queue while the real NCCL runs: nothing of ours is borrowed if it calls back.
     let mut queued = QUEUED.with(|q| std::mem::take(&mut *q.borrow_mut()));
     for op in queued.extract_if(.., |op| op.comm == comm) {
-        crate::calls::sent_with_group(op.comm);
+        super::observer::observer().sent_with_group(op.comm);
         let sent = (op.forward)();
         if sent != ncclSuccess && sent != ncclInProgress {
             SENT_ERROR.with(|e| {

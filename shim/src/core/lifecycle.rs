@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
 use super::comm::CoreComm;
-use crate::api::ffi::ncclComm_t;
+use crate::ffi::ncclComm_t;
 use crate::log::log_info;
 
 /// Where a known communicator's core stands.
@@ -121,7 +121,12 @@ pub fn came_on(comm: ncclComm_t, core: Arc<CoreComm>) {
         });
         entry.state = State::Core(core);
     });
-    super::watch::start();
+    // Each second, every core whose kernel gave up waiting says so (`CoreComm::failed`).
+    super::watch::start(|| {
+        for (comm, core) in cores() {
+            core.failed(comm);
+        }
+    });
 }
 
 /// Made, SettingUp or AwaitsFirstAllReduce -> Declined, saying why, with this rank where known

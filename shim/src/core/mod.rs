@@ -15,6 +15,7 @@ mod lifecycle;
 mod limits;
 pub mod measured;
 mod nvrtc;
+mod observer;
 pub mod policy;
 pub mod program;
 mod setup;
@@ -22,12 +23,14 @@ pub mod types;
 mod zero_copy;
 
 pub use cuda::{Reading, Stopwatch};
+use observer::observer;
+pub use observer::{Observer, set_observer};
 pub use types::Collective;
 mod watch;
 
 use std::ffi::c_void;
 
-use crate::api::ffi::{
+use crate::ffi::{
     cudaStream_t, ncclComm_t, ncclInProgress, ncclInvalidUsage, ncclRemoteError, ncclResult_t,
     ncclSuccess, ncclUnhandledCudaError,
 };
@@ -358,7 +361,9 @@ fn collective_of_core(
             return forward();
         }
         // Asked of the driver only where the trace wants it, or `queue` needs it.
-        let captured = crate::calls::wants_capture_state().then(|| cuda::capturing(stream));
+        let captured = observer()
+            .wants_capture_state()
+            .then(|| cuda::capturing(stream));
         let algorithm = plan.algorithm;
         let queued = group::queue(group::Queued {
             comm,
@@ -371,7 +376,7 @@ fn collective_of_core(
             captured,
         });
         if queued.is_ok() {
-            crate::calls::ran_on_core(algorithm, captured);
+            observer().ran_on_core(algorithm, captured);
         } else {
             log_warn!(
                 "Streams given to a communicator within a NCCL group must either be all uncaptured or all captured by the same graph."
@@ -380,9 +385,11 @@ fn collective_of_core(
         }
         return ncclSuccess;
     }
-    let captured = crate::calls::wants_capture_state().then(|| cuda::capturing(stream));
+    let captured = observer()
+        .wants_capture_state()
+        .then(|| cuda::capturing(stream));
     // NCCLSHIM_TRACE_TIMING: events around the kernel (not in a graph: a replay is not this call).
-    let watch = (crate::calls::wants_timing() && captured == Some(false))
+    let watch = (observer().wants_timing() && captured == Some(false))
         .then(|| {
             let _context = core.device.enter_if_needed().ok()?;
             // SAFETY: the caller's stream, of this communicator's device.
@@ -391,7 +398,7 @@ fn collective_of_core(
         .flatten();
     match core.launch(&plan, call.send, call.recv, stream) {
         Ok(()) => {
-            crate::calls::ran_on_core(plan.algorithm, captured);
+            observer().ran_on_core(plan.algorithm, captured);
             if let Some(watch) = watch {
                 let stopped = core
                     .device
@@ -399,7 +406,7 @@ fn collective_of_core(
                     // SAFETY: as at the start, after the launch on the same stream.
                     .and_then(|_context| unsafe { watch.stop(stream) });
                 match stopped {
-                    Ok(()) => crate::calls::timed(watch),
+                    Ok(()) => observer().timed(watch),
                     Err(_) => watch.discard(),
                 }
             }

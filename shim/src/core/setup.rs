@@ -18,11 +18,9 @@ use super::policy::{
 use super::types::Collective;
 use super::zero_copy::{DeviceMemory, Service, ZeroCopy};
 use super::{kernels, lifecycle, measured};
-use crate::api::ffi::{
-    cudaStream_t, ncclComm_t, ncclInProgress, ncclResult_t, ncclSuccess, ncclUint8,
-};
-use crate::api::real;
+use crate::ffi::{cudaStream_t, ncclComm_t, ncclInProgress, ncclResult_t, ncclSuccess, ncclUint8};
 use crate::log::log_info;
+use crate::real;
 
 const MAGIC: u64 = 0x6e63_636c_7368_696d; // "ncclshim"
 // The record's and the buffer's layout (3: sentinel inboxes; 4: zero-copy; 5: every setting on
@@ -615,7 +613,7 @@ fn finish(
     let device = candidate.exchange.as_ref().map_or(-1, |x| x.device.ordinal);
     let on = parts.is_some() && mapped.is_ok() && everyone;
     let (rank, nranks) = (candidate.rank as i32, candidate.nranks as i32);
-    crate::calls::core_decided(candidate.comm, on, rank, nranks, device);
+    super::observer::observer().core_decided(candidate.comm, on, rank, nranks, device);
     match (parts, mapped, everyone) {
         (Some(parts), Ok(mapped), true) => {
             let settings = policy::settings();

@@ -360,10 +360,10 @@ fn core_role(rank: usize, dir: &Path, processes: Vec<u64>) {
     wrong += batches(&core, device, &stream, rank, &facts);
     // Through the routed path under a made-up handle, traced and timed (NCCLSHIM_TRACE and
     // NCCLSHIM_TRACE_TIMING=1 come from the parent): each call's GPU time is in the trace.
-    let comm = (0x7e57_0000 + 0x100 * rank) as crate::api::ffi::ncclComm_t;
+    let comm = (0x7e57_0000 + 0x100 * rank) as crate::ffi::ncclComm_t;
     super::super::lifecycle::came_on(comm, std::sync::Arc::new(core));
-    crate::calls::core_decided(comm, true, rank as i32, 2, device.ordinal);
-    let kind = crate::api::OPERATIONS
+    super::super::observer::observer().core_decided(comm, true, rank as i32, 2, device.ordinal);
+    let kind = crate::ffi::OPERATIONS
         .iter()
         .position(|name| *name == "ncclAllReduce")
         .unwrap() as u8;
@@ -379,9 +379,9 @@ fn core_role(rank: usize, dir: &Path, processes: Vec<u64>) {
             recv.pointer as *mut std::ffi::c_void,
             bytes,
             1,
-            stream.stream as crate::api::ffi::cudaStream_t,
+            stream.stream as crate::ffi::cudaStream_t,
         );
-        let result = super::super::collective(call, comm, || crate::api::ffi::ncclInternalError);
+        let result = super::super::collective(call, comm, || crate::ffi::ncclInternalError);
         let operation = crate::calls::Operation {
             kind,
             comm: comm as usize,
@@ -391,7 +391,7 @@ fn core_role(rank: usize, dir: &Path, processes: Vec<u64>) {
             root: -1,
         };
         crate::calls::operation_done(&operation, result);
-        assert_eq!(result, crate::api::ffi::ncclSuccess);
+        assert_eq!(result, crate::ffi::ncclSuccess);
     }
     stream.synchronize().unwrap();
     drop(super::super::lifecycle::forget(comm));
