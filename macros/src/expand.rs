@@ -7,6 +7,7 @@ use quote::{format_ident, quote};
 /// The paths the exports name.
 pub struct Paths {
     pub ffi: syn::Path,
+    pub call: syn::Path,
     pub real: syn::Path,
     pub router: syn::Path,
     pub runtime: syn::Path,
@@ -61,7 +62,7 @@ pub fn ffi(spec: &Spec, paths: &[PathBuf]) -> TokenStream {
 }
 
 /// The real NCCL's functions: the table of them, a typed forwarder each, and the `Route` trait.
-pub fn real(spec: &Spec, ffi: &syn::Path, runtime: &syn::Path) -> TokenStream {
+pub fn real(spec: &Spec, ffi: &syn::Path, call: &syn::Path, runtime: &syn::Path) -> TokenStream {
     let table_fields = spec.functions.iter().map(|f| {
         let ident = &f.ident;
         let pointer = pointer_type(f);
@@ -80,16 +81,21 @@ pub fn real(spec: &Spec, ffi: &syn::Path, runtime: &syn::Path) -> TokenStream {
         }
     });
     let forwarders = spec.functions.iter().map(|f| forwarder(f, runtime));
-    let route_methods = spec.functions.iter().map(|f| {
-        let (ident, params, args, ret) = (&f.ident, params(f), args(f), ret(f));
-        quote! {
-            /// Forwards to the real NCCL unless the router claims it.
-            unsafe fn #ident(#(#params),*) #ret {
-                // SAFETY: the caller's arguments go on unchanged to the function they were meant for.
-                unsafe { #ident(#(#args),*) }
+    // Operations go through `Route::operation`, described; every other function has a method.
+    let route_methods = spec
+        .functions
+        .iter()
+        .filter(|f| f.operation().is_none())
+        .map(|f| {
+            let (ident, params, args, ret) = (&f.ident, params(f), args(f), ret(f));
+            quote! {
+                /// Forwards to the real NCCL unless the router claims it.
+                unsafe fn #ident(#(#params),*) #ret {
+                    // SAFETY: the caller's arguments go on unchanged to the function they were meant for.
+                    unsafe { #ident(#(#args),*) }
+                }
             }
-        }
-    });
+        });
     quote! {
         #[allow(unused_imports)]
         use #ffi::*;
@@ -123,10 +129,19 @@ pub fn real(spec: &Spec, ffi: &syn::Path, runtime: &syn::Path) -> TokenStream {
 
         #(#forwarders)*
 
-        /// One method per NCCL function. Hand-written code claims a function by overriding its
-        /// method; every other function keeps the default, which forwards.
+        /// How the exports' calls are served. Every operation on a communicator's stream comes to
+        /// `operation`, described; every other function to a method of its own. Hand-written code
+        /// claims what it serves by overriding them; the defaults forward.
         #[allow(non_snake_case, clippy::too_many_arguments, clippy::missing_safety_doc)]
         pub trait Route {
+            /// An operation (`ffi::OPERATIONS[call.kind]`) as `call` describes it; `forward` calls
+            /// the real NCCL's function with the caller's arguments.
+            #[inline]
+            fn operation<F: FnOnce() -> #ffi::ncclResult_t + 'static>(call: &#call, forward: F) -> #ffi::ncclResult_t {
+                let _ = call;
+                forward()
+            }
+
             #(#route_methods)*
         }
     }
@@ -239,6 +254,7 @@ fn export(
     paths: &Paths,
 ) -> TokenStream {
     let Paths {
+        call,
         real,
         router,
         runtime,
@@ -254,28 +270,44 @@ fn export(
     };
     let routed = match (kind, f.operation()) {
         (Some(kind), Some(o)) => {
-            let (comm, count, datatype) = (&o.comm.ident, &o.count.ident, &o.datatype.ident);
-            let op = o.op.map_or(quote! { -1 }, |p| {
+            let (comm, count, datatype, stream) = (
+                &o.comm.ident,
+                &o.count.ident,
+                &o.datatype.ident,
+                &o.stream.ident,
+            );
+            let send = o.send.map_or(quote! { ::core::ptr::null() }, |p| {
                 let p = &p.ident;
-                quote! { #p as i64 }
+                quote! { #p as *const ::core::ffi::c_void }
             });
-            let root = o.root.map_or(quote! { -1 }, |p| {
+            let recv = o.recv.map_or(quote! { ::core::ptr::null_mut() }, |p| {
                 let p = &p.ident;
-                quote! { #p as i64 }
+                quote! { #p as *mut ::core::ffi::c_void }
+            });
+            let op = o.op.map_or(quote! { None }, |p| {
+                let p = &p.ident;
+                quote! { Some(#p as u32) }
+            });
+            let root = o.root.map_or(quote! { None }, |p| {
+                let p = &p.ident;
+                quote! { Some(#p as i32) }
             });
             quote! {{
-                let result = #routed;
-                #recorder::operation_done(
-                    &#recorder::Operation {
-                        kind: #kind as u8,
-                        comm: #comm as usize,
-                        count: #count as u64,
-                        datatype: #datatype as i64,
-                        op: #op,
-                        root: #root,
-                    },
-                    result,
-                );
+                let call = #call {
+                    kind: #kind as u8,
+                    comm: #comm,
+                    send: #send,
+                    recv: #recv,
+                    count: #count as usize,
+                    datatype: #datatype as u32,
+                    op: #op,
+                    root: #root,
+                    stream: #stream,
+                };
+                // SAFETY: the C caller's arguments, passed on unchanged.
+                let forward = move || unsafe { #real::#ident(#(#args),*) };
+                let result = <#router as #real::Route>::operation(&call, forward);
+                #recorder::operation_done(&call, result);
                 result
             }}
         }

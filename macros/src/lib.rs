@@ -2,10 +2,11 @@
 //! a module of its own so that the lower ones never name the higher:
 //! - `nccl_ffi!`: the API's types and constants, and what the spec says of its functions;
 //! - `nccl_real!`: for every function a typed forwarder to the real NCCL's (resolved once) with
-//!   the stub for a real NCCL that lacks it, and the `Route` trait, one method per function,
-//!   forwarding unless hand-written code claims it;
-//! - `nccl_exports!`: the exports `ncclX` and `pncclX`, with the reentrancy guard, each calling
-//!   the router's method and describing every operation on a stream to the recorder.
+//!   the stub for a real NCCL that lacks it, and the `Route` trait: one method for every
+//!   operation on a stream, given its description, and one per other function, each forwarding
+//!   unless hand-written code claims it;
+//! - `nccl_exports!`: the exports `ncclX` and `pncclX`, with the reentrancy guard; an
+//!   operation's describes the call once, hands it to the router and then to the recorder.
 
 mod expand;
 mod input;
@@ -41,31 +42,33 @@ pub fn nccl_ffi(input: TokenStream) -> TokenStream {
     with_spec(input, |spec, paths, _| Ok(expand::ffi(spec, paths)))
 }
 
-/// `nccl_real!(specs_env = "VAR", ffi = path::ffi, runtime = path::runtime)`
+/// `nccl_real!(specs_env = "VAR", ffi = path::ffi, call = path::Call, runtime = path::runtime)`
+///
+/// `Call`: the description of an operation's call, with the fields `kind` (its index in
+/// `OPERATIONS`), `comm`, `send`, `recv`, `count`, `datatype`, `op`, `root` and `stream`.
 #[proc_macro]
 pub fn nccl_real(input: TokenStream) -> TokenStream {
     with_spec(input, |spec, _, input| {
-        let [ffi, runtime] = input.paths(["ffi", "runtime"])?;
-        Ok(expand::real(spec, &ffi, &runtime))
+        let [ffi, call, runtime] = input.paths(["ffi", "call", "runtime"])?;
+        Ok(expand::real(spec, &ffi, &call, &runtime))
     })
 }
 
-/// `nccl_exports!(specs_env = "VAR", ffi = path::ffi, real = path::real, router = path::Router,
-/// runtime = path::runtime, recorder = path::recorder)`
+/// `nccl_exports!(specs_env = "VAR", ffi = path::ffi, call = path::Call, real = path::real,
+/// router = path::Router, runtime = path::runtime, recorder = path::recorder)`
 #[proc_macro]
 pub fn nccl_exports(input: TokenStream) -> TokenStream {
     with_spec(input, |spec, _, input| {
-        let [ffi, real, router, runtime, recorder] =
-            input.paths(["ffi", "real", "router", "runtime", "recorder"])?;
-        Ok(expand::exports(
-            spec,
-            &expand::Paths {
-                ffi,
-                real,
-                router,
-                runtime,
-                recorder,
-            },
-        ))
+        let [ffi, call, real, router, runtime, recorder] =
+            input.paths(["ffi", "call", "real", "router", "runtime", "recorder"])?;
+        let paths = expand::Paths {
+            ffi,
+            call,
+            real,
+            router,
+            runtime,
+            recorder,
+        };
+        Ok(expand::exports(spec, &paths))
     })
 }

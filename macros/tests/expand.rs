@@ -80,25 +80,36 @@ mod runtime {
 mod recorder {
     use super::runtime::record;
 
-    pub struct Operation {
-        pub kind: u8,
-        pub comm: usize,
-        pub count: u64,
-        pub datatype: i64,
-        pub op: i64,
-        pub root: i64,
-    }
-
-    pub fn operation_done(call: &Operation, result: u32) {
+    pub fn operation_done(call: &super::Call, result: u32) {
         let name = super::ffi::OPERATIONS[call.kind as usize];
         record(format!(
-            "{name} comm {:#x} count {} type {} op {} root {} -> {result}",
-            call.comm, call.count, call.datatype, call.op, call.root
+            "{name} comm {:p} send {:p} recv {:p} count {} type {} op {:?} root {:?} stream {:p} -> {result}",
+            call.comm,
+            call.send,
+            call.recv,
+            call.count,
+            call.datatype,
+            call.op,
+            call.root,
+            call.stream
         ));
     }
 }
 
-/// The router of this test: claims ncclCommCount only.
+/// The description the exports give of an operation's call.
+pub struct Call {
+    pub kind: u8,
+    pub comm: ffi::ncclComm_t,
+    pub send: *const c_void,
+    pub recv: *mut c_void,
+    pub count: usize,
+    pub datatype: u32,
+    pub op: Option<u32>,
+    pub root: Option<i32>,
+    pub stream: ffi::cudaStream_t,
+}
+
+/// The router of this test: claims ncclCommCount, and the broadcasts among the operations.
 struct Router;
 
 impl real::Route for Router {
@@ -107,6 +118,18 @@ impl real::Route for Router {
         // SAFETY: checked non-null; the caller's int.
         unsafe { *count = 42 };
         0
+    }
+
+    fn operation<F: FnOnce() -> ffi::ncclResult_t + 'static>(
+        call: &Call,
+        forward: F,
+    ) -> ffi::ncclResult_t {
+        let name = ffi::OPERATIONS[call.kind as usize];
+        if name.starts_with("ncclB") {
+            runtime::record(format!("routed {name}"));
+            return 0;
+        }
+        forward()
     }
 }
 
@@ -118,6 +141,7 @@ mod real {
     ncclshim_macros::nccl_real!(
         specs_env = "NCCLSHIM_TEST_SPECS",
         ffi = crate::ffi,
+        call = crate::Call,
         runtime = crate::runtime
     );
 }
@@ -126,6 +150,7 @@ mod exports {
     ncclshim_macros::nccl_exports!(
         specs_env = "NCCLSHIM_TEST_SPECS",
         ffi = crate::ffi,
+        call = crate::Call,
         real = crate::real,
         router = crate::Router,
         runtime = crate::runtime,
@@ -174,6 +199,14 @@ mod api_exports {
             count: usize,
             datatype: u32,
             op: u32,
+            root: c_int,
+            comm: *mut std::ffi::c_void,
+            stream: *mut std::ffi::c_void,
+        ) -> u32;
+        pub fn ncclBcast(
+            buff: *mut std::ffi::c_void,
+            count: usize,
+            datatype: u32,
             root: c_int,
             comm: *mut std::ffi::c_void,
             stream: *mut std::ffi::c_void,
@@ -275,13 +308,18 @@ fn exports_route_forward_stub_and_contain_panics() {
             5
         );
         assert_eq!(api_exports::pncclSend(buffer, 3, 9, 1, comm, stream), 5);
+        let other = 0x80 as *mut c_void;
+        assert_eq!(api_exports::ncclBcast(other, 4, 2, 0, comm, stream), 0);
         assert_eq!(
             events(),
             [
                 "missing ncclReduce",
-                "ncclReduce comm 0x1230 count 12 type 7 op 2 root 1 -> 5",
+                "ncclReduce comm 0x1230 send 0x40 recv 0x40 count 12 type 7 op Some(2) root Some(1) stream 0x0 -> 5",
                 "missing ncclSend",
-                "ncclSend comm 0x1230 count 3 type 9 op -1 root 1 -> 5",
+                "ncclSend comm 0x1230 send 0x40 recv 0x0 count 3 type 9 op None root Some(1) stream 0x0 -> 5",
+                // Claimed by the router: not forwarded; one buffer is both of an in-place broadcast.
+                "routed ncclBcast",
+                "ncclBcast comm 0x1230 send 0x80 recv 0x80 count 4 type 2 op None root Some(0) stream 0x0 -> 0",
             ]
         );
 

@@ -5,6 +5,7 @@
 ncclshim_macros::nccl_exports!(
     specs_env = "NCCLSHIM_SPECS",
     ffi = crate::ffi,
+    call = crate::call::Call,
     real = crate::real,
     router = crate::route::Router,
     runtime = crate::runtime,

@@ -2,6 +2,7 @@
 //! signature (generated from `spec/`); each call is routed to our own code where `route` claims
 //! it, and forwarded to the real NCCL, loaded at first use, everywhere else.
 
+mod call;
 mod calls;
 pub mod core;
 mod error_strings;

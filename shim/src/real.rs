@@ -5,5 +5,6 @@
 ncclshim_macros::nccl_real!(
     specs_env = "NCCLSHIM_SPECS",
     ffi = crate::ffi,
+    call = crate::call::Call,
     runtime = crate::runtime,
 );

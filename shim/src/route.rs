@@ -2,10 +2,9 @@
 //! real NCCL (the `Route` trait's defaults, generated from the spec). Functions that only some
 //! NCCL versions have are claimed inside `if_exported!`.
 
-use std::ffi::{c_char, c_int, c_void};
+use std::ffi::{c_char, c_int};
 
-use crate::core::Call;
-use crate::core::Collective::{AllGather, AllReduce, Broadcast, Reduce, ReduceScatter};
+use crate::call::Call;
 use crate::ffi::if_exported;
 use crate::ffi::*;
 use crate::real::{self, Route, real_functions};
@@ -85,162 +84,12 @@ impl Route for Router {
         }
     }
 
-    unsafe fn ncclAllReduce(
-        sendbuff: *const c_void,
-        recvbuff: *mut c_void,
-        count: usize,
-        datatype: ncclDataType_t,
-        op: ncclRedOp_t,
-        comm: ncclComm_t,
-        stream: cudaStream_t,
-    ) -> ncclResult_t {
-        // SAFETY: the caller's arguments, unchanged.
-        let forward = move || unsafe {
-            real::ncclAllReduce(sendbuff, recvbuff, count, datatype, op, comm, stream)
-        };
-        let call = Call::new(AllReduce, sendbuff, recvbuff, count, datatype, stream);
-        core::collective(call.with_op(op), comm, forward)
+    /// Every operation on a stream goes to the core, which takes the calls of the collectives it
+    /// has (types.rs) where its policy says so; the rest forward.
+    #[inline]
+    fn operation<F: FnOnce() -> ncclResult_t + 'static>(call: &Call, forward: F) -> ncclResult_t {
+        core::operation(call, forward)
     }
-
-    unsafe fn ncclAllGather(
-        sendbuff: *const c_void,
-        recvbuff: *mut c_void,
-        sendcount: usize,
-        datatype: ncclDataType_t,
-        comm: ncclComm_t,
-        stream: cudaStream_t,
-    ) -> ncclResult_t {
-        // SAFETY: the caller's arguments, unchanged.
-        let forward = move || unsafe {
-            real::ncclAllGather(sendbuff, recvbuff, sendcount, datatype, comm, stream)
-        };
-        let call = Call::new(AllGather, sendbuff, recvbuff, sendcount, datatype, stream);
-        core::collective(call, comm, forward)
-    }
-
-    unsafe fn ncclReduceScatter(
-        sendbuff: *const c_void,
-        recvbuff: *mut c_void,
-        recvcount: usize,
-        datatype: ncclDataType_t,
-        op: ncclRedOp_t,
-        comm: ncclComm_t,
-        stream: cudaStream_t,
-    ) -> ncclResult_t {
-        // SAFETY: the caller's arguments, unchanged.
-        let forward = move || unsafe {
-            real::ncclReduceScatter(sendbuff, recvbuff, recvcount, datatype, op, comm, stream)
-        };
-        let call = Call::new(
-            ReduceScatter,
-            sendbuff,
-            recvbuff,
-            recvcount,
-            datatype,
-            stream,
-        );
-        core::collective(call.with_op(op), comm, forward)
-    }
-
-    unsafe fn ncclBroadcast(
-        sendbuff: *const c_void,
-        recvbuff: *mut c_void,
-        count: usize,
-        datatype: ncclDataType_t,
-        root: c_int,
-        comm: ncclComm_t,
-        stream: cudaStream_t,
-    ) -> ncclResult_t {
-        // SAFETY: the caller's arguments, unchanged.
-        let forward = move || unsafe {
-            real::ncclBroadcast(sendbuff, recvbuff, count, datatype, root, comm, stream)
-        };
-        let call = Call::new(Broadcast, sendbuff, recvbuff, count, datatype, stream);
-        core::collective(call.with_root(root), comm, forward)
-    }
-
-    /// The in-place broadcast of NCCL's first API.
-    unsafe fn ncclBcast(
-        buff: *mut c_void,
-        count: usize,
-        datatype: ncclDataType_t,
-        root: c_int,
-        comm: ncclComm_t,
-        stream: cudaStream_t,
-    ) -> ncclResult_t {
-        // SAFETY: the caller's arguments, unchanged.
-        let forward = move || unsafe { real::ncclBcast(buff, count, datatype, root, comm, stream) };
-        let call = Call::new(Broadcast, buff, buff, count, datatype, stream);
-        core::collective(call.with_root(root), comm, forward)
-    }
-
-    unsafe fn ncclReduce(
-        sendbuff: *const c_void,
-        recvbuff: *mut c_void,
-        count: usize,
-        datatype: ncclDataType_t,
-        op: ncclRedOp_t,
-        root: c_int,
-        comm: ncclComm_t,
-        stream: cudaStream_t,
-    ) -> ncclResult_t {
-        // SAFETY: the caller's arguments, unchanged.
-        let forward = move || unsafe {
-            real::ncclReduce(sendbuff, recvbuff, count, datatype, op, root, comm, stream)
-        };
-        let call = Call::new(Reduce, sendbuff, recvbuff, count, datatype, stream);
-        core::collective(call.with_op(op).with_root(root), comm, forward)
-    }
-
-    if_exported!(ncclAlltoAll {
-        unsafe fn ncclAlltoAll(
-            sendbuff: *const c_void,
-            recvbuff: *mut c_void,
-            count: usize,
-            datatype: ncclDataType_t,
-            comm: ncclComm_t,
-            stream: cudaStream_t,
-        ) -> ncclResult_t {
-            // SAFETY: the caller's arguments, unchanged.
-            let forward = move || unsafe { real::ncclAlltoAll(sendbuff, recvbuff, count, datatype, comm, stream) };
-            let call = Call::new(core::Collective::AllToAll, sendbuff, recvbuff, count, datatype, stream);
-            core::collective(call, comm, forward)
-        }
-    });
-
-    if_exported!(ncclGather {
-        unsafe fn ncclGather(
-            sendbuff: *const c_void,
-            recvbuff: *mut c_void,
-            count: usize,
-            datatype: ncclDataType_t,
-            root: c_int,
-            comm: ncclComm_t,
-            stream: cudaStream_t,
-        ) -> ncclResult_t {
-            // SAFETY: the caller's arguments, unchanged.
-            let forward = move || unsafe { real::ncclGather(sendbuff, recvbuff, count, datatype, root, comm, stream) };
-            let call = Call::new(core::Collective::Gather, sendbuff, recvbuff, count, datatype, stream);
-            core::collective(call.with_root(root), comm, forward)
-        }
-    });
-
-    if_exported!(ncclScatter {
-        unsafe fn ncclScatter(
-            sendbuff: *const c_void,
-            recvbuff: *mut c_void,
-            count: usize,
-            datatype: ncclDataType_t,
-            root: c_int,
-            comm: ncclComm_t,
-            stream: cudaStream_t,
-        ) -> ncclResult_t {
-            // SAFETY: the caller's arguments, unchanged.
-            let forward = move || unsafe { real::ncclScatter(sendbuff, recvbuff, count, datatype, root, comm, stream) };
-            let call = Call::new(core::Collective::Scatter, sendbuff, recvbuff, count, datatype, stream);
-            core::collective(call.with_root(root), comm, forward)
-        }
-    });
 
     unsafe fn ncclGroupStart() -> ncclResult_t {
         // SAFETY: no arguments.

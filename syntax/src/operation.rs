@@ -2,14 +2,19 @@
 //! those the shim describes call by call (counts, trace, flight recorder). Read from the
 //! parameters, never from a list of names: a function with a communicator `comm`, a stream
 //! `stream`, an element type `datatype` and an element count (`count`, `sendcount`,
-//! `recvcount`: a `usize` whose name ends in `count`).
+//! `recvcount`: a `usize` whose name ends in `count`), returning `ncclResult_t`. Its buffers: `sendbuff` and `recvbuff`,
+//! or one `buff` that is both (an in-place broadcast).
 
-use crate::model::{Function, Param};
+use crate::model::{Function, Param, Returns};
 use crate::types::type_to_string;
 
 /// The parameters that describe one call of an operation.
 pub struct OperationParams<'a> {
     pub comm: &'a Param,
+    /// The buffer read, where the operation has one (not a receive).
+    pub send: Option<&'a Param>,
+    /// The buffer written, where the operation has one (not a send).
+    pub recv: Option<&'a Param>,
     pub stream: &'a Param,
     pub datatype: &'a Param,
     pub count: &'a Param,
@@ -22,10 +27,15 @@ pub struct OperationParams<'a> {
 impl Function {
     /// This function's operation parameters, if it is an operation on a communicator's stream.
     pub fn operation(&self) -> Option<OperationParams<'_>> {
+        if !matches!(self.returns, Returns::Result(_)) {
+            return None;
+        }
         let named = |name: &str| self.params.iter().find(|p| p.name == name);
         let typed = |p: &&Param, ty: &str| type_to_string(&p.ty).ends_with(ty);
         Some(OperationParams {
             comm: named("comm").filter(|p| typed(p, "ncclComm_t"))?,
+            send: named("sendbuff").or_else(|| named("buff")),
+            recv: named("recvbuff").or_else(|| named("buff")),
             stream: named("stream").filter(|p| typed(p, "cudaStream_t"))?,
             datatype: named("datatype").filter(|p| typed(p, "ncclDataType_t"))?,
             count: self
@@ -90,6 +100,31 @@ unsafe extern "C" {
     pub fn ncclCommCount(comm: ncclComm_t, count: *mut ::std::os::raw::c_int) -> ncclResult_t;
 }
 "#;
+
+    #[test]
+    fn buffers_are_read_from_their_parameters() {
+        let spec = parse_spec(SPEC).unwrap();
+        let buffers: Vec<(Option<String>, Option<String>)> = spec
+            .functions
+            .iter()
+            .filter_map(|f| {
+                let o = f.operation()?;
+                Some((
+                    o.send.map(|p| p.name.clone()),
+                    o.recv.map(|p| p.name.clone()),
+                ))
+            })
+            .collect();
+        let named = |n: Option<&str>| n.map(String::from);
+        assert_eq!(
+            buffers,
+            vec![
+                (named(Some("sendbuff")), named(Some("recvbuff"))),
+                (None, named(Some("recvbuff"))),
+                (named(Some("sendbuff")), named(Some("recvbuff"))),
+            ]
+        );
+    }
 
     #[test]
     fn operations_are_read_from_their_parameters() {

@@ -12,6 +12,7 @@ mod trace;
 use std::cell::Cell;
 use std::sync::OnceLock;
 
+use crate::call::Call;
 use crate::core::policy::switch;
 use crate::core::types::{Algorithm, DataType, Op};
 use crate::core::{Observer, Stopwatch};
@@ -21,19 +22,6 @@ use crate::log::{Level, log_warn};
 use crate::real;
 
 pub use book::Recorded;
-
-/// One call of an operation, as the generated export describes it.
-pub struct Operation {
-    /// Its index in `OPERATIONS`.
-    pub kind: u8,
-    pub comm: usize,
-    pub count: u64,
-    pub datatype: i64,
-    /// The reduction, -1 for operations without one.
-    pub op: i64,
-    /// The root or peer, -1 for operations without one.
-    pub root: i64,
-}
 
 /// What the settings ask for, read once.
 struct Settings {
@@ -150,7 +138,7 @@ fn element_bytes(datatype: i64) -> u64 {
 }
 
 /// Records an outermost call of an operation once it has returned `result`.
-pub fn operation_done(call: &Operation, result: ncclResult_t) {
+pub fn operation_done(call: &Call, result: ncclResult_t) {
     let on_core = ON_CORE.with(|c| c.replace(0));
     let watch = TIMED.with(Cell::take);
     let traced = record(call, result, on_core, watch);
@@ -160,17 +148,18 @@ pub fn operation_done(call: &Operation, result: ncclResult_t) {
 }
 
 /// Records the call; whether the trace took it (and `watch`, whose events are then its own).
-fn record(call: &Operation, result: ncclResult_t, on_core: u16, watch: Option<Stopwatch>) -> bool {
-    if call.comm == 0 {
+fn record(call: &Call, result: ncclResult_t, on_core: u16, watch: Option<Stopwatch>) -> bool {
+    let comm = call.comm as usize;
+    if comm == 0 {
         return false;
     }
     // A communicator new to the book joins it only with a call NCCL took: a handle it refused
     // may be no communicator at all, not to be asked about.
     let taken = result == ncclSuccess || result == ncclInProgress;
     let page = if taken {
-        book::find_or_claim(call.comm, |page| ask_identity(page, call.comm))
+        book::find_or_claim(comm, |page| ask_identity(page, comm))
     } else {
-        book::find(call.comm)
+        book::find(comm)
     };
     let Some(page) = page else {
         return false;
@@ -180,11 +169,11 @@ fn record(call: &Operation, result: ncclResult_t, on_core: u16, watch: Option<St
         way: on_core as u8,
         result,
         captured: (on_core >> 8) as u8,
-        count: call.count,
-        bytes: call.count.saturating_mul(element_bytes(call.datatype)),
-        datatype: call.datatype,
-        op: call.op,
-        root: call.root,
+        count: call.count as u64,
+        bytes: (call.count as u64).saturating_mul(element_bytes(call.datatype.into())),
+        datatype: call.datatype.into(),
+        op: call.op.map_or(-1, i64::from),
+        root: call.root.map_or(-1, i64::from),
         at_us: now_us(),
     };
     let seq = page.record(&recorded);
@@ -365,13 +354,16 @@ mod tests {
         let comm = 0x5300_0000;
         // Known already, so that nothing asks the real NCCL about this made-up handle.
         book::find_or_claim(comm, |_| ());
-        let call = |kind| Operation {
+        let call = |kind| Call {
             kind,
-            comm,
+            comm: comm as crate::ffi::ncclComm_t,
+            send: std::ptr::null(),
+            recv: std::ptr::null_mut(),
             count: 1 << 10,
             datatype: 7,
-            op: 0,
-            root: -1,
+            op: Some(0),
+            root: None,
+            stream: std::ptr::null_mut(),
         };
         CallBook.ran_on_core(Algorithm::OneShot, Some(true));
         operation_done(&call(0), 0);

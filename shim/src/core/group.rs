@@ -7,7 +7,6 @@
 //! calls of a communicator faster: then they join NCCL's group (`weigh`).
 
 use std::cell::{Cell, RefCell};
-use std::ffi::c_void;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -15,21 +14,25 @@ use super::comm::{CoreComm, Launched};
 use super::cuda::{Cuda, Stream, capturing};
 use super::launcher::DeviceOp;
 use super::policy::{self, Fused, MAX_BATCH, Plan};
+use crate::call::Call;
 use crate::ffi::{ncclComm_t, ncclInProgress, ncclResult_t, ncclSuccess};
 
+/// A call queued for the core in a group, with its plan.
 pub struct Queued {
-    /// The communicator's handle, for the exit summary.
-    pub comm: ncclComm_t,
+    pub call: Call,
     pub core: Arc<CoreComm>,
     pub plan: Plan,
     /// The call as the real NCCL's, should its group's calls go there (`weigh`).
     pub forward: Box<dyn FnOnce() -> ncclResult_t>,
-    pub send: *const c_void,
-    pub recv: *mut c_void,
-    pub stream: Stream,
     /// Whether `stream` was being captured into a CUDA graph when the call was made: asked only
     /// where another call of the communicator in the group comes on another stream (`queue`).
     pub captured: Option<bool>,
+}
+
+impl Queued {
+    fn stream(&self) -> Stream {
+        self.call.stream as Stream
+    }
 }
 
 /// Queued calls launched together (`CoreComm::launch_batch`): consecutive calls of one device
@@ -48,17 +51,17 @@ impl DeviceOp for Batch<'_> {
         let launched: Vec<Launched> = self
             .calls
             .iter()
-            .map(|call| Launched {
-                plan: &call.plan,
-                send: call.send,
-                recv: call.recv,
-                stream: call.stream,
+            .map(|queued| Launched {
+                plan: &queued.plan,
+                send: queued.call.send,
+                recv: queued.call.recv,
+                stream: queued.stream(),
             })
             .collect();
         let first = &self.calls[0];
-        first.core.launch_batch(&launched, first.stream)?;
+        first.core.launch_batch(&launched, first.stream())?;
         if self.calls.len() > 1 {
-            super::observer::observer().shared_launch(first.comm, self.calls.len());
+            super::observer::observer().shared_launch(first.call.comm, self.calls.len());
         }
         Ok(())
     }
@@ -87,7 +90,7 @@ fn joins(batch: &[Queued], call: &Queued) -> bool {
         return policy::settings().fuses_with(&first.plan, batch.len(), bytes, &call.plan, nranks);
     }
     batch.len() < MAX_BATCH
-        && first.stream == call.stream
+        && first.stream() == call.stream()
         && first.plan.same_launch(&call.plan)
         && call.core.may_batch(&call.plan)
 }
@@ -323,8 +326,8 @@ pub fn weigh(comm: ncclComm_t, core: &Arc<CoreComm>, plan: &Plan) -> bool {
 fn send_queued_to_nccl(comm: ncclComm_t) {
     // Out of the queue while the real NCCL runs: nothing of ours is borrowed if it calls back.
     let mut queued = QUEUED.with(|q| std::mem::take(&mut *q.borrow_mut()));
-    for op in queued.extract_if(.., |op| op.comm == comm) {
-        super::observer::observer().sent_with_group(op.comm);
+    for op in queued.extract_if(.., |op| op.call.comm == comm) {
+        super::observer::observer().sent_with_group(op.call.comm);
         let sent = (op.forward)();
         if sent != ncclSuccess && sent != ncclInProgress {
             SENT_ERROR.with(|e| {
@@ -388,14 +391,18 @@ pub fn queue(mut op: Queued) -> Result<(), ()> {
     QUEUED.with(|q| {
         let mut queued = q.borrow_mut();
         let comm = Arc::as_ptr(&op.core) as usize;
+        let stream = op.stream();
         let mut other_streams = queued
             .iter_mut()
-            .filter(|o| Arc::as_ptr(&o.core) as usize == comm && o.stream != op.stream)
+            .filter(|o| Arc::as_ptr(&o.core) as usize == comm && o.stream() != stream)
             .peekable();
         if other_streams.peek().is_some() {
-            let mine = *op.captured.get_or_insert_with(|| capturing(op.stream));
+            let mine = *op.captured.get_or_insert_with(|| capturing(stream));
             let earlier: Vec<(usize, bool)> = other_streams
-                .map(|o| (comm, *o.captured.get_or_insert_with(|| capturing(o.stream))))
+                .map(|o| {
+                    let stream = o.stream();
+                    (comm, *o.captured.get_or_insert_with(|| capturing(stream)))
+                })
                 .collect();
             if mixes_capture(earlier.into_iter(), (comm, mine)) {
                 FAILED.with(|f| f.set(true));

@@ -16,6 +16,7 @@ mod limits;
 pub mod measured;
 mod nvrtc;
 mod observer;
+mod operations;
 pub mod policy;
 pub mod program;
 mod setup;
@@ -28,11 +29,10 @@ pub use observer::{Observer, set_observer};
 pub use types::Collective;
 mod watch;
 
-use std::ffi::c_void;
-
+use crate::call::Call;
 use crate::ffi::{
-    cudaStream_t, ncclComm_t, ncclInProgress, ncclInvalidUsage, ncclRemoteError, ncclResult_t,
-    ncclSuccess, ncclUnhandledCudaError,
+    ncclComm_t, ncclInProgress, ncclInvalidUsage, ncclRemoteError, ncclResult_t, ncclSuccess,
+    ncclUnhandledCudaError,
 };
 use crate::log::{log_info, log_warn};
 
@@ -205,88 +205,42 @@ pub fn group_end(real_end: impl FnOnce() -> ncclResult_t) -> ncclResult_t {
     }
 }
 
-/// A call of a collective the core can take: its arguments besides the communicator, as the
-/// caller gave them (`count` as NCCL's API takes it: each rank's chunk where there is one).
-pub struct Call {
-    pub collective: Collective,
-    pub send: *const c_void,
-    pub recv: *mut c_void,
-    pub count: usize,
-    pub dtype: u32,
-    /// Unused where the collective does not reduce.
-    pub op: u32,
-    /// Unused where the collective has no root.
-    pub root: i32,
-    pub stream: cudaStream_t,
+/// Whether a buffer this rank's part of a call of `collective` uses is NULL: the real NCCL's to
+/// report. A non-root's send buffer of a broadcast or scatter, and its receive buffer of a
+/// reduce or gather, are not used (NCCL allows anything there).
+fn lacks_buffer(collective: Collective, call: &Call, rank: usize) -> bool {
+    let root = call.root == Some(rank as i32);
+    (collective.reads_input(root) && call.send.is_null())
+        || (collective.writes_output(root) && call.recv.is_null())
 }
 
-impl Call {
-    /// A call without op or root (set them with `with_op`, `with_root`).
-    pub fn new(
-        collective: Collective,
-        send: *const c_void,
-        recv: *mut c_void,
-        count: usize,
-        dtype: u32,
-        stream: cudaStream_t,
-    ) -> Call {
-        Call {
-            collective,
-            send,
-            recv,
-            count,
-            dtype,
-            op: 0,
-            root: -1,
-            stream,
-        }
-    }
-
-    pub fn with_op(self, op: u32) -> Call {
-        Call { op, ..self }
-    }
-
-    pub fn with_root(self, root: i32) -> Call {
-        Call { root, ..self }
-    }
-
-    /// Whether a buffer this rank's part of the call uses is NULL: the real NCCL's to report. A
-    /// non-root's send buffer of a broadcast or scatter, and its receive buffer of a reduce or
-    /// gather, are not used (NCCL allows anything there).
-    fn lacks_buffer(&self, rank: usize) -> bool {
-        let root = self.root == rank as i32;
-        (self.collective.reads_input(root) && self.send.is_null())
-            || (self.collective.writes_output(root) && self.recv.is_null())
-    }
-}
-
-/// A call on `comm`: the core's where it takes it, else `forward` (the real NCCL's). Where a
-/// communicator's core waits for its first all-reduce (nonblocking ones, and those the shim
-/// never saw made: a nonblocking parent's children, see route.rs), that one goes to NCCL and
-/// the set-up follows: the same point in every rank's sequence of calls. Calls of other
-/// collectives on such a communicator forward.
-pub fn collective(
-    call: Call,
-    comm: ncclComm_t,
-    forward: impl FnOnce() -> ncclResult_t + 'static,
-) -> ncclResult_t {
+/// A call of an operation: the core's where it has the collective (`operations.rs`) and takes
+/// the call, else `forward` (the real NCCL's). Where a communicator's core waits for its first
+/// all-reduce (nonblocking ones, and those the shim never saw made: a nonblocking parent's
+/// children, see route.rs), that one goes to NCCL and the set-up follows: the same point in
+/// every rank's sequence of calls. Calls of other collectives on such a communicator forward.
+pub fn operation(call: &Call, forward: impl FnOnce() -> ncclResult_t + 'static) -> ncclResult_t {
+    let Some(collective) = operations::collective_of(call.kind) else {
+        return forward();
+    };
     let settings = policy::settings();
-    if !settings.may_take(call.collective, measured::in_use(call.collective)) {
+    if !settings.may_take(collective, measured::in_use(collective)) {
         return forward();
     }
     // No element to move is never the core's (`policy::plan`): outside a group, such a call
     // forwards at NCCL's own cost, without looking its communicator up. An all-reduce still
     // looks, as its first one may set a communicator's core up.
-    if call.count == 0 && call.collective != Collective::AllReduce && !group::inside() {
+    if call.count == 0 && collective != Collective::AllReduce && !group::inside() {
         return forward();
     }
+    let comm = call.comm;
     // The group's calls on this communicator go to NCCL (group::weigh decided on an earlier one),
     // or its core is known from an earlier one.
     let known = match group::inside() {
         true => group::known(comm),
         false => group::Known::New,
     };
-    let all_reduce = call.collective == Collective::AllReduce;
+    let all_reduce = collective == Collective::AllReduce;
     let (core, forward) = match known {
         group::Known::ToNccl => return forward(),
         group::Known::Core(core) => (core, forward),
@@ -295,7 +249,7 @@ pub fn collective(
             Err(result) => return result,
         },
     };
-    collective_of_core(call, comm, core, settings, forward)
+    collective_of_core(collective, call, core, settings, forward)
 }
 
 /// `comm`'s core (and `forward`, unused), or the result of its call where there is none to take
@@ -330,29 +284,22 @@ fn lookup<F: FnOnce() -> ncclResult_t>(
 
 /// A call on `comm`, whose core is `core`: the core's where it takes it, else `forward`.
 fn collective_of_core(
-    call: Call,
-    comm: ncclComm_t,
+    collective: Collective,
+    call: &Call,
     core: std::sync::Arc<comm::CoreComm>,
     settings: &policy::Settings,
     forward: impl FnOnce() -> ncclResult_t + 'static,
 ) -> ncclResult_t {
+    let comm = call.comm;
     // A kernel of this communicator gave up waiting for a peer: the ranks are out of step.
     if core.failed(comm) {
         return ncclRemoteError;
     }
     // Bad pointers are for the real NCCL to report, as it reports them.
-    if call.lacks_buffer(core.rank) {
+    if lacks_buffer(collective, call, core.rank) {
         return forward();
     }
-    let Some(plan) = policy::plan(
-        settings,
-        call.collective,
-        call.count,
-        call.dtype,
-        call.op,
-        call.root,
-        &core.facts,
-    ) else {
+    let Some(plan) = policy::plan(settings, collective, call, &core.facts) else {
         return forward();
     };
     let stream = call.stream as cuda::Stream;
@@ -366,13 +313,10 @@ fn collective_of_core(
             .then(|| cuda::capturing(stream));
         let algorithm = plan.algorithm;
         let queued = group::queue(group::Queued {
-            comm,
+            call: *call,
             core,
             plan,
             forward: Box::new(forward),
-            send: call.send,
-            recv: call.recv,
-            stream,
             captured,
         });
         if queued.is_ok() {

@@ -10,6 +10,7 @@
 use std::sync::OnceLock;
 
 use super::types::{Algorithm, Collective, DataType, Op};
+use crate::call::Call;
 
 /// Largest all-reduce the staging buffers take in one go (two-shot goes through them in windows
 /// of this size).
@@ -587,18 +588,41 @@ fn runs_type(dtype: DataType, comm: &CommFacts) -> bool {
     !fp8 || comm.compute_capability >= 90
 }
 
-/// The core's plan for a call of `collective` of `count` elements (`count` as NCCL's API takes
-/// it: each rank's chunk where there is one), with `op` (ignored where it does not reduce) and
-/// `root` (ignored where it has none), or `None` to leave it to NCCL.
-pub fn plan(
+/// `plan` for a call of these arguments (tests).
+#[cfg(test)]
+pub fn plan_args(
     settings: &Settings,
     collective: Collective,
     count: usize,
-    dtype: u32,
+    datatype: u32,
     op: u32,
     root: i32,
     comm: &CommFacts,
 ) -> Option<Plan> {
+    let call = Call {
+        kind: 0,
+        comm: std::ptr::null_mut(),
+        send: std::ptr::null(),
+        recv: std::ptr::null_mut(),
+        count,
+        datatype,
+        op: Some(op),
+        root: Some(root),
+        stream: std::ptr::null_mut(),
+    };
+    plan(settings, collective, &call, comm)
+}
+
+/// The core's plan for `call` of `collective` (its `op` ignored where the collective does not
+/// reduce, its `root` where it has none), or `None` to leave it to NCCL.
+pub fn plan(
+    settings: &Settings,
+    collective: Collective,
+    call: &Call,
+    comm: &CommFacts,
+) -> Option<Plan> {
+    let (count, dtype) = (call.count, call.datatype);
+    let (op, root) = (call.op.unwrap_or(0), call.root.unwrap_or(-1));
     let Some(algorithm) = Algorithm::of(collective) else {
         return plan_all_reduce(settings, count, dtype, op, comm);
     };
@@ -621,10 +645,10 @@ pub fn plan(
         return None;
     }
     let chunk = count.checked_mul(dtype.size())?;
-    let senders = if matches!(collective, Collective::Broadcast | Collective::Scatter) {
-        1
-    } else {
-        nranks
+    // Where only the root reads its input (broadcast, scatter), one rank sends.
+    let senders = match collective.reads_input(false) {
+        true => nranks,
+        false => 1,
     };
     let slots = chunk.div_ceil(16).checked_mul(16 * senders)?;
     let size = collective.size(chunk, nranks);
@@ -672,6 +696,18 @@ pub fn plan(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn plan(
+        s: &Settings,
+        collective: Collective,
+        count: usize,
+        datatype: u32,
+        op: u32,
+        root: i32,
+        comm: &CommFacts,
+    ) -> Option<Plan> {
+        plan_args(s, collective, count, datatype, op, root, comm)
+    }
 
     fn with(vars: &[(&str, &str)]) -> Settings {
         Settings::from_lookup(|name| {

@@ -1,5 +1,5 @@
-//! NCCL's element types, reduction operations, the collectives the core takes and our
-//! algorithms, as the core names them.
+//! NCCL's element types, reduction operations, the collectives the core takes (one table of
+//! what it knows of each) and our algorithms, as the core names them.
 
 /// The collectives the core can take.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,69 +33,108 @@ impl Collective {
         Collective::Scatter,
     ];
 
+    /// What the core knows of the collective: its row of `COLLECTIVES`.
+    const fn facts(self) -> &'static CollectiveFacts {
+        &COLLECTIVES[self as usize]
+    }
+
     /// The bytes of a call whose `count` (as the API takes it) is `chunk` bytes, as nccl-tests
     /// counts them: every rank's chunks together, or the one buffer of a broadcast or reduce.
     pub fn size(self, chunk: usize, nranks: usize) -> usize {
-        match self {
-            Collective::AllReduce | Collective::Broadcast | Collective::Reduce => chunk,
-            _ => chunk.saturating_mul(nranks),
+        match self.facts().chunk_per_rank {
+            true => chunk.saturating_mul(nranks),
+            false => chunk,
         }
     }
 
     /// Its part of the names of its settings (`NCCLSHIM_ALL_GATHER_MAX_BYTES`).
     pub fn variable_name(self) -> &'static str {
-        match self {
-            Collective::AllReduce => "ALL_REDUCE",
-            Collective::AllGather => "ALL_GATHER",
-            Collective::ReduceScatter => "REDUCE_SCATTER",
-            Collective::Broadcast => "BROADCAST",
-            Collective::Reduce => "REDUCE",
-            Collective::AllToAll => "ALL_TO_ALL",
-            Collective::Gather => "GATHER",
-            Collective::Scatter => "SCATTER",
-        }
+        self.facts().variable
     }
 
     /// Whether the collective has a root.
     pub fn rooted(self) -> bool {
-        matches!(
-            self,
-            Collective::Broadcast | Collective::Reduce | Collective::Gather | Collective::Scatter
-        )
+        self.facts().rooted
     }
 
     /// Whether it reduces (takes an op); the others move bytes.
     pub fn reduces(self) -> bool {
-        matches!(
-            self,
-            Collective::AllReduce | Collective::ReduceScatter | Collective::Reduce
-        )
+        self.facts().reduces
     }
 
     /// Whether a rank reads its input: all but the non-roots of a broadcast and a scatter, whose
     /// send buffers NCCL ignores.
     pub fn reads_input(self, is_root: bool) -> bool {
-        is_root || !matches!(self, Collective::Broadcast | Collective::Scatter)
+        is_root || self.facts().every_rank_reads
     }
 
     /// Whether a rank writes its output: all but the non-roots of a reduce and a gather.
     pub fn writes_output(self, is_root: bool) -> bool {
-        is_root || !matches!(self, Collective::Reduce | Collective::Gather)
+        is_root || self.facts().every_rank_writes
     }
 
     pub fn name(self) -> &'static str {
-        match self {
-            Collective::AllReduce => "all-reduce",
-            Collective::AllGather => "all-gather",
-            Collective::ReduceScatter => "reduce-scatter",
-            Collective::Broadcast => "broadcast",
-            Collective::Reduce => "reduce",
-            Collective::AllToAll => "all-to-all",
-            Collective::Gather => "gather",
-            Collective::Scatter => "scatter",
-        }
+        self.facts().name
+    }
+
+    /// The NCCL functions whose calls are this collective's.
+    pub const fn functions(self) -> &'static [&'static str] {
+        self.facts().functions
     }
 }
+
+/// One row of the table of collectives.
+struct CollectiveFacts {
+    name: &'static str,
+    /// Its part of the names of its settings.
+    variable: &'static str,
+    /// The NCCL functions that call it (not their variants the core has not weighed, such as
+    /// 2.30's `ncclAllReduceConfig`: those forward).
+    functions: &'static [&'static str],
+    rooted: bool,
+    reduces: bool,
+    /// Its `count` is one rank's chunk of a buffer of every rank's (`Collective::size`).
+    chunk_per_rank: bool,
+    /// Every rank reads its send buffer (else only the root).
+    every_rank_reads: bool,
+    /// Every rank writes its receive buffer (else only the root).
+    every_rank_writes: bool,
+    /// Its own kernel (all-reduce's are chosen by size: `policy::plan_all_reduce`).
+    kernel: Option<Algorithm>,
+    /// Its packet kernel for small chunks, where it has one.
+    low_latency_kernel: Option<Algorithm>,
+}
+
+/// The collectives the core has, in the order of `Collective`. A collective the core gains is a
+/// row here, its kernel (device/) and its `Algorithm`.
+#[rustfmt::skip]
+const COLLECTIVES: [CollectiveFacts; Collective::ALL.len()] = {
+    use Algorithm::*;
+    const fn row(
+        (name, variable): (&'static str, &'static str),
+        functions: &'static [&'static str],
+        [rooted, reduces, chunk_per_rank, every_rank_reads, every_rank_writes]: [bool; 5],
+        (kernel, low_latency_kernel): (Option<Algorithm>, Option<Algorithm>),
+    ) -> CollectiveFacts {
+        CollectiveFacts {
+            name, variable, functions, rooted, reduces, chunk_per_rank, every_rank_reads,
+            every_rank_writes, kernel, low_latency_kernel,
+        }
+    }
+    const N: bool = false;
+    const Y: bool = true;
+    [
+        //   name, setting                      functions                          rooted, reduces, chunk per rank, every rank reads, writes  kernels
+        row(("all-reduce", "ALL_REDUCE"),         &["ncclAllReduce"],                [N, Y, N, Y, Y], (None, None)),
+        row(("all-gather", "ALL_GATHER"),         &["ncclAllGather"],                [N, N, Y, Y, Y], (Some(AllGather), Some(LlAllGather))),
+        row(("reduce-scatter", "REDUCE_SCATTER"), &["ncclReduceScatter"],            [N, Y, Y, Y, Y], (Some(ReduceScatter), None)),
+        row(("broadcast", "BROADCAST"),           &["ncclBroadcast", "ncclBcast"],   [Y, N, N, N, Y], (Some(Broadcast), Some(LlBroadcast))),
+        row(("reduce", "REDUCE"),                 &["ncclReduce"],                   [Y, Y, N, Y, N], (Some(Reduce), None)),
+        row(("all-to-all", "ALL_TO_ALL"),         &["ncclAlltoAll"],                 [N, N, Y, Y, Y], (Some(AllToAll), Some(LlAllToAll))),
+        row(("gather", "GATHER"),                 &["ncclGather"],                   [Y, N, Y, Y, N], (Some(Gather), Some(LlGather))),
+        row(("scatter", "SCATTER"),               &["ncclScatter"],                  [Y, N, Y, N, Y], (Some(Scatter), Some(LlScatter))),
+    ]
+};
 
 /// The algorithms of the kernels (`device/`): all-reduce's, then one per other collective.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -164,28 +203,12 @@ impl Algorithm {
 
     /// The algorithm of one of the collectives that have one each (not all-reduce).
     pub fn of(collective: Collective) -> Option<Algorithm> {
-        Some(match collective {
-            Collective::AllReduce => return None,
-            Collective::AllGather => Algorithm::AllGather,
-            Collective::ReduceScatter => Algorithm::ReduceScatter,
-            Collective::Broadcast => Algorithm::Broadcast,
-            Collective::Reduce => Algorithm::Reduce,
-            Collective::AllToAll => Algorithm::AllToAll,
-            Collective::Gather => Algorithm::Gather,
-            Collective::Scatter => Algorithm::Scatter,
-        })
+        collective.facts().kernel
     }
 
     /// The low-latency algorithm of a collective that moves bytes.
     pub fn low_latency_of(collective: Collective) -> Option<Algorithm> {
-        Some(match collective {
-            Collective::AllGather => Algorithm::LlAllGather,
-            Collective::Broadcast => Algorithm::LlBroadcast,
-            Collective::AllToAll => Algorithm::LlAllToAll,
-            Collective::Gather => Algorithm::LlGather,
-            Collective::Scatter => Algorithm::LlScatter,
-            _ => return None,
-        })
+        collective.facts().low_latency_kernel
     }
 
     /// Whether it reduces; the others move bytes, with one kernel (`u8`, `sum`).
@@ -386,6 +409,46 @@ impl Op {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The table of collectives holds together: what it says of each agrees with the rest.
+    #[test]
+    fn the_table_of_collectives_is_consistent() {
+        for c in Collective::ALL {
+            assert!(
+                c.reads_input(true) && c.writes_output(true),
+                "{c:?}: the root does both"
+            );
+            assert_eq!(
+                c.rooted(),
+                !(c.reads_input(false) && c.writes_output(false)),
+                "{c:?}: only a rooted collective leaves a buffer of its non-roots alone"
+            );
+            assert!(!c.functions().is_empty(), "{c:?}: no function calls it");
+            assert_eq!(Algorithm::of(c).is_none(), c == Collective::AllReduce);
+            if let Some(ll) = Algorithm::low_latency_of(c) {
+                assert!(!c.reduces() && !ll.reduces(), "{c:?}: packets of bytes");
+            }
+            if let Some(kernel) = Algorithm::of(c) {
+                assert_eq!(kernel.reduces(), c.reduces(), "{c:?}");
+            }
+            // As nccl-tests counts bytes: one buffer of a broadcast or reduce, all ranks' chunks
+            // of the others.
+            let one_buffer = matches!(
+                c,
+                Collective::AllReduce | Collective::Broadcast | Collective::Reduce
+            );
+            assert_eq!(c.size(4, 8), if one_buffer { 4 } else { 32 }, "{c:?}");
+        }
+        let names: Vec<&str> = Collective::ALL
+            .iter()
+            .flat_map(|c| c.functions())
+            .copied()
+            .collect();
+        let mut unique = names.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(unique.len(), names.len(), "a function calls one collective");
+    }
 
     #[test]
     fn nccl_values_map_both_ways() {

@@ -324,7 +324,7 @@ fn core_role(rank: usize, dir: &Path, processes: Vec<u64>) {
             (4 << 20, 1, false),
         ] {
             let plan =
-                policy::plan(policy::settings(), AllReduce, bytes, 1, 0, -1, &facts).unwrap();
+                policy::plan_args(policy::settings(), AllReduce, bytes, 1, 0, -1, &facts).unwrap();
             assert_eq!(plan.algorithm, Algorithm::Direct);
             let send = DeviceBuffer::alloc(device, bytes + 64).unwrap();
             let recv = DeviceBuffer::alloc(device, bytes + 64).unwrap();
@@ -373,24 +373,19 @@ fn core_role(rank: usize, dir: &Path, processes: Vec<u64>) {
         DeviceBuffer::alloc(device, bytes).unwrap(),
     );
     for _ in 0..5 {
-        let call = super::super::Call::new(
-            AllReduce,
-            send.pointer as *const std::ffi::c_void,
-            recv.pointer as *mut std::ffi::c_void,
-            bytes,
-            1,
-            stream.stream as crate::ffi::cudaStream_t,
-        );
-        let result = super::super::collective(call, comm, || crate::ffi::ncclInternalError);
-        let operation = crate::calls::Operation {
+        let call = crate::call::Call {
             kind,
-            comm: comm as usize,
-            count: bytes as u64,
+            comm,
+            send: send.pointer as *const std::ffi::c_void,
+            recv: recv.pointer as *mut std::ffi::c_void,
+            count: bytes,
             datatype: 1,
-            op: 0,
-            root: -1,
+            op: Some(0),
+            root: None,
+            stream: stream.stream as crate::ffi::cudaStream_t,
         };
-        crate::calls::operation_done(&operation, result);
+        let result = super::super::operation(&call, || crate::ffi::ncclInternalError);
+        crate::calls::operation_done(&call, result);
         assert_eq!(result, crate::ffi::ncclSuccess);
     }
     stream.synchronize().unwrap();
@@ -413,7 +408,7 @@ fn graph_replays(
     let bytes = 6usize << 20;
     let send = DeviceBuffer::alloc(device, bytes).unwrap();
     let recv = DeviceBuffer::alloc(device, bytes).unwrap();
-    let plan = policy::plan(policy::settings(), AllReduce, bytes, 1, 0, -1, facts).unwrap();
+    let plan = policy::plan_args(policy::settings(), AllReduce, bytes, 1, 0, -1, facts).unwrap();
     let mut graph: sys::CUgraph = std::ptr::null_mut();
     let mut exec: sys::CUgraphExec = std::ptr::null_mut();
     // SAFETY: driver calls on our own stream, graph and buffers; results checked.
@@ -579,7 +574,7 @@ fn other_collectives(
             / super::super::types::DataType::from_nccl(dtype)
                 .unwrap()
                 .size();
-        let plan = policy::plan(
+        let plan = policy::plan_args(
             policy::settings(),
             collective,
             count,
@@ -672,7 +667,7 @@ fn batches(
             let plans: Vec<_> = (0..MAX_BATCH)
                 .map(|k| {
                     let root = (k % 2) as i32;
-                    policy::plan(
+                    policy::plan_args(
                         policy::settings(),
                         collective,
                         bytes / size,
