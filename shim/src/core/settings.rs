@@ -1,0 +1,376 @@
+//! The settings: `NCCLSHIM_*` variables read once from the environment (`Settings::from_lookup`;
+//! what each means: the README's table, the one place that lists them), and the thresholds each
+//! stands for where it is not given. Every rank of a communicator must have every one of them
+//! alike (`Settings::agreed`): where one differs, the core stays off for that communicator on
+//! every rank, and each says which.
+
+use std::sync::OnceLock;
+
+use super::layout::{ONE_SHOT_LIMIT_BYTES, STAGING_HALF_BYTES};
+use super::limits::{LL_MAX_BYTES, MAX_BLOCKS, SENTINEL_MAX_BYTES};
+use super::measured::Limits;
+use super::types::Collective;
+
+/// The sizes of a group's calls (several on one communicator) that keep the group on the core
+/// where they do not fuse (`Settings::group_goes_to_nccl`), as (smallest excluded, largest
+/// included). Measured before small calls fused: nccl-tests `-m 4` (four all-reduces in a
+/// group) on 2 H100, per operation, the core (its calls one after the other) against NCCL (one
+/// kernel for the group), eager and in CUDA graphs: 1.3 – 2.6 x NCCL's time up to 256 KiB (NCCL
+/// 3.0 – 4.4 us, 1.5 – 4.2 in graphs), 0.56 – 0.66 at 512 KiB (NCCL 11 us, where it leaves its
+/// low-latency protocol), 0.82 – 0.92 from 1 to 2 MiB, 1.06 – 1.17 from 4 to 16 MiB (two-shot;
+/// NCCL runs the four at once).
+pub const GROUP_CORE_BYTES: (usize, usize) = (384 << 10, 2 << 20);
+
+/// How long a core kernel waits for a peer by default before it gives up: a rank that never
+/// comes (it skipped a call, or died) is found, yet far longer than any peer is slow for good
+/// reason (PyTorch's own collective timeout is 10 minutes).
+pub const DEFAULT_WAIT_LIMIT_S: u32 = 1800;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Settings {
+    pub enabled: bool,
+    pub force_core: bool,
+    /// `None`: by the number of ranks (see `sentinel_max`).
+    pub sentinel_max_bytes: Option<usize>,
+    /// `None`: by the number of ranks (see `ll_max`).
+    pub ll_max_bytes: Option<usize>,
+    /// `None`: by the number of ranks (see `one_shot_max`).
+    pub one_shot_max_bytes: Option<usize>,
+    /// `None`: by the number of ranks and processes (see `all_reduce_max`).
+    pub all_reduce_max_bytes: Option<usize>,
+    /// Two-shot straight between the users' buffers where the ranks can reach them.
+    pub direct: bool,
+    /// Ranks of several processes map each other's user buffers (zero_copy/).
+    pub zero_copy: bool,
+    /// `None`: by the number of ranks (see `two_shot_blocks`).
+    pub two_shot_blocks: Option<u32>,
+    /// Helper threads launch a group's all-reduces on other GPUs (launcher.rs).
+    pub launch_helpers: bool,
+    /// A group's calls of one communicator, stream and kernel share launches, and its small
+    /// all-reduces of one kernel are fused (group.rs).
+    pub batch: bool,
+    /// Kernels launched with programmatic stream serialization (device/device.cuh).
+    pub early_launch: bool,
+    /// How long a kernel waits for a peer before it gives up, in seconds (0: for ever).
+    pub wait_limit_s: u32,
+    /// A group's several calls on one communicator stay the core's only where each is larger
+    /// than `.0` and at most `.1` bytes (`group_goes_to_nccl`).
+    pub group_core_bytes: (usize, usize),
+    /// The largest call of each collective but all-reduce the core takes (`Collective::size`),
+    /// by `Collective as usize`; `None`: as measured on the communicator's GPUs (measured.rs).
+    pub max_bytes: [Option<usize>; Collective::ALL.len()],
+}
+
+impl Settings {
+    /// Thresholds from measurements on H200 (NVLink, 18 links per GPU): docs/performance.md.
+    pub fn defaults() -> Settings {
+        Settings {
+            enabled: true,
+            force_core: false,
+            sentinel_max_bytes: None,
+            ll_max_bytes: None,
+            one_shot_max_bytes: None,
+            all_reduce_max_bytes: None,
+            direct: true,
+            zero_copy: true,
+            two_shot_blocks: None,
+            launch_helpers: true,
+            batch: true,
+            early_launch: true,
+            wait_limit_s: DEFAULT_WAIT_LIMIT_S,
+            group_core_bytes: GROUP_CORE_BYTES,
+            max_bytes: [None; Collective::ALL.len()],
+        }
+    }
+
+    /// Whether any call of `collective` may go to the core: the one question a call asks before
+    /// it looks its communicator up (every other collective's calls forward at once). An
+    /// all-reduce always looks: with the core off here, this rank still meets its peers where they
+    /// set up theirs (at a nonblocking communicator's first all-reduce), and says no there.
+    /// `measured_in_use`: whether a communicator of this process has a measured limit above 0
+    /// for the collective (`measured::in_use`), where no setting gives one.
+    pub fn may_take(&self, collective: Collective, measured_in_use: bool) -> bool {
+        collective == Collective::AllReduce
+            || (self.enabled
+                && (self.force_core
+                    || self.max_bytes[collective as usize].map_or(measured_in_use, |n| n > 0)))
+    }
+
+    /// The largest call of `collective` (not all-reduce) the core takes: the setting's, or else
+    /// the communicator's `measured` limit.
+    pub fn limit(&self, collective: Collective, measured: &Limits) -> usize {
+        self.max_bytes[collective as usize].unwrap_or(measured[collective as usize])
+    }
+
+    /// The limits of the collectives but all-reduce for the "core on" line: "all-gather up to
+    /// 131072 B, ..." where the core takes some, else that NCCL has them all.
+    pub fn limits_text(&self, measured: &Limits) -> String {
+        let taken: Vec<String> = Collective::ALL
+            .into_iter()
+            .skip(1)
+            .filter_map(|c| match self.limit(c, measured) {
+                _ if self.force_core => Some(format!("{} (forced)", c.name())),
+                0 => None,
+                limit => Some(format!("{} up to {limit} B", c.name())),
+            })
+            .collect();
+        match taken.is_empty() {
+            true => "other collectives: NCCL's".into(),
+            false => format!("also {}", taken.join(", ")),
+        }
+    }
+
+    /// Every setting as the ranks compare them when they set a communicator up (setup.rs): the
+    /// variable that sets it, and its value as a number. Destructured whole, so that a setting
+    /// added to `Settings` cannot be left out: ranks that differ in any of them could route one
+    /// call differently (one runs a kernel, the other calls NCCL) and wait for each other for
+    /// ever, so the core stays off for a communicator whose ranks differ in any.
+    pub fn agreed(&self) -> Vec<(String, u64)> {
+        let Settings {
+            enabled,
+            force_core,
+            sentinel_max_bytes,
+            ll_max_bytes,
+            one_shot_max_bytes,
+            all_reduce_max_bytes,
+            direct,
+            zero_copy,
+            two_shot_blocks,
+            launch_helpers,
+            batch,
+            early_launch,
+            wait_limit_s,
+            group_core_bytes,
+            max_bytes,
+        } = *self;
+        let given = |v: Option<usize>| v.map_or(0, |n| n as u64 + 1);
+        let mut all: Vec<(String, u64)> = [
+            ("NCCLSHIM_CORE (or NCCLSHIM_FORCE=nccl)", enabled as u64),
+            ("NCCLSHIM_FORCE=core", force_core as u64),
+            ("NCCLSHIM_SENTINEL_MAX_BYTES", given(sentinel_max_bytes)),
+            ("NCCLSHIM_LL_MAX_BYTES", given(ll_max_bytes)),
+            ("NCCLSHIM_ONE_SHOT_MAX_BYTES", given(one_shot_max_bytes)),
+            ("NCCLSHIM_ALL_REDUCE_MAX_BYTES", given(all_reduce_max_bytes)),
+            ("NCCLSHIM_DIRECT", direct as u64),
+            ("NCCLSHIM_ZERO_COPY", zero_copy as u64),
+            (
+                "NCCLSHIM_TWO_SHOT_BLOCKS",
+                given(two_shot_blocks.map(|n| n as usize)),
+            ),
+            ("NCCLSHIM_LAUNCH_HELPERS", launch_helpers as u64),
+            ("NCCLSHIM_BATCH", batch as u64),
+            ("NCCLSHIM_EARLY_LAUNCH", early_launch as u64),
+            ("NCCLSHIM_TIMEOUT", wait_limit_s as u64),
+            (
+                "NCCLSHIM_GROUP_CORE_BYTES",
+                (group_core_bytes.0 as u64).wrapping_mul(0x100000001b3) ^ group_core_bytes.1 as u64,
+            ),
+        ]
+        .map(|(name, value)| (name.to_string(), value))
+        .into();
+        for collective in Collective::ALL.into_iter().skip(1) {
+            let name = format!("NCCLSHIM_{}_MAX_BYTES", collective.variable_name());
+            all.push((name, given(max_bytes[collective as usize])));
+        }
+        all
+    }
+
+    /// The sentinel kernel sends nothing but data and meets no one: on 2 and 4 H200 it was as
+    /// fast as the low-latency kernel or faster at every size (0.06 - 1.1 us faster from 4 KiB),
+    /// and beat one-shot up to 512 KiB, its largest (2 ranks in 0.83 of one-shot's time, 4 in
+    /// 0.95). More ranks: not measured, so none.
+    pub fn sentinel_max(&self, nranks: usize) -> usize {
+        let by_ranks = if nranks <= 4 { SENTINEL_MAX_BYTES } else { 0 };
+        self.sentinel_max_bytes
+            .unwrap_or(by_ranks)
+            .min(self.all_reduce_max_bytes.unwrap_or(usize::MAX))
+            .min(SENTINEL_MAX_BYTES)
+    }
+
+    /// Low-latency packets carry as many flag bytes as data, to every rank: worth it longer
+    /// with fewer ranks (on 2 H200 it beat one-shot up to 128 KiB, on 4 only up to 32 KiB).
+    pub fn ll_max(&self, nranks: usize) -> usize {
+        let by_ranks = if nranks <= 2 { 128 << 10 } else { 32 << 10 };
+        self.ll_max_bytes
+            .unwrap_or(by_ranks)
+            .min(self.all_reduce_max_bytes.unwrap_or(usize::MAX))
+            .min(LL_MAX_BYTES)
+    }
+
+    /// The largest chunk (the bytes one rank sends another) of an all-gather, broadcast,
+    /// all-to-all, gather or scatter sent as packets: as for the low-latency all-reduce, whose
+    /// packets carry as many flag bytes as data (not yet measured for these collectives).
+    pub fn ll_move_max(&self, nranks: usize) -> usize {
+        let by_ranks = if nranks <= 2 { 128 << 10 } else { 32 << 10 };
+        self.ll_max_bytes.unwrap_or(by_ranks).min(LL_MAX_BYTES)
+    }
+
+    /// One-shot sends every rank's whole message to every rank: worth it longer with fewer
+    /// ranks (on 2 H200 it beat two-shot up to 2 MiB, on 4 up to 512 KiB).
+    pub fn one_shot_max(&self, nranks: usize) -> usize {
+        let by_ranks = match nranks {
+            ..=2 => 2 << 20,
+            3..=4 => 512 << 10,
+            _ => 256 << 10,
+        };
+        self.one_shot_max_bytes
+            .unwrap_or(by_ranks)
+            .min(self.all_reduce_max_bytes.unwrap_or(usize::MAX))
+            .min(ONE_SHOT_LIMIT_BYTES)
+    }
+
+    /// Whether two-shot runs direct, on a communicator whose ranks can (or not) reach each
+    /// other's user buffers: in one process, or through zero-copy mappings.
+    pub fn uses_direct(&self, buffers_reachable: bool) -> bool {
+        buffers_reachable && self.direct
+    }
+
+    /// The most blocks of a two-shot grid, measured on H200: on 4 GPUs 64 blocks took 1 – 2 %
+    /// less time than 128 from 1 MiB to 16 MiB (and than 48 or 96); on 2, 128 stayed faster than
+    /// 96. More ranks: not measured, so as before.
+    pub fn two_shot_blocks(&self, nranks: usize) -> u32 {
+        let by_ranks = match nranks {
+            3..=4 => 64,
+            _ => 128,
+        };
+        self.two_shot_blocks.unwrap_or(by_ranks)
+    }
+
+    /// The largest all-reduce the core takes: where its two-shot still beat NCCL on H200
+    /// (docs/performance.md). Direct (ranks of one process) took 2 ranks to 0.89 of NCCL's time
+    /// at 256 MiB, the largest size measured, and 4 ranks to 0.97 - 1.00 at 32 MiB; the staged
+    /// one 2 ranks to 0.89 at 32 MiB, and 4 to 0.96 at 16 MiB. More ranks: as far as the staging
+    /// goes in one window, as before. Ranks of several processes keep the staged limits even with
+    /// zero-copy: a call whose buffers a peer has not mapped falls back to the staged path.
+    pub fn all_reduce_max(&self, nranks: usize, single_process: bool) -> usize {
+        let by_ranks = match (nranks, self.uses_direct(single_process)) {
+            (..=2, true) => 256 << 20,
+            (..=2, false) | (3..=4, true) => 32 << 20,
+            _ => STAGING_HALF_BYTES,
+        };
+        self.all_reduce_max_bytes.unwrap_or(by_ranks)
+    }
+
+    pub(super) fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Settings {
+        let mut s = Settings::defaults();
+        let number = |v: &str| v.trim().parse::<usize>().ok();
+        let bytes = |name: &str| get(name).and_then(|v| number(&v));
+        let off = |name: &str| get(name).and_then(|v| switch(&v)) == Some(false);
+        s.enabled = !off("NCCLSHIM_CORE");
+        s.direct = !off("NCCLSHIM_DIRECT");
+        s.zero_copy = !off("NCCLSHIM_ZERO_COPY");
+        s.two_shot_blocks =
+            bytes("NCCLSHIM_TWO_SHOT_BLOCKS").map(|n| n.clamp(1, MAX_BLOCKS as usize) as u32);
+        s.launch_helpers = !off("NCCLSHIM_LAUNCH_HELPERS");
+        s.batch = !off("NCCLSHIM_BATCH");
+        s.early_launch = !off("NCCLSHIM_EARLY_LAUNCH");
+        if let Some(seconds) = get("NCCLSHIM_TIMEOUT").and_then(|v| v.trim().parse::<u64>().ok()) {
+            s.wait_limit_s = seconds.min(u32::MAX as u64) as u32;
+        }
+        match get("NCCLSHIM_FORCE")
+            .map(|v| v.trim().to_ascii_lowercase())
+            .as_deref()
+        {
+            Some("nccl") => s.enabled = false,
+            Some("core") => s.force_core = true,
+            _ => {}
+        }
+        if let Some((lo, hi)) = get("NCCLSHIM_GROUP_CORE_BYTES")
+            .as_deref()
+            .and_then(|v| v.split_once('-'))
+            .and_then(|(lo, hi)| Some((number(lo)?, number(hi)?)))
+        {
+            s.group_core_bytes = (lo, hi);
+        }
+        s.sentinel_max_bytes = bytes("NCCLSHIM_SENTINEL_MAX_BYTES");
+        s.ll_max_bytes = bytes("NCCLSHIM_LL_MAX_BYTES");
+        s.one_shot_max_bytes = bytes("NCCLSHIM_ONE_SHOT_MAX_BYTES");
+        s.all_reduce_max_bytes = bytes("NCCLSHIM_ALL_REDUCE_MAX_BYTES");
+        for collective in Collective::ALL.into_iter().skip(1) {
+            let name = format!("NCCLSHIM_{}_MAX_BYTES", collective.variable_name());
+            s.max_bytes[collective as usize] = bytes(&name);
+        }
+        s
+    }
+}
+
+/// A yes-or-no setting's value, read alike for every variable: `0`, `false`, `no` and `off` (in
+/// any case) say no, any other value yes; an empty one is not given.
+pub fn switch(value: &str) -> Option<bool> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "" => None,
+        "0" | "false" | "no" | "off" => Some(false),
+        _ => Some(true),
+    }
+}
+
+pub fn settings() -> &'static Settings {
+    static SETTINGS: OnceLock<Settings> = OnceLock::new();
+    SETTINGS.get_or_init(|| Settings::from_lookup(|name| std::env::var(name).ok()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(vars: &[(&str, &str)]) -> Settings {
+        Settings::from_lookup(|name| {
+            vars.iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.to_string())
+        })
+    }
+
+    /// Each agreed setting changes with its variable, and no other does; every variable the
+    /// settings read is one of them: a setting added later is agreed on or fails here.
+    #[test]
+    fn every_setting_is_agreed_on_and_named() {
+        let defaults = Settings::defaults().agreed();
+        let read = std::cell::RefCell::new(Vec::<String>::new());
+        Settings::from_lookup(|name| {
+            read.borrow_mut().push(name.to_string());
+            None
+        });
+        let variable = |entry: &str| entry.split(' ').next().unwrap().to_string();
+        for name in read.borrow().iter() {
+            assert!(
+                defaults
+                    .iter()
+                    .any(|(entry, _)| variable(entry).starts_with(name.as_str())),
+                "{name} is read but not agreed on"
+            );
+        }
+        for (i, (entry, value)) in defaults.iter().enumerate() {
+            let given = variable(entry);
+            let (var, values) = match given.split_once('=') {
+                Some((var, value)) => (var.to_string(), vec![value.to_string()]),
+                None => (
+                    given,
+                    ["0", "1", "3", "12345", "1-2"].map(String::from).to_vec(),
+                ),
+            };
+            let changed = values.iter().find_map(|v| {
+                let other = with(&[(var.as_str(), v.as_str())]).agreed();
+                (other[i].1 != *value).then_some(other)
+            });
+            let other = changed.unwrap_or_else(|| panic!("no value of {var} changes {entry}"));
+            for (j, ((e, a), (_, b))) in defaults.iter().zip(&other).enumerate() {
+                assert!(j == i || a == b, "{var} also changed {e}");
+            }
+        }
+    }
+
+    #[test]
+    fn every_setting_is_in_the_readme() {
+        let readme = include_str!("../../../README.md");
+        for (name, _) in Settings::defaults().agreed() {
+            let variable = name.split([' ', '=']).next().unwrap();
+            let row = format!("`{variable}`");
+            let collectives = variable.ends_with("_MAX_BYTES") && readme.contains(&row);
+            assert!(
+                readme.contains(&format!("| {row} |")) || collectives,
+                "{variable}"
+            );
+        }
+    }
+}
