@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use nccl::core::types::Collective;
-use nccl::core::{kernels, measured, policy, program};
+use nccl::core::{kernels, measured, policy, program, settings};
 
 use crate::gpus::{self, Machine};
 use crate::libraries;
@@ -42,7 +42,7 @@ pub fn run(shim: Option<PathBuf>, all_reduce: bool) -> ExitCode {
     let (abi, libraries) = check_libraries(&mut report, shim);
     let machine = check_gpus(&mut report);
     check_core(&mut report, machine.as_ref());
-    check_routing(&report, machine.as_ref());
+    check_routing(&mut report, machine.as_ref());
     if all_reduce {
         check_all_reduce(&mut report, machine.as_ref(), libraries);
     }
@@ -287,12 +287,15 @@ fn check_core(report: &mut Report, machine: Option<&Machine>) {
 }
 
 /// Which calls the core takes, by size, for a job on this machine's GPUs (2 without a GPU).
-fn check_routing(report: &Report, machine: Option<&Machine>) {
+fn check_routing(report: &mut Report, machine: Option<&Machine>) {
     let nranks = machine.map_or(2, |m| m.gpus.len().max(2));
     report.section(&format!(
         "Routing for {nranks} ranks (this environment's NCCLSHIM_* settings)"
     ));
     let settings = policy::settings();
+    for problem in settings::problems(|name| std::env::var(name).ok()) {
+        report.warn(problem);
+    }
     let size = |bytes: usize| match bytes {
         0 => "none".to_string(),
         b if b >= 1 << 20 => format!("{} MiB", b >> 20),
@@ -328,9 +331,8 @@ fn check_routing(report: &Report, machine: Option<&Machine>) {
             .map(|gpu| measured::limits(gpu, nranks)),
     );
     for collective in Collective::ALL.into_iter().skip(1) {
-        let variable = format!("NCCLSHIM_{}_MAX_BYTES", collective.variable_name());
         let source = match settings.max_bytes[collective as usize] {
-            Some(_) => variable,
+            Some(_) => "NCCLSHIM_MAX_BYTES".to_string(),
             None if machine.is_some() => format!("measured on these GPUs for {nranks} ranks"),
             None => "no GPU to look up".to_string(),
         };

@@ -162,10 +162,7 @@ for mode in mpi group; do
 done
 # Every collective on the core (each up to its staged limit, 32 MiB), eager and in CUDA graphs:
 # results checked, and the core must have served them (its summary at exit names the kernel).
-core_settings=()
-for collective in ALL_GATHER REDUCE_SCATTER BROADCAST REDUCE ALL_TO_ALL GATHER SCATTER; do
-  core_settings+=("NCCLSHIM_${collective}_MAX_BYTES=33554432")
-done
+core_settings=(NCCLSHIM_MAX_BYTES=all_gather:32M,reduce_scatter:32M,broadcast:32M,reduce:32M,all_to_all:32M,gather:32M,scatter:32M)
 shim_env=("${core_settings[@]}")
 for mode in mpi group; do
   for binary in all_gather reduce_scatter broadcast reduce alltoall gather scatter; do

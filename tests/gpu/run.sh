@@ -97,10 +97,7 @@ collectives() {
   # (cuMem, mapped for every GPU) buffers.
   local direct="NCCLSHIM_FORCE=core NCCLSHIM_SENTINEL_MAX_BYTES=0 NCCLSHIM_LL_MAX_BYTES=0 NCCLSHIM_ONE_SHOT_MAX_BYTES=0"
   # Every collective on the core (the others by default only up to their measured limits) at every size it takes.
-  local every="" collective
-  for collective in ALL_GATHER REDUCE_SCATTER BROADCAST REDUCE ALL_TO_ALL GATHER SCATTER; do
-    every+=" NCCLSHIM_${collective}_MAX_BYTES=33554432"
-  done
+  local every=" NCCLSHIM_MAX_BYTES=all_gather:32M,reduce_scatter:32M,broadcast:32M,reduce:32M,all_to_all:32M,gather:32M,scatter:32M"
   mkdir -p "$dir"
   # name | library (shim or nccl) | environment | arguments
   local runs=(
@@ -191,10 +188,7 @@ torch_suite() {
     >"$dir/shim.log" 2>&1
   local s_shim=$?
   # Every collective the core has on it, to the staged limit (by default only to the measured ones).
-  local every=() collective
-  for collective in ALL_GATHER REDUCE_SCATTER BROADCAST REDUCE ALL_TO_ALL GATHER SCATTER; do
-    every+=("NCCLSHIM_${collective}_MAX_BYTES=33554432")
-  done
+  local every=(NCCLSHIM_MAX_BYTES=all_gather:32M,reduce_scatter:32M,broadcast:32M,reduce:32M,all_to_all:32M,gather:32M,scatter:32M)
   env "${common[@]}" "${preload[@]}" "${every[@]}" timeout "$step_timeout" "${launch[@]}" \
     "$dir/shim-every" >"$dir/shim-every.log" 2>&1
   local s_every=$?
@@ -344,10 +338,8 @@ late_peer_suite() {
     >"$dir/all-reduce.log" 2>&1 || status=1
   verdict "late peer $n GPUs all-reduce (C)" $status "$(grep -h '^# ' "$dir/all-reduce.log" | tail -1); $((SECONDS - t)) s; late-peer-$n/all-reduce.log"
   if [ "${LATE_PEER_EVERY:-1}" = 1 ]; then
-    local every=() collective s2=0 t2=$SECONDS
-    for collective in ALL_GATHER REDUCE_SCATTER BROADCAST REDUCE ALL_TO_ALL; do
-      every+=("NCCLSHIM_${collective}_MAX_BYTES=33554432")
-    done
+    local every=(NCCLSHIM_MAX_BYTES=all_gather:32M,reduce_scatter:32M,broadcast:32M,reduce:32M,all_to_all:32M)
+    local s2=0 t2=$SECONDS
     env "${every[@]}" NCCL_DEBUG=WARN timeout "$step_timeout" "$out/bin/late_peer" "${args[@]}" --runs 2 \
       --colls AllGather,ReduceScatter,Broadcast,Reduce,AlltoAll --sizes 8K,128K,512K,2M,8M \
       >"$dir/every.log" 2>&1 || s2=1

@@ -595,7 +595,7 @@ mod tests {
     /// other types, and fp8 from sm_90 on, are the core's.
     #[test]
     fn fp8_is_the_cores_only_from_sm_90_on() {
-        let s = with(&[("NCCLSHIM_ALL_GATHER_MAX_BYTES", "1048576")]);
+        let s = with(&[("NCCLSHIM_MAX_BYTES", "all_gather:1048576")]);
         let a100 = CommFacts {
             compute_capability: 80,
             ..procs(2)
@@ -745,7 +745,7 @@ mod tests {
         assert!(!with(&[("NCCLSHIM_FORCE", "nccl")]).enabled);
         let forced = with(&[
             ("NCCLSHIM_FORCE", "core"),
-            ("NCCLSHIM_ALL_REDUCE_MAX_BYTES", "1024"),
+            ("NCCLSHIM_MAX_BYTES", "all_reduce:1024"),
         ]);
         assert_eq!(algorithm(&forced, 16 << 20, 2), Some(Algorithm::TwoShot));
         assert_eq!(
@@ -757,7 +757,7 @@ mod tests {
             ("NCCLSHIM_SENTINEL_MAX_BYTES", "0"),
             ("NCCLSHIM_LL_MAX_BYTES", "0"),
             ("NCCLSHIM_ONE_SHOT_MAX_BYTES", "4096"),
-            ("NCCLSHIM_ALL_REDUCE_MAX_BYTES", "65536"),
+            ("NCCLSHIM_MAX_BYTES", "all_reduce:65536"),
         ]);
         assert_eq!(algorithm(&limits, 4, 2), Some(Algorithm::OneShot));
         assert_eq!(algorithm(&limits, 4096, 2), Some(Algorithm::OneShot));
@@ -771,7 +771,7 @@ mod tests {
             "past the sentinel limit, floats go on as integers do"
         );
         let huge = with(&[
-            ("NCCLSHIM_ALL_REDUCE_MAX_BYTES", "999999999999"),
+            ("NCCLSHIM_MAX_BYTES", "all_reduce:999999999999"),
             ("NCCLSHIM_SENTINEL_MAX_BYTES", "99999999"),
             ("NCCLSHIM_LL_MAX_BYTES", "99999999"),
             ("NCCLSHIM_ONE_SHOT_MAX_BYTES", "99999999"),
@@ -790,7 +790,7 @@ mod tests {
                 ONE_SHOT_LIMIT_BYTES
             )
         );
-        let small = with(&[("NCCLSHIM_ALL_REDUCE_MAX_BYTES", "4096")]);
+        let small = with(&[("NCCLSHIM_MAX_BYTES", "all_reduce:4K")]);
         assert_eq!(
             small.sentinel_max(2),
             4096,
@@ -889,9 +889,9 @@ mod tests {
             plan(&s, Collective::Scatter, 64, 7, 0, 0, &comm).is_none(),
             "0: NCCL's"
         );
-        let off = with(&[("NCCLSHIM_ALL_GATHER_MAX_BYTES", "0")]);
+        let off = with(&[("NCCLSHIM_MAX_BYTES", "all_gather:0")]);
         assert!(!off.may_take(Collective::AllGather, true) && !gathers(&off, 1024));
-        let more = with(&[("NCCLSHIM_ALL_GATHER_MAX_BYTES", "1048576")]);
+        let more = with(&[("NCCLSHIM_MAX_BYTES", "all_gather:1048576")]);
         assert!(gathers(&more, 1 << 20) && !gathers(&more, 2 << 20));
         assert_ne!(s.agreed(), off.agreed(), "unset and 0 differ between ranks");
         let core_off = with(&[("NCCLSHIM_CORE", "0")]);
@@ -909,10 +909,10 @@ mod tests {
             None,
             "not measured on these GPUs: NCCL's"
         );
-        let on = with(&[
-            ("NCCLSHIM_ALL_GATHER_MAX_BYTES", "33554432"),
-            ("NCCLSHIM_REDUCE_SCATTER_MAX_BYTES", "8388608"),
-        ]);
+        let on = with(&[(
+            "NCCLSHIM_MAX_BYTES",
+            "all_gather:33554432,reduce_scatter:8388608",
+        )]);
         assert!(on.may_take(Collective::AllGather, false));
         assert!(on.may_take(Collective::ReduceScatter, false));
         // All-gather moves bytes, whatever the type; the op plays no part.
@@ -1023,13 +1023,10 @@ mod tests {
                 .into_iter()
                 .all(|c| forced.may_take(c, false))
         );
-        let on = with(&[
-            ("NCCLSHIM_BROADCAST_MAX_BYTES", "1048576"),
-            ("NCCLSHIM_REDUCE_MAX_BYTES", "1048576"),
-            ("NCCLSHIM_ALL_TO_ALL_MAX_BYTES", "1048576"),
-            ("NCCLSHIM_GATHER_MAX_BYTES", "1048576"),
-            ("NCCLSHIM_SCATTER_MAX_BYTES", "1048576"),
-        ]);
+        let on = with(&[(
+            "NCCLSHIM_MAX_BYTES",
+            "broadcast:1M,reduce:1M,all_to_all:1M,gather:1M,scatter:1M",
+        )]);
         let reduce = plan(&on, Collective::Reduce, 1000, 9, 3, 1, &procs(4)).unwrap();
         assert_eq!(
             (

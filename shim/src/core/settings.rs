@@ -10,6 +10,7 @@ use super::layout::{ONE_SHOT_LIMIT_BYTES, STAGING_HALF_BYTES};
 use super::limits::{LL_MAX_BYTES, MAX_BLOCKS, SENTINEL_MAX_BYTES};
 use super::measured::Limits;
 use super::types::Collective;
+use crate::log::log_warn;
 
 /// The sizes of a group's calls (several on one communicator) that keep the group on the core
 /// where they do not fuse (`Settings::group_goes_to_nccl`), as (smallest excluded, largest
@@ -150,7 +151,10 @@ impl Settings {
             ("NCCLSHIM_SENTINEL_MAX_BYTES", given(sentinel_max_bytes)),
             ("NCCLSHIM_LL_MAX_BYTES", given(ll_max_bytes)),
             ("NCCLSHIM_ONE_SHOT_MAX_BYTES", given(one_shot_max_bytes)),
-            ("NCCLSHIM_ALL_REDUCE_MAX_BYTES", given(all_reduce_max_bytes)),
+            (
+                "NCCLSHIM_MAX_BYTES (all_reduce)",
+                given(all_reduce_max_bytes),
+            ),
             ("NCCLSHIM_DIRECT", direct as u64),
             ("NCCLSHIM_ZERO_COPY", zero_copy as u64),
             (
@@ -169,7 +173,10 @@ impl Settings {
         .map(|(name, value)| (name.to_string(), value))
         .into();
         for collective in Collective::ALL.into_iter().skip(1) {
-            let name = format!("NCCLSHIM_{}_MAX_BYTES", collective.variable_name());
+            let name = format!(
+                "NCCLSHIM_MAX_BYTES ({})",
+                collective.variable_name().to_lowercase()
+            );
             all.push((name, given(max_bytes[collective as usize])));
         }
         all
@@ -254,13 +261,14 @@ impl Settings {
     pub(super) fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Settings {
         let mut s = Settings::defaults();
         let number = |v: &str| v.trim().parse::<usize>().ok();
-        let bytes = |name: &str| get(name).and_then(|v| number(&v));
+        let bytes = |name: &str| get(name).and_then(|v| size(&v));
         let off = |name: &str| get(name).and_then(|v| switch(&v)) == Some(false);
         s.enabled = !off("NCCLSHIM_CORE");
         s.direct = !off("NCCLSHIM_DIRECT");
         s.zero_copy = !off("NCCLSHIM_ZERO_COPY");
-        s.two_shot_blocks =
-            bytes("NCCLSHIM_TWO_SHOT_BLOCKS").map(|n| n.clamp(1, MAX_BLOCKS as usize) as u32);
+        s.two_shot_blocks = get("NCCLSHIM_TWO_SHOT_BLOCKS")
+            .and_then(|v| number(&v))
+            .map(|n| n.clamp(1, MAX_BLOCKS as usize) as u32);
         s.launch_helpers = !off("NCCLSHIM_LAUNCH_HELPERS");
         s.batch = !off("NCCLSHIM_BATCH");
         s.early_launch = !off("NCCLSHIM_EARLY_LAUNCH");
@@ -278,20 +286,108 @@ impl Settings {
         if let Some((lo, hi)) = get("NCCLSHIM_GROUP_CORE_BYTES")
             .as_deref()
             .and_then(|v| v.split_once('-'))
-            .and_then(|(lo, hi)| Some((number(lo)?, number(hi)?)))
+            .and_then(|(lo, hi)| Some((size(lo)?, size(hi)?)))
         {
             s.group_core_bytes = (lo, hi);
         }
         s.sentinel_max_bytes = bytes("NCCLSHIM_SENTINEL_MAX_BYTES");
         s.ll_max_bytes = bytes("NCCLSHIM_LL_MAX_BYTES");
         s.one_shot_max_bytes = bytes("NCCLSHIM_ONE_SHOT_MAX_BYTES");
-        s.all_reduce_max_bytes = bytes("NCCLSHIM_ALL_REDUCE_MAX_BYTES");
-        for collective in Collective::ALL.into_iter().skip(1) {
-            let name = format!("NCCLSHIM_{}_MAX_BYTES", collective.variable_name());
-            s.max_bytes[collective as usize] = bytes(&name);
+        let (limits, _) = max_bytes(get("NCCLSHIM_MAX_BYTES").as_deref().unwrap_or(""));
+        for (collective, limit) in limits {
+            match collective {
+                Collective::AllReduce => s.all_reduce_max_bytes = Some(limit),
+                other => s.max_bytes[other as usize] = Some(limit),
+            }
         }
         s
     }
+}
+
+/// A size in bytes: a number, with `K`, `M` or `G` (or `KiB`, `MiB`, `GiB`; any case) for
+/// 2^10, 2^20, 2^30 bytes.
+pub fn size(value: &str) -> Option<usize> {
+    let value = value.trim().to_ascii_lowercase();
+    let value = value.strip_suffix("ib").unwrap_or(&value);
+    let (digits, shift) = match value.as_bytes().last()? {
+        b'k' => (&value[..value.len() - 1], 10),
+        b'm' => (&value[..value.len() - 1], 20),
+        b'g' => (&value[..value.len() - 1], 30),
+        _ => (value, 0),
+    };
+    digits.trim().parse::<usize>().ok()?.checked_mul(1 << shift)
+}
+
+/// `NCCLSHIM_MAX_BYTES`: `collective:size` entries separated by commas (`all_gather:128K,
+/// reduce:0`), a collective named as in its table (`all_reduce`, `all_gather`, `reduce_scatter`,
+/// `broadcast`, `reduce`, `all_to_all`, `gather`, `scatter`). The limits read, and the entries
+/// that are not one.
+pub fn max_bytes(list: &str) -> (Vec<(Collective, usize)>, Vec<String>) {
+    let mut limits = Vec::new();
+    let mut unread = Vec::new();
+    for entry in list.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let read = entry.split_once(':').and_then(|(name, limit)| {
+            let collective = Collective::ALL
+                .into_iter()
+                .find(|c| c.variable_name().eq_ignore_ascii_case(name.trim()))?;
+            Some((collective, size(limit)?))
+        });
+        match read {
+            Some(limit) => limits.push(limit),
+            None => unread.push(entry.to_string()),
+        }
+    }
+    (limits, unread)
+}
+
+/// Variables earlier releases read that this one does not, with what replaced them.
+const REPLACED: &[(&str, &str)] = &[
+    (
+        "NCCLSHIM_ALL_REDUCE_MAX_BYTES",
+        "NCCLSHIM_MAX_BYTES=all_reduce:SIZE",
+    ),
+    (
+        "NCCLSHIM_ALL_GATHER_MAX_BYTES",
+        "NCCLSHIM_MAX_BYTES=all_gather:SIZE",
+    ),
+    (
+        "NCCLSHIM_REDUCE_SCATTER_MAX_BYTES",
+        "NCCLSHIM_MAX_BYTES=reduce_scatter:SIZE",
+    ),
+    (
+        "NCCLSHIM_BROADCAST_MAX_BYTES",
+        "NCCLSHIM_MAX_BYTES=broadcast:SIZE",
+    ),
+    (
+        "NCCLSHIM_REDUCE_MAX_BYTES",
+        "NCCLSHIM_MAX_BYTES=reduce:SIZE",
+    ),
+    (
+        "NCCLSHIM_ALL_TO_ALL_MAX_BYTES",
+        "NCCLSHIM_MAX_BYTES=all_to_all:SIZE",
+    ),
+    (
+        "NCCLSHIM_GATHER_MAX_BYTES",
+        "NCCLSHIM_MAX_BYTES=gather:SIZE",
+    ),
+    (
+        "NCCLSHIM_SCATTER_MAX_BYTES",
+        "NCCLSHIM_MAX_BYTES=scatter:SIZE",
+    ),
+];
+
+/// What the settings' variables say that is not read as given: each a WARN line's text.
+pub fn problems(get: impl Fn(&str) -> Option<String>) -> Vec<String> {
+    let mut found: Vec<String> = REPLACED
+        .iter()
+        .filter(|(old, _)| get(old).is_some())
+        .map(|(old, new)| format!("{old} is no longer read: set {new} instead"))
+        .collect();
+    let (_, unread) = max_bytes(get("NCCLSHIM_MAX_BYTES").as_deref().unwrap_or(""));
+    found.extend(unread.into_iter().map(|entry| {
+        format!("NCCLSHIM_MAX_BYTES: \"{entry}\" is not COLLECTIVE:SIZE (such as all_gather:128K); ignored")
+    }));
+    found
 }
 
 /// A yes-or-no setting's value, read alike for every variable: `0`, `false`, `no` and `off` (in
@@ -306,7 +402,13 @@ pub fn switch(value: &str) -> Option<bool> {
 
 pub fn settings() -> &'static Settings {
     static SETTINGS: OnceLock<Settings> = OnceLock::new();
-    SETTINGS.get_or_init(|| Settings::from_lookup(|name| std::env::var(name).ok()))
+    SETTINGS.get_or_init(|| {
+        let get = |name: &str| std::env::var(name).ok();
+        for problem in problems(get) {
+            log_warn!("{problem}");
+        }
+        Settings::from_lookup(get)
+    })
 }
 
 #[cfg(test)]
@@ -332,6 +434,11 @@ mod tests {
             None
         });
         let variable = |entry: &str| entry.split(' ').next().unwrap().to_string();
+        // "NCCLSHIM_MAX_BYTES (all_gather)": that collective's entry of the list.
+        let entry_of = |entry: &str| {
+            let inner = entry.strip_prefix("NCCLSHIM_MAX_BYTES (")?;
+            Some(format!("{}:1K", inner.strip_suffix(')')?))
+        };
         for name in read.borrow().iter() {
             assert!(
                 defaults
@@ -344,6 +451,7 @@ mod tests {
             let given = variable(entry);
             let (var, values) = match given.split_once('=') {
                 Some((var, value)) => (var.to_string(), vec![value.to_string()]),
+                None if entry_of(entry).is_some() => (given, vec![entry_of(entry).unwrap()]),
                 None => (
                     given,
                     ["0", "1", "3", "12345", "1-2"].map(String::from).to_vec(),
@@ -365,12 +473,66 @@ mod tests {
         let readme = include_str!("../../../README.md");
         for (name, _) in Settings::defaults().agreed() {
             let variable = name.split([' ', '=']).next().unwrap();
-            let row = format!("`{variable}`");
-            let collectives = variable.ends_with("_MAX_BYTES") && readme.contains(&row);
-            assert!(
-                readme.contains(&format!("| {row} |")) || collectives,
-                "{variable}"
-            );
+            let row = readme
+                .lines()
+                .find(|line| line.starts_with(&format!("| `{variable}` |")))
+                .unwrap_or_else(|| panic!("no row for {variable}"));
+            // A collective's entry of NCCLSHIM_MAX_BYTES: its row names the collective.
+            if let Some(inner) = name.strip_prefix("NCCLSHIM_MAX_BYTES (") {
+                let collective = inner.trim_end_matches(')');
+                assert!(row.contains(&format!("`{collective}`")), "{name}");
+            }
         }
+    }
+
+    #[test]
+    fn sizes_read_with_or_without_a_unit() {
+        assert_eq!(size("4096"), Some(4096));
+        assert_eq!(size(" 128K "), Some(128 << 10));
+        assert_eq!(size("8m"), Some(8 << 20));
+        assert_eq!(size("2GiB"), Some(2 << 30));
+        assert_eq!(size("1 MiB"), Some(1 << 20));
+        assert_eq!(size("0"), Some(0));
+        for bad in ["", "K", "-1", "1.5M", "12T", "lots"] {
+            assert_eq!(size(bad), None, "{bad:?}");
+        }
+        assert_eq!(size("99999999999G"), None, "overflows");
+    }
+
+    #[test]
+    fn one_variable_holds_every_collectives_limit() {
+        let s = with(&[(
+            "NCCLSHIM_MAX_BYTES",
+            "all_gather:128K, REDUCE:0,all_reduce:64M,,scatter:1M",
+        )]);
+        assert_eq!(s.max_bytes[Collective::AllGather as usize], Some(128 << 10));
+        assert_eq!(s.max_bytes[Collective::Reduce as usize], Some(0));
+        assert_eq!(s.max_bytes[Collective::Scatter as usize], Some(1 << 20));
+        assert_eq!(s.max_bytes[Collective::Gather as usize], None, "not given");
+        assert_eq!(s.all_reduce_max_bytes, Some(64 << 20));
+        let (read, unread) = max_bytes("gather:1K,bogus:4,gather,all_gather:many");
+        assert_eq!(read, vec![(Collective::Gather, 1024)]);
+        assert_eq!(unread, ["bogus:4", "gather", "all_gather:many"]);
+    }
+
+    #[test]
+    fn variables_no_longer_read_and_entries_not_read_are_named() {
+        let env = |vars: &'static [(&'static str, &'static str)]| {
+            move |name: &str| {
+                vars.iter()
+                    .find(|(k, _)| *k == name)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        assert!(problems(env(&[])).is_empty());
+        let found = problems(env(&[
+            ("NCCLSHIM_ALL_GATHER_MAX_BYTES", "1024"),
+            ("NCCLSHIM_MAX_BYTES", "all_gather:1K,allgather:2K"),
+        ]));
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(found[0].contains("NCCLSHIM_MAX_BYTES=all_gather:SIZE"));
+        assert!(found[1].contains("\"allgather:2K\""));
+        let old = with(&[("NCCLSHIM_ALL_GATHER_MAX_BYTES", "1024")]);
+        assert_eq!(old, Settings::defaults(), "an old variable changes nothing");
     }
 }

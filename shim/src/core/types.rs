@@ -47,7 +47,7 @@ impl Collective {
         }
     }
 
-    /// Its part of the names of its settings (`NCCLSHIM_ALL_GATHER_MAX_BYTES`).
+    /// Its name in settings (`NCCLSHIM_MAX_BYTES=all_gather:128K`), in upper case.
     pub fn variable_name(self) -> &'static str {
         self.facts().variable
     }
