@@ -15,7 +15,7 @@ use super::kernels::Kernels;
 use super::policy::{
     self, CommFacts, LL_MAX_BYTES, MAX_BATCH, MAX_FUSED, MAX_RANKS, Plan, SENTINEL_MAX_BYTES,
 };
-use super::types::Algorithm;
+use super::types::{Algorithm, Collective};
 use super::zero_copy::{Uses, ZeroCopy};
 use crate::ffi::ncclComm_t;
 use crate::log::log_warn;
@@ -126,28 +126,21 @@ struct Touched {
 impl Touched {
     fn of(plan: &Plan, rank: usize, nranks: usize, in_place: bool) -> Touched {
         let chunk = (plan.count * plan.dtype.size()) as u64;
-        let all = chunk * nranks as u64;
+        // All-reduce's kernels, and the packet kernels: the peers touch a chunk of each.
+        let Some(collective) = Collective::with_kernel(plan.algorithm) else {
+            return Touched {
+                input: chunk,
+                output: chunk,
+                allowed: true,
+            };
+        };
         let root = plan.root == rank as i32;
-        let (input, output) = match plan.algorithm {
-            Algorithm::AllGather | Algorithm::AllToAll => (0, all),
-            Algorithm::ReduceScatter => (all, 0),
-            Algorithm::Broadcast | Algorithm::Scatter => (0, chunk),
-            Algorithm::Reduce => (chunk, if root { chunk } else { 0 }),
-            Algorithm::Gather => (0, if root { all } else { 0 }),
-            _ => (chunk, chunk),
-        };
-        let places_aligned = match plan.algorithm {
-            Algorithm::AllGather
-            | Algorithm::ReduceScatter
-            | Algorithm::AllToAll
-            | Algorithm::Gather => chunk.is_multiple_of(16),
-            _ => true,
-        };
-        let allowed = places_aligned && !(plan.algorithm == Algorithm::AllToAll && in_place);
+        let (input, output) = collective.peers_touch();
+        let places_aligned = !collective.needs_aligned_places() || chunk.is_multiple_of(16);
         Touched {
-            input,
-            output,
-            allowed,
+            input: input.bytes(chunk, nranks, root),
+            output: output.bytes(chunk, nranks, root),
+            allowed: places_aligned && (collective.direct_in_place() || !in_place),
         }
     }
 }

@@ -77,6 +77,28 @@ impl Collective {
         self.facts().name
     }
 
+    /// What the peers touch of a rank's input and output in its direct kernel (`Span`).
+    pub fn peers_touch(self) -> (Span, Span) {
+        self.facts().peers_touch
+    }
+
+    /// Whether its direct kernel needs the places of the ranks' chunks 16-aligned.
+    pub fn needs_aligned_places(self) -> bool {
+        self.facts().aligned_places
+    }
+
+    /// Whether its direct kernel may run in place.
+    pub fn direct_in_place(self) -> bool {
+        self.facts().direct_in_place
+    }
+
+    /// The collective whose own kernel (not its packet kernel) `algorithm` is.
+    pub fn with_kernel(algorithm: Algorithm) -> Option<Collective> {
+        Collective::ALL
+            .into_iter()
+            .find(|c| c.facts().kernel == Some(algorithm))
+    }
+
     /// The NCCL functions whose calls are this collective's.
     pub const fn functions(self) -> &'static [&'static str] {
         self.facts().functions
@@ -103,6 +125,40 @@ struct CollectiveFacts {
     kernel: Option<Algorithm>,
     /// Its packet kernel for small chunks, where it has one.
     low_latency_kernel: Option<Algorithm>,
+    /// What the peers read of a rank's input and write of its output in its own kernel where
+    /// they reach the ranks' buffers (direct).
+    peers_touch: (Span, Span),
+    /// That kernel needs the places where the ranks' chunks start in a buffer 16-aligned.
+    aligned_places: bool,
+    /// That kernel may run in place (an all-to-all would overwrite chunks not yet sent).
+    direct_in_place: bool,
+}
+
+/// How much of a rank's buffer its peers touch in a collective's direct kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Span {
+    Nothing,
+    /// One chunk (`count` elements).
+    Chunk,
+    /// Every rank's chunk.
+    AllChunks,
+    /// One chunk on the root, nothing elsewhere.
+    ChunkAtRoot,
+    /// Every rank's chunk on the root, nothing elsewhere.
+    AllChunksAtRoot,
+}
+
+impl Span {
+    pub fn bytes(self, chunk: u64, nranks: usize, is_root: bool) -> u64 {
+        match self {
+            Span::Nothing => 0,
+            Span::Chunk => chunk,
+            Span::AllChunks => chunk * nranks as u64,
+            Span::ChunkAtRoot if is_root => chunk,
+            Span::AllChunksAtRoot if is_root => chunk * nranks as u64,
+            Span::ChunkAtRoot | Span::AllChunksAtRoot => 0,
+        }
+    }
 }
 
 /// The collectives the core has, in the order of `Collective`. A collective the core gains is a
@@ -115,24 +171,37 @@ const COLLECTIVES: [CollectiveFacts; Collective::ALL.len()] = {
         functions: &'static [&'static str],
         [rooted, reduces, chunk_per_rank, every_rank_reads, every_rank_writes]: [bool; 5],
         (kernel, low_latency_kernel): (Option<Algorithm>, Option<Algorithm>),
+        (peers_touch, [aligned_places, direct_in_place]): ((Span, Span), [bool; 2]),
     ) -> CollectiveFacts {
         CollectiveFacts {
             name, variable, functions, rooted, reduces, chunk_per_rank, every_rank_reads,
-            every_rank_writes, kernel, low_latency_kernel,
+            every_rank_writes, kernel, low_latency_kernel, peers_touch, aligned_places,
+            direct_in_place,
         }
     }
+    use Span::*;
     const N: bool = false;
     const Y: bool = true;
     [
-        //   name, setting                      functions                          rooted, reduces, chunk per rank, every rank reads, writes  kernels
-        row(("all-reduce", "ALL_REDUCE"),         &["ncclAllReduce"],                [N, Y, N, Y, Y], (None, None)),
-        row(("all-gather", "ALL_GATHER"),         &["ncclAllGather"],                [N, N, Y, Y, Y], (Some(AllGather), Some(LlAllGather))),
-        row(("reduce-scatter", "REDUCE_SCATTER"), &["ncclReduceScatter"],            [N, Y, Y, Y, Y], (Some(ReduceScatter), None)),
-        row(("broadcast", "BROADCAST"),           &["ncclBroadcast", "ncclBcast"],   [Y, N, N, N, Y], (Some(Broadcast), Some(LlBroadcast))),
-        row(("reduce", "REDUCE"),                 &["ncclReduce"],                   [Y, Y, N, Y, N], (Some(Reduce), None)),
-        row(("all-to-all", "ALL_TO_ALL"),         &["ncclAlltoAll"],                 [N, N, Y, Y, Y], (Some(AllToAll), Some(LlAllToAll))),
-        row(("gather", "GATHER"),                 &["ncclGather"],                   [Y, N, Y, Y, N], (Some(Gather), Some(LlGather))),
-        row(("scatter", "SCATTER"),               &["ncclScatter"],                  [Y, N, Y, N, Y], (Some(Scatter), Some(LlScatter))),
+        // name, setting; the functions that call it; rooted, reduces, chunk per rank, every
+        // rank reads, every rank writes; its kernel and packet kernel; what peers touch of a
+        // rank's input and output in it, aligned places, in place.
+        row(("all-reduce", "ALL_REDUCE"),         &["ncclAllReduce"],              [N, Y, N, Y, Y],
+            (None, None),                            ((Chunk, Chunk), [N, Y])),
+        row(("all-gather", "ALL_GATHER"),         &["ncclAllGather"],              [N, N, Y, Y, Y],
+            (Some(AllGather), Some(LlAllGather)),    ((Nothing, AllChunks), [Y, Y])),
+        row(("reduce-scatter", "REDUCE_SCATTER"), &["ncclReduceScatter"],          [N, Y, Y, Y, Y],
+            (Some(ReduceScatter), None),             ((AllChunks, Nothing), [Y, Y])),
+        row(("broadcast", "BROADCAST"),           &["ncclBroadcast", "ncclBcast"], [Y, N, N, N, Y],
+            (Some(Broadcast), Some(LlBroadcast)),    ((Nothing, Chunk), [N, Y])),
+        row(("reduce", "REDUCE"),                 &["ncclReduce"],                 [Y, Y, N, Y, N],
+            (Some(Reduce), None),                    ((Chunk, ChunkAtRoot), [N, Y])),
+        row(("all-to-all", "ALL_TO_ALL"),         &["ncclAlltoAll"],               [N, N, Y, Y, Y],
+            (Some(AllToAll), Some(LlAllToAll)),      ((Nothing, AllChunks), [Y, N])),
+        row(("gather", "GATHER"),                 &["ncclGather"],                 [Y, N, Y, Y, N],
+            (Some(Gather), Some(LlGather)),          ((Nothing, AllChunksAtRoot), [Y, Y])),
+        row(("scatter", "SCATTER"),               &["ncclScatter"],                [Y, N, Y, N, Y],
+            (Some(Scatter), Some(LlScatter)),        ((Nothing, Chunk), [N, Y])),
     ]
 };
 
