@@ -14,8 +14,12 @@ use super::comm::{CoreComm, Launched};
 use super::cuda::{Cuda, Stream, capturing};
 use super::launcher::DeviceOp;
 use super::policy::{self, Fused, MAX_BATCH, Plan};
+use super::{launcher, lifecycle, setup};
 use crate::call::Call;
-use crate::ffi::{ncclComm_t, ncclInProgress, ncclResult_t, ncclSuccess};
+use crate::ffi::{
+    ncclComm_t, ncclInProgress, ncclInvalidUsage, ncclResult_t, ncclSuccess, ncclUnhandledCudaError,
+};
+use crate::log::log_warn;
 
 /// A call queued for the core in a group, with its plan.
 pub struct Queued {
@@ -412,6 +416,113 @@ pub fn queue(mut op: Queued) -> Result<(), ()> {
         queued.push(op);
         Ok(())
     })
+}
+
+/// Ends a group through `real_end` (the real ncclGroupEnd); at the outermost level, sets up the
+/// communicators that wait for the group's end and launches the core operations queued in it.
+pub fn end_group(real_end: impl FnOnce() -> ncclResult_t) -> ncclResult_t {
+    // A nonblocking group's operations are launched by a thread of the real NCCL's after
+    // ncclGroupEnd returns, so ours go first: the same order on every rank's streams. A blocking
+    // group's are launched before it returns, so ours go after them.
+    // A group one of whose calls was refused launches nothing of ours, and fails (as NCCL's).
+    let failed = ending_outermost() && take_failed();
+    if failed {
+        discard_queued();
+    }
+    // A call the core had queued that went to NCCL with its group and failed there.
+    let sent = if ending_outermost() {
+        take_sent_error()
+    } else {
+        ncclSuccess
+    };
+    let first = (ending_outermost() && queued_nonblocking())
+        .then(|| drain_queued(|queued| launcher::launch_group(&batches(queued))));
+    let result = match real_end() {
+        result if result == ncclSuccess && failed => ncclInvalidUsage,
+        result if result == ncclSuccess => sent,
+        result => result,
+    };
+    let Some(ended) = end() else {
+        return result;
+    };
+    let mut deferred = ended.new_comms;
+    // A blocking group's end has made its children. A nonblocking group's (ncclInProgress) are
+    // made later by a thread of NCCL's: ranks could see their handles written or not yet, so
+    // they are not read here (all_reduce meets them at their first all-reduce).
+    if result == ncclSuccess {
+        for child in ended.children {
+            // SAFETY: kept by the caller until its group's end, where NCCL wrote it.
+            let comm = unsafe { *child.slot };
+            // NULL: NCCL_SPLIT_NOCOLOR, no child. A slot given twice holds one child.
+            if comm.is_null() || deferred.iter().any(|d| d.comm == comm) {
+                continue;
+            }
+            if child.blocking {
+                lifecycle::made(comm, true);
+                deferred.push(Deferred {
+                    comm,
+                    blocking: true,
+                });
+            } else {
+                lifecycle::made_nonblocking(comm);
+            }
+        }
+    }
+    let launched = match first {
+        Some(launched) => launched,
+        None if result == ncclSuccess => Ok(()),
+        // Nothing of a failed group is launched.
+        None => {
+            discard_queued();
+            Ok(())
+        }
+    };
+    let (blocking, nonblocking): (Vec<_>, Vec<_>) = deferred.into_iter().partition(|d| d.blocking);
+    let comms_of = |d: Vec<Deferred>| d.into_iter().map(|d| d.comm).collect::<Vec<_>>();
+    // Whatever is not set up says why.
+    let left = |comm: ncclComm_t, why: String| lifecycle::declined(comm, None, &why);
+    if result == ncclSuccess && !blocking.is_empty() {
+        setup::set_up(&comms_of(blocking), true);
+    } else {
+        for comm in comms_of(blocking) {
+            left(
+                comm,
+                format!("the group that made it ended with result {result}"),
+            );
+        }
+    }
+    if (result == ncclSuccess || result == ncclInProgress) && !nonblocking.is_empty() {
+        // Their first all-reduces must have settled before the exchange goes on them.
+        let mut ready = comms_of(nonblocking);
+        ready.retain(|&comm| {
+            let state = setup::settle(comm);
+            if state != ncclSuccess {
+                left(
+                    comm,
+                    format!("its first all-reduce ended with result {state}"),
+                );
+            }
+            state == ncclSuccess
+        });
+        setup::set_up(&ready, false);
+    } else {
+        for comm in comms_of(nonblocking) {
+            left(
+                comm,
+                format!("the group of its first all-reduce ended with result {result}"),
+            );
+        }
+    }
+    // What is still queued (a blocking group's) goes after the set-ups.
+    let launched =
+        launched.and_then(|()| drain_queued(|queued| launcher::launch_group(&batches(queued))));
+    match launched {
+        Ok(()) => result,
+        Err((ordinal, e)) => {
+            log_warn!("a core call on GPU {ordinal} could not be launched: {e}");
+            ncclUnhandledCudaError
+        }
+    }
 }
 
 #[cfg(test)]

@@ -129,6 +129,15 @@ pub fn came_on(comm: ncclComm_t, core: Arc<CoreComm>) {
     });
 }
 
+/// A nonblocking communicator was created (the real NCCL may still be initialising it): its
+/// core is set up after its first all-reduce.
+pub fn made_nonblocking(comm: ncclComm_t) {
+    if !comm.is_null() {
+        log_info!("comm {comm:p} is nonblocking: its core is set up after its first all-reduce");
+        awaits_first_all_reduce(comm);
+    }
+}
+
 /// Made, SettingUp or AwaitsFirstAllReduce -> Declined, saying why, with this rank where known
 /// (a communicator that has a core keeps it).
 pub fn declined(comm: ncclComm_t, rank: Option<usize>, why: &str) {

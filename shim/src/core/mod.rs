@@ -62,10 +62,7 @@ pub fn created(comms: &[ncclComm_t]) {
 /// A nonblocking communicator was created (the real NCCL may still be initialising it): its
 /// core is set up after its first all-reduce (lifecycle.rs).
 pub fn created_nonblocking(comm: ncclComm_t) {
-    if !comm.is_null() {
-        log_info!("comm {comm:p} is nonblocking: its core is set up after its first all-reduce");
-        lifecycle::awaits_first_all_reduce(comm);
-    }
+    lifecycle::made_nonblocking(comm);
 }
 
 /// A child communicator of `parent` (ncclCommSplit, ncclCommShrink) was asked for and the call
@@ -99,112 +96,9 @@ pub fn group_start() {
     group::start();
 }
 
-/// Ends a group through `real_end` (the real ncclGroupEnd); at the outermost level, sets up the
-/// communicators that wait for the group's end and launches the core operations queued in it.
+/// Ends a group through `real_end` (the real ncclGroupEnd): group.rs.
 pub fn group_end(real_end: impl FnOnce() -> ncclResult_t) -> ncclResult_t {
-    // A nonblocking group's operations are launched by a thread of the real NCCL's after
-    // ncclGroupEnd returns, so ours go first: the same order on every rank's streams. A blocking
-    // group's are launched before it returns, so ours go after them.
-    // A group one of whose calls was refused launches nothing of ours, and fails (as NCCL's).
-    let failed = group::ending_outermost() && group::take_failed();
-    if failed {
-        group::discard_queued();
-    }
-    // A call the core had queued that went to NCCL with its group and failed there.
-    let sent = if group::ending_outermost() {
-        group::take_sent_error()
-    } else {
-        ncclSuccess
-    };
-    let first = (group::ending_outermost() && group::queued_nonblocking())
-        .then(|| group::drain_queued(|queued| launcher::launch_group(&group::batches(queued))));
-    let result = match real_end() {
-        result if result == ncclSuccess && failed => ncclInvalidUsage,
-        result if result == ncclSuccess => sent,
-        result => result,
-    };
-    let Some(ended) = group::end() else {
-        return result;
-    };
-    let mut deferred = ended.new_comms;
-    // A blocking group's end has made its children. A nonblocking group's (ncclInProgress) are
-    // made later by a thread of NCCL's: ranks could see their handles written or not yet, so
-    // they are not read here (all_reduce meets them at their first all-reduce).
-    if result == ncclSuccess {
-        for child in ended.children {
-            // SAFETY: kept by the caller until its group's end, where NCCL wrote it.
-            let comm = unsafe { *child.slot };
-            // NULL: NCCL_SPLIT_NOCOLOR, no child. A slot given twice holds one child.
-            if comm.is_null() || deferred.iter().any(|d| d.comm == comm) {
-                continue;
-            }
-            if child.blocking {
-                lifecycle::made(comm, true);
-                deferred.push(group::Deferred {
-                    comm,
-                    blocking: true,
-                });
-            } else {
-                created_nonblocking(comm);
-            }
-        }
-    }
-    let launched = match first {
-        Some(launched) => launched,
-        None if result == ncclSuccess => Ok(()),
-        // Nothing of a failed group is launched.
-        None => {
-            group::discard_queued();
-            Ok(())
-        }
-    };
-    let (blocking, nonblocking): (Vec<_>, Vec<_>) = deferred.into_iter().partition(|d| d.blocking);
-    let comms_of = |d: Vec<group::Deferred>| d.into_iter().map(|d| d.comm).collect::<Vec<_>>();
-    // Whatever is not set up says why.
-    let left = |comm: ncclComm_t, why: String| lifecycle::declined(comm, None, &why);
-    if result == ncclSuccess && !blocking.is_empty() {
-        setup::set_up(&comms_of(blocking), true);
-    } else {
-        for comm in comms_of(blocking) {
-            left(
-                comm,
-                format!("the group that made it ended with result {result}"),
-            );
-        }
-    }
-    if (result == ncclSuccess || result == ncclInProgress) && !nonblocking.is_empty() {
-        // Their first all-reduces must have settled before the exchange goes on them.
-        let mut ready = comms_of(nonblocking);
-        ready.retain(|&comm| {
-            let state = setup::settle(comm);
-            if state != ncclSuccess {
-                left(
-                    comm,
-                    format!("its first all-reduce ended with result {state}"),
-                );
-            }
-            state == ncclSuccess
-        });
-        setup::set_up(&ready, false);
-    } else {
-        for comm in comms_of(nonblocking) {
-            left(
-                comm,
-                format!("the group of its first all-reduce ended with result {result}"),
-            );
-        }
-    }
-    // What is still queued (a blocking group's) goes after the set-ups.
-    let launched = launched.and_then(|()| {
-        group::drain_queued(|queued| launcher::launch_group(&group::batches(queued)))
-    });
-    match launched {
-        Ok(()) => result,
-        Err((ordinal, e)) => {
-            log_warn!("a core call on GPU {ordinal} could not be launched: {e}");
-            ncclUnhandledCudaError
-        }
-    }
+    group::end_group(real_end)
 }
 
 /// Whether a buffer this rank's part of a call of `collective` uses is NULL: the real NCCL's to
