@@ -203,6 +203,14 @@ mod api_exports {
             comm: *mut std::ffi::c_void,
             stream: *mut std::ffi::c_void,
         ) -> u32;
+        pub fn ncclRecv(
+            recv: *mut std::ffi::c_void,
+            count: usize,
+            datatype: u32,
+            peer: c_int,
+            comm: *mut std::ffi::c_void,
+            stream: *mut std::ffi::c_void,
+        ) -> u32;
         pub fn ncclBcast(
             buff: *mut std::ffi::c_void,
             count: usize,
@@ -308,6 +316,7 @@ fn exports_route_forward_stub_and_contain_panics() {
             5
         );
         assert_eq!(api_exports::pncclSend(buffer, 3, 9, 1, comm, stream), 5);
+        assert_eq!(api_exports::ncclRecv(buffer, 2, 7, 0, comm, stream), 5);
         let other = 0x80 as *mut c_void;
         assert_eq!(api_exports::ncclBcast(other, 4, 2, 0, comm, stream), 0);
         assert_eq!(
@@ -317,6 +326,8 @@ fn exports_route_forward_stub_and_contain_panics() {
                 "ncclReduce comm 0x1230 send 0x40 recv 0x40 count 12 type 7 op Some(2) root Some(1) stream 0x0 -> 5",
                 "missing ncclSend",
                 "ncclSend comm 0x1230 send 0x40 recv 0x0 count 3 type 9 op None root Some(1) stream 0x0 -> 5",
+                "missing ncclRecv",
+                "ncclRecv comm 0x1230 send 0x0 recv 0x40 count 2 type 7 op None root Some(0) stream 0x0 -> 5",
                 // Claimed by the router: not forwarded; one buffer is both of an in-place broadcast.
                 "routed ncclBcast",
                 "ncclBcast comm 0x1230 send 0x80 recv 0x80 count 4 type 2 op None root Some(0) stream 0x0 -> 0",

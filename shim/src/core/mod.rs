@@ -123,10 +123,14 @@ pub fn operation(call: &Call, forward: impl FnOnce() -> ncclResult_t + 'static) 
     if !settings.may_take(collective, measured::in_use(collective)) {
         return forward();
     }
-    // No element to move is never the core's (`policy::plan`): outside a group, such a call
-    // forwards at NCCL's own cost, without looking its communicator up. An all-reduce still
-    // looks, as its first one may set a communicator's core up.
-    if call.count == 0 && collective != Collective::AllReduce && !group::inside() {
+    // No element to move is never the core's (`policy::plan`): such a call forwards at NCCL's
+    // own cost, without looking its communicator up (where a core kernel of that communicator
+    // gave up, NCCL answers it; the next call with data, and ncclCommGetAsyncError, report it).
+    // An all-reduce still looks, as its first one may set a communicator's core up.
+    // Between here and `policy::plan` nothing any rank shares may change for a call the plan
+    // then leaves to NCCL (`known`, `lookup`, `failed`, `lacks_buffer` change nothing): a rank
+    // whose flags (`measured::in_use`) let it look may then forward alike with its peers.
+    if call.count == 0 && collective != Collective::AllReduce {
         return forward();
     }
     let comm = call.comm;

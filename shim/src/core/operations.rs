@@ -66,8 +66,30 @@ mod tests {
             .position(|f| *f == "ncclAllReduce")
             .unwrap();
         assert_eq!(collective_of(all_reduce as u8), Some(Collective::AllReduce));
-        let send = OPERATIONS.iter().position(|f| *f == "ncclSend").unwrap();
-        assert_eq!(collective_of(send as u8), None, "sends forward");
+        let kind = |function: &str| OPERATIONS.iter().position(|f| *f == function);
+        let bcast = kind("ncclBcast").unwrap() as u8;
+        assert_eq!(
+            collective_of(bcast),
+            Some(Collective::Broadcast),
+            "in place"
+        );
+        for forwards in ["ncclSend", "ncclRecv"] {
+            assert_eq!(
+                collective_of(kind(forwards).unwrap() as u8),
+                None,
+                "{forwards}"
+            );
+        }
+        // Variants the core has not weighed, where this build's spec has them (2.30 on).
+        for variant in [
+            "ncclAllReduceConfig",
+            "ncclAllGatherConfig",
+            "ncclBroadcastConfig",
+        ] {
+            if let Some(k) = kind(variant) {
+                assert_eq!(collective_of(k as u8), None, "{variant}");
+            }
+        }
         assert_eq!(collective_of(u8::MAX), None);
     }
 }

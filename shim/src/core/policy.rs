@@ -419,7 +419,7 @@ mod tests {
         assert!(!goes(&s, &[8]), "a lone call stays");
         let never = with(&[("NCCLSHIM_GROUP_CORE_BYTES", "0-0")]);
         assert!(goes(&never, &[1, 1 << 30]));
-        let always = with(&[("NCCLSHIM_GROUP_CORE_BYTES", "0-18446744073709551615")]);
+        let always = with(&[("NCCLSHIM_GROUP_CORE_BYTES", "0-1G")]);
         assert!(!goes(&always, &[1, 1 << 30]));
         assert!(!goes(&with(&[("NCCLSHIM_FORCE", "core")]), &[8, 8]));
     }

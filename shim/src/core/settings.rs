@@ -144,7 +144,8 @@ impl Settings {
             group_core_bytes,
             max_bytes,
         } = *self;
-        let given = |v: Option<usize>| v.map_or(0, |n| n as u64 + 1);
+        // 0 is "not given"; any given value (the largest too) is another word.
+        let given = |v: Option<usize>| v.map_or(0, |n| (n as u64).saturating_add(1));
         let mut all: Vec<(String, u64)> = [
             ("NCCLSHIM_CORE (or NCCLSHIM_FORCE=nccl)", enabled as u64),
             ("NCCLSHIM_FORCE=core", force_core as u64),
@@ -305,17 +306,25 @@ impl Settings {
 }
 
 /// A size in bytes: a number, with `K`, `M` or `G` (or `KiB`, `MiB`, `GiB`; any case) for
-/// 2^10, 2^20, 2^30 bytes.
+/// 2^10, 2^20, 2^30 bytes; at most 2^62.
 pub fn size(value: &str) -> Option<usize> {
     let value = value.trim().to_ascii_lowercase();
-    let value = value.strip_suffix("ib").unwrap_or(&value);
+    let value = match value.strip_suffix("ib") {
+        Some(unit) if unit.ends_with(['k', 'm', 'g']) => unit,
+        _ => &value,
+    };
     let (digits, shift) = match value.as_bytes().last()? {
         b'k' => (&value[..value.len() - 1], 10),
         b'm' => (&value[..value.len() - 1], 20),
         b'g' => (&value[..value.len() - 1], 30),
         _ => (value, 0),
     };
-    digits.trim().parse::<usize>().ok()?.checked_mul(1 << shift)
+    digits
+        .trim()
+        .parse::<usize>()
+        .ok()?
+        .checked_mul(1 << shift)
+        .filter(|&bytes| bytes <= 1 << 62)
 }
 
 /// `NCCLSHIM_MAX_BYTES`: `collective:size` entries separated by commas (`all_gather:128K,
@@ -485,6 +494,19 @@ mod tests {
         }
     }
 
+    /// A limit given, however large, never reads as one not given: ranks that differ so must
+    /// not pass as alike.
+    #[test]
+    fn the_largest_limit_is_not_no_limit() {
+        let unset = Settings::defaults().agreed();
+        let mut huge = Settings::defaults();
+        huge.max_bytes[Collective::AllGather as usize] = Some(usize::MAX);
+        huge.all_reduce_max_bytes = Some(usize::MAX);
+        let huge = huge.agreed();
+        let differ = unset.iter().zip(&huge).filter(|(a, b)| a.1 != b.1).count();
+        assert_eq!(differ, 2);
+    }
+
     #[test]
     fn sizes_read_with_or_without_a_unit() {
         assert_eq!(size("4096"), Some(4096));
@@ -497,6 +519,9 @@ mod tests {
             assert_eq!(size(bad), None, "{bad:?}");
         }
         assert_eq!(size("99999999999G"), None, "overflows");
+        assert_eq!(size("5ib"), None, "a unit's tail alone");
+        assert_eq!(size(&(1usize << 62).to_string()), Some(1 << 62));
+        assert_eq!(size(&((1usize << 62) + 1).to_string()), None);
     }
 
     #[test]

@@ -59,9 +59,20 @@ struct Record {
     ipc: [u8; 64],
     /// The measured limits of this rank's GPU for this many ranks (measured.rs).
     measured: [u64; Collective::ALL.len()],
+    /// Zeros: room for what later layouts add, so that every layout's record has one size and
+    /// builds of other layouts meet in the exchange and say so (`agree`) instead of passing
+    /// NCCL all-gathers of other sizes.
+    reserved: [u8; RECORD_BYTES - USED_BYTES],
 }
 
-const RECORD_BYTES: usize = size_of::<Record>();
+/// What a record takes on the wire, whatever its layout.
+const RECORD_BYTES: usize = 1024;
+/// The bytes before `reserved`.
+const USED_BYTES: usize = 472;
+// No padding the compiler would leave uninitialised: every field ends where the next begins.
+const _: () = assert!(size_of::<Record>() == RECORD_BYTES);
+const _: () = assert!(std::mem::offset_of!(Record, reserved) == USED_BYTES);
+const _: () = assert!(std::mem::offset_of!(Record, measured) % 8 == 0);
 
 impl Record {
     /// A "no" from a rank that could not set up its side (its settings still said, so that its
@@ -84,6 +95,7 @@ impl Record {
             pci_bus_id: [0; 16],
             ipc: [0; 64],
             measured: [0; Collective::ALL.len()],
+            reserved: [0; RECORD_BYTES - USED_BYTES],
         }
     }
 
@@ -381,6 +393,7 @@ fn own_record(candidate: &Candidate) -> Record {
         pci_bus_id,
         ipc,
         measured: measured::limits(&parts.device.name(), candidate.nranks).map(|n| n as u64),
+        reserved: [0; RECORD_BYTES - USED_BYTES],
     }
 }
 
@@ -724,6 +737,7 @@ mod tests {
         let mut record = ready(3);
         record.ipc[63] = 0xab;
         record.buffer = 0x7f00_0000_1000;
+        record.measured[Collective::Scatter as usize] = 128 << 10;
         let bytes = record.to_bytes();
         assert_eq!(bytes.len(), RECORD_BYTES);
         let back = Record::from_bytes(&bytes);
@@ -731,6 +745,7 @@ mod tests {
             (back.device, back.ipc[63], back.buffer, back.pci_bus_id),
             (3, 0xab, 0x7f00_0000_1000, record.pci_bus_id)
         );
+        assert_eq!(back.measured, record.measured);
     }
 
     #[test]
