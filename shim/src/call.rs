@@ -4,11 +4,11 @@
 
 use std::ffi::c_void;
 
-use crate::ffi::{OPERATIONS, cudaStream_t, ncclComm_t};
+use crate::ffi::{cudaStream_t, ncclComm_t};
 
 #[derive(Clone, Copy, Debug)]
 pub struct Call {
-    /// The function called: its index in `OPERATIONS`.
+    /// The function called: its index in `ffi::OPERATIONS`.
     pub kind: u8,
     pub comm: ncclComm_t,
     /// The buffer read; NULL where the operation has none (a receive).
@@ -25,11 +25,4 @@ pub struct Call {
     /// The root of a rooted collective, or the peer of a send or receive.
     pub root: Option<i32>,
     pub stream: cudaStream_t,
-}
-
-impl Call {
-    /// The NCCL function called, e.g. "ncclAllReduce".
-    pub fn function(&self) -> &'static str {
-        OPERATIONS.get(self.kind as usize).copied().unwrap_or("?")
-    }
 }

@@ -1,6 +1,8 @@
-//! Which NCCL functions ncclshim serves itself. Every function not claimed here forwards to the
-//! real NCCL (the `Route` trait's defaults, generated from the spec). Functions that only some
-//! NCCL versions have are claimed inside `if_exported!`.
+//! Which NCCL functions ncclshim serves itself. Every operation on a stream, described by its
+//! export, goes to the core (`core::operation`), which takes the calls of its collectives and
+//! forwards the rest; of the other functions, every one not claimed here forwards to the real
+//! NCCL (the `Route` trait's defaults, generated from the spec). Functions that only some NCCL
+//! versions have are claimed inside `if_exported!`.
 
 use std::ffi::{c_char, c_int};
 

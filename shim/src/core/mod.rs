@@ -1,11 +1,12 @@
-//! The core: ncclshim's own collectives over NVLink (all-reduce; the others where set, see
-//! `policy`), for communicators whose ranks are all on this host with peer access between every
-//! pair of GPUs. Set up when a communicator is created
-//! (`setup`), its life kept in a side table keyed by the handle (`lifecycle`), chosen per call by a policy
-//! that every rank computes alike (`policy`), launched on the caller's stream (`comm`), with
-//! kernels built into the library for common GPUs and compiled by NVRTC for others (`kernels`,
-//! `program`, `device/`).
-
+//! The core: ncclshim's own collectives over NVLink (all-reduce; the others up to the limits
+//! measured for the ranks' GPUs, `measured`, or set, `settings`), for communicators whose ranks
+//! are all on this host with peer access between every pair of GPUs. Set up when a communicator
+//! is created (`setup`), its life kept in a side table keyed by the handle (`lifecycle`), each
+//! operation mapped to its collective (`operations`, from the table in `types`), chosen per call
+//! by a policy that every rank computes alike (`policy`), launched on the caller's stream
+//! (`comm`), with kernels built into the library for common GPUs and compiled by NVRTC for
+//! others (`kernels`, `program`, `device/`). What it did, it tells the record of calls through
+//! `observer`.
 mod comm;
 mod cuda;
 mod group;
