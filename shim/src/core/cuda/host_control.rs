@@ -1,0 +1,81 @@
+//! The host's control block the kernels read and write (pinned, mapped memory).
+
+use super::error::{Cuda, Named, check};
+use super::handles::DevicePtr;
+use crate::core::limits::MAX_RANKS;
+use cudarc::driver::{result, sys};
+
+/// Pinned host memory shared with the kernels: their control block (device/device.cuh, "the host's
+/// control block"): [0] abort, raised by the host; [1] how long a kernel may wait for a peer, in
+/// seconds (0: for ever); [2] written by a kernel that gave up waiting: 1 + the rank it waited
+/// for, or `MAX_RANKS + 1` for blocks of its own grid.
+pub struct HostControl {
+    host: *mut i32,
+    pub device: DevicePtr,
+}
+
+const CONTROL_WORDS: usize = 4;
+
+// SAFETY: pinned host memory, written and read with volatile accesses only.
+unsafe impl Send for HostControl {}
+// SAFETY: as above.
+unsafe impl Sync for HostControl {}
+
+/// Whom a kernel gave up waiting for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GaveUp {
+    Rank(usize),
+    /// Other blocks of its own grid (which themselves waited for peers).
+    OwnBlocks,
+}
+
+impl HostControl {
+    /// Kernels wait for a peer at most `wait_limit_s` seconds (0: for ever).
+    pub fn new(wait_limit_s: u32) -> Cuda<HostControl> {
+        let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
+        // SAFETY: a fresh pinned allocation of CONTROL_WORDS ints.
+        let host = unsafe { result::malloc_host(CONTROL_WORDS * size_of::<i32>(), flags) }
+            .named("cuMemHostAlloc")?;
+        let mut control = HostControl {
+            host: host.cast::<i32>(),
+            device: 0,
+        };
+        for word in 0..CONTROL_WORDS {
+            control.write(word, 0);
+        }
+        control.write(1, wait_limit_s as i32);
+        // SAFETY: mapped pinned memory (freed by `control`'s drop if this fails).
+        check("cuMemHostGetDevicePointer", unsafe {
+            sys::cuMemHostGetDevicePointer_v2(&mut control.device, control.host.cast(), 0)
+        })?;
+        Ok(control)
+    }
+
+    fn write(&self, word: usize, value: i32) {
+        assert!(word < CONTROL_WORDS);
+        // SAFETY: our pinned allocation, alive until drop.
+        unsafe { self.host.add(word).write_volatile(value) };
+    }
+
+    pub fn raise_abort(&self) {
+        self.write(0, 1);
+    }
+
+    /// Whom a kernel gave up waiting for, if one did (the word stays set).
+    pub fn gave_up(&self) -> Option<GaveUp> {
+        // SAFETY: our pinned allocation, alive until drop; written by kernels.
+        let word = unsafe { self.host.add(2).read_volatile() };
+        match word {
+            0 => None,
+            w if (1..=MAX_RANKS as i32).contains(&w) => Some(GaveUp::Rank(w as usize - 1)),
+            _ => Some(GaveUp::OwnBlocks),
+        }
+    }
+}
+
+impl Drop for HostControl {
+    fn drop(&mut self) {
+        // SAFETY: our pinned allocation; no kernel uses it any more.
+        let _ = unsafe { result::free_host(self.host.cast()) };
+    }
+}
