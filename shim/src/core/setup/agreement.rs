@@ -1,0 +1,160 @@
+//! What every rank tells the others when a communicator is set up (`Record`), and what they
+//! must have alike for the core to come on: layout, settings, buffers (`agree`).
+
+use crate::core::comm::FLAGS_BYTES;
+use crate::core::policy::{self, INBOX_BYTES, SENTINEL_INBOX_BYTES, STAGING_HALF_BYTES};
+use crate::core::types::Collective;
+
+pub(super) const MAGIC: u64 = 0x6e63_636c_7368_696d; // "ncclshim"
+// The record's and the buffer's layout (3: sentinel inboxes; 4: zero-copy; 5: every setting on
+// its own; 6: compute capability; 7: a group's small all-reduces fused, which peers must do
+// alike; 8: measured limits, and one size for every later layout): other versions never pair
+// up.
+pub(super) const LAYOUT: u32 = 8;
+/// Room for the settings every rank must have alike (`Settings::agreed`), one word each.
+pub(super) const AGREED_SLOTS: usize = 32;
+
+/// What one rank tells the others, as plain bytes.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(super) struct Record {
+    pub(super) magic: u64,
+    pub(super) layout: u32,
+    /// 1 if this rank could set up its side.
+    pub(super) ready: u32,
+    pub(super) host: u64,
+    pub(super) process: u64,
+    /// Rank 0's nonce names the communicator in zero-copy messages (zero_copy/).
+    pub(super) nonce: u64,
+    /// `Settings::agreed`'s values, in its order (the rest zero): the same on every rank, or the
+    /// core stays off.
+    pub(super) settings: [u64; AGREED_SLOTS],
+    /// The buffers' sizes, as this build lays them out.
+    pub(super) buffers: u64,
+    pub(super) buffer: u64,
+    pub(super) device: i32,
+    /// Blocks the two-shot kernels can have resident at once on this rank's GPU.
+    pub(super) resident_blocks: u32,
+    /// Its GPU's compute capability, e.g. 90.
+    pub(super) compute_capability: u32,
+    /// Zero: keeps the next field at the alignment it has.
+    pub(super) padding: u32,
+    pub(super) pci_bus_id: [u8; 16],
+    pub(super) ipc: [u8; 64],
+    /// The measured limits of this rank's GPU for this many ranks (measured.rs).
+    pub(super) measured: [u64; Collective::ALL.len()],
+    /// Zeros: room for what later layouts add, so that every layout's record has one size and
+    /// builds of other layouts meet in the exchange and say so (`agree`) instead of passing
+    /// NCCL all-gathers of other sizes.
+    pub(super) reserved: [u8; RECORD_BYTES - USED_BYTES],
+}
+
+/// What a record takes on the wire, whatever its layout.
+pub(super) const RECORD_BYTES: usize = 1024;
+/// The bytes before `reserved`.
+pub(super) const USED_BYTES: usize = 472;
+// No padding the compiler would leave uninitialised: every field ends where the next begins.
+const _: () = assert!(size_of::<Record>() == RECORD_BYTES);
+const _: () = assert!(std::mem::offset_of!(Record, reserved) == USED_BYTES);
+const _: () = assert!(std::mem::offset_of!(Record, measured) % 8 == 0);
+
+impl Record {
+    /// A "no" from a rank that could not set up its side (its settings still said, so that its
+    /// peers can name one that differs).
+    pub(super) fn not_ready() -> Record {
+        Record {
+            magic: MAGIC,
+            layout: LAYOUT,
+            ready: 0,
+            host: 0,
+            process: 0,
+            nonce: 0,
+            settings: agreed_settings(),
+            buffers: buffers_key(STAGING_HALF_BYTES as u64),
+            buffer: 0,
+            device: -1,
+            resident_blocks: 0,
+            compute_capability: 0,
+            padding: 0,
+            pci_bus_id: [0; 16],
+            ipc: [0; 64],
+            measured: [0; Collective::ALL.len()],
+            reserved: [0; RECORD_BYTES - USED_BYTES],
+        }
+    }
+
+    pub(super) fn to_bytes(self) -> Vec<u8> {
+        // SAFETY: a repr(C) struct of integers, fully initialised (padding fields included).
+        unsafe { std::slice::from_raw_parts((&raw const self).cast::<u8>(), RECORD_BYTES) }.to_vec()
+    }
+
+    pub(super) fn from_bytes(bytes: &[u8]) -> Record {
+        assert_eq!(bytes.len(), RECORD_BYTES);
+        // SAFETY: any bytes make a valid Record of integers.
+        unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<Record>()) }
+    }
+}
+
+/// This rank's settings as the record carries them.
+pub(super) fn agreed_settings() -> [u64; AGREED_SLOTS] {
+    let mut slots = [0; AGREED_SLOTS];
+    for (slot, (_, value)) in slots.iter_mut().zip(policy::settings().agreed()) {
+        *slot = value;
+    }
+    slots
+}
+
+/// The sizes the kernels divide every rank's buffer by: equal on every rank of one build.
+pub(super) fn buffers_key(half_bytes: u64) -> u64 {
+    [FLAGS_BYTES, INBOX_BYTES, SENTINEL_INBOX_BYTES]
+        .into_iter()
+        .fold(half_bytes, |key, v| {
+            (key ^ v as u64).wrapping_mul(0x100000001b3)
+        })
+}
+
+/// Whether every rank can join: with our settings, ready, on this host, each on its own GPU.
+/// Settings first: a rank that differs says no for that reason, whatever else it says.
+pub(super) fn agree(records: &[Record], rank: usize) -> Result<(), String> {
+    let me = &records[rank];
+    for (r, record) in records.iter().enumerate() {
+        if record.magic != MAGIC || record.layout != LAYOUT {
+            return Err(format!("rank {r} runs another version of ncclshim"));
+        }
+        if let Some(setting) = differing_setting(&record.settings, &me.settings) {
+            return Err(format!(
+                "rank {r} has another {setting} than rank {rank} (every rank needs the same NCCLSHIM_* settings)"
+            ));
+        }
+        if record.buffers != me.buffers {
+            return Err(format!("rank {r} lays the core's buffers out otherwise"));
+        }
+        if record.ready != 1 {
+            return Err(format!("rank {r} cannot use the core"));
+        }
+        if record.host != me.host {
+            return Err(format!("rank {r} is on another host"));
+        }
+        if records[..r]
+            .iter()
+            .any(|other| other.pci_bus_id == record.pci_bus_id)
+        {
+            return Err(format!("rank {r} shares its GPU with another rank"));
+        }
+    }
+    Ok(())
+}
+
+/// The variable of the first setting two records differ in.
+pub(super) fn differing_setting(
+    theirs: &[u64; AGREED_SLOTS],
+    mine: &[u64; AGREED_SLOTS],
+) -> Option<String> {
+    let slot = (0..AGREED_SLOTS).find(|&i| theirs[i] != mine[i])?;
+    let names = policy::settings().agreed();
+    Some(
+        names
+            .get(slot)
+            .map_or_else(|| "NCCLSHIM_* setting".into(), |(name, _)| name.clone()),
+    )
+}

@@ -1,0 +1,126 @@
+//! The communicators being set up by this thread (`Candidate`), and the exchange of their ranks'
+//! records through the real NCCL's all-gather on each communicator itself.
+
+use std::ffi::c_void;
+
+use super::agreement::RECORD_BYTES;
+use crate::core::comm::Parts;
+use crate::core::cuda::{self, Cuda, Device, DeviceBuffer, OwnedStream};
+use crate::ffi::{cudaStream_t, ncclComm_t, ncclInProgress, ncclResult_t, ncclSuccess, ncclUint8};
+use crate::real;
+
+/// One communicator being set up by this thread.
+pub(super) struct Candidate {
+    pub(super) comm: ncclComm_t,
+    pub(super) blocking: bool,
+    pub(super) rank: usize,
+    pub(super) nranks: usize,
+    /// Where the exchanges happen; `None` if even that could not be had.
+    pub(super) exchange: Option<Exchange>,
+    pub(super) parts: Option<Parts>,
+    pub(super) why_not: Option<String>,
+}
+
+/// Where a rank's records pass through the real NCCL's all-gather; freed when dropped.
+pub(super) struct Exchange {
+    pub(super) device: Device,
+    pub(super) buffer: DeviceBuffer,
+    pub(super) stream: OwnedStream,
+}
+
+pub(super) fn exchange_space(ordinal: i32, nranks: usize) -> Cuda<Exchange> {
+    let device = Device::open(ordinal)?;
+    let bytes = nranks.max(1) * RECORD_BYTES;
+    let buffer = DeviceBuffer::alloc(device, bytes)?;
+    let stream = OwnedStream::create(device)?;
+    // Zeroed, so that every byte read back is one written (compute-sanitizer's initcheck does
+    // not see NCCL's kernels write it).
+    {
+        let _context = device.enter()?;
+        stream.fill(buffer.pointer, 0, bytes)?;
+    }
+    Ok(Exchange {
+        device,
+        buffer,
+        stream,
+    })
+}
+
+/// One all-gather of `payloads[i]` (equal lengths) per candidate, grouped, through the real
+/// NCCL; the gathered bytes, or `None` where it failed.
+pub(super) fn all_gather(candidates: &[Candidate], payloads: &[Vec<u8>]) -> Vec<Option<Vec<u8>>> {
+    let len = payloads.first().map_or(0, Vec::len);
+    assert!(len <= RECORD_BYTES && payloads.iter().all(|p| p.len() == len));
+    let staged: Vec<bool> = candidates
+        .iter()
+        .zip(payloads)
+        .map(|(c, payload)| {
+            c.exchange.as_ref().is_some_and(|x| {
+                let _context = x.device.enter();
+                let at = x.buffer.pointer + (c.rank * len) as u64;
+                x.stream.copy_to_device(at, payload).is_ok()
+            })
+        })
+        .collect();
+    let issued = || {
+        candidates
+            .iter()
+            .zip(&staged)
+            .filter(|(_, staged)| **staged)
+            .map(|(c, _)| c)
+    };
+    // SAFETY: communicators the real NCCL initialised; buffers of nranks * len bytes.
+    let end = unsafe {
+        real::ncclGroupStart();
+        for c in issued() {
+            let x = c.exchange.as_ref().unwrap();
+            let _context = x.device.enter();
+            let recv = x.buffer.pointer as *mut c_void;
+            let send = (x.buffer.pointer + (c.rank * len) as u64) as *const c_void;
+            let stream = x.stream.stream as cudaStream_t;
+            real::ncclAllGather(send, recv, len, ncclUint8, c.comm, stream);
+        }
+        real::ncclGroupEnd()
+    };
+    // A nonblocking group is issued by a thread of the real NCCL's: wait for it on every
+    // communicator, each then free for the program's next operation.
+    let launched = if end == ncclInProgress {
+        // Every one settled, even past a failure.
+        let states: Vec<ncclResult_t> = issued().map(|c| settle(c.comm)).collect();
+        states.iter().all(|&state| state == ncclSuccess)
+    } else {
+        end == ncclSuccess
+    };
+    candidates
+        .iter()
+        .zip(staged)
+        .map(|(c, staged)| {
+            let x = c.exchange.as_ref()?;
+            if !(staged && launched) {
+                return None;
+            }
+            let _context = x.device.enter().ok()?;
+            x.stream.synchronize().ok()?;
+            let mut all = vec![0u8; c.nranks * len];
+            cuda::copy_to_host(&mut all, x.buffer.pointer).ok()?;
+            Some(all)
+        })
+        .collect()
+}
+
+/// Waits until the real NCCL has finished the last operation on `comm` (always at once on a
+/// blocking communicator) and returns its state.
+pub fn settle(comm: ncclComm_t) -> ncclResult_t {
+    loop {
+        let mut state = ncclInProgress;
+        // SAFETY: a communicator of the caller's; the state is written.
+        let result = unsafe { real::ncclCommGetAsyncError(comm, &mut state) };
+        if result != ncclSuccess {
+            return result;
+        }
+        if state != ncclInProgress {
+            return state;
+        }
+        std::thread::yield_now();
+    }
+}

@@ -1,0 +1,411 @@
+//! Setting up the core of new communicators. What ranks need of each other (host, process,
+//! device, buffer and its CUDA IPC handle) goes through the real NCCL on the communicator
+//! itself, as an all-gather: no bootstrap of our own. Every rank takes part in both exchanges
+//! whatever happened locally (a local failure is a "no"), and the core is enabled only if every
+//! rank's verdict, gathered in the second exchange, is yes: the same decision on every rank.
+//! What a rank says and what the ranks must have alike: `agreement`; the exchange through NCCL:
+//! `exchange`; opening the peers' buffers: `peers`; who a host and a process are: `identity`.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+use super::comm::{CoreComm, FLAGS_BYTES, Parts};
+use super::cuda::{
+    self, Cuda, Device, DeviceBuffer, DevicePtr, HostControl, OwnedStream, StreamOrder,
+};
+use super::policy::{self, INBOX_BYTES, MAX_RANKS, SENTINEL_INBOX_BYTES, STAGING_HALF_BYTES};
+use super::{kernels, lifecycle, measured};
+use crate::ffi::{ncclComm_t, ncclSuccess};
+use crate::log::log_info;
+use crate::real;
+
+mod agreement;
+mod exchange;
+mod identity;
+mod peers;
+
+use agreement::*;
+pub use exchange::settle;
+use exchange::*;
+use peers::*;
+
+/// Sets up the core for `comms` (all driven by this thread, e.g. those of one group; blocking or
+/// nonblocking ones, as NCCL allows no group of both), after the real NCCL has initialised them
+/// and settled their last operation, outside any group; or leaves them to NCCL.
+pub fn set_up(comms: &[ncclComm_t], blocking: bool) {
+    if comms.is_empty() {
+        return;
+    }
+    if !cuda_ready() {
+        for &comm in comms {
+            lifecycle::declined(comm, None, "CUDA cannot be used in this process");
+        }
+        return;
+    }
+    let started = Instant::now();
+    let _keep = cuda::KeepCurrent::new();
+    // Stream captures on this thread (a nonblocking communicator's first all-reduce may be
+    // captured) must not forbid our allocations and copies: none of it goes on their streams.
+    let _relaxed = cuda::RelaxedCapture::new();
+    let mut candidates: Vec<Candidate> =
+        comms.iter().map(|&comm| prepare(comm, blocking)).collect();
+
+    let records: Vec<Vec<u8>> = candidates
+        .iter()
+        .map(|c| own_record(c).to_bytes())
+        .collect();
+    let gathered = all_gather(&candidates, &records);
+    let mapped: Vec<Result<Mapped, String>> = candidates
+        .iter()
+        .zip(&gathered)
+        .map(|(candidate, all)| match all {
+            Some(all) => map_peers(candidate, all),
+            None => Err("the exchange through NCCL failed".into()),
+        })
+        .collect();
+
+    // Each rank's verdict, and whether it joined zero-copy (it waits for messages from here on).
+    let verdicts: Vec<Vec<u8>> = mapped
+        .iter()
+        .map(|m| {
+            let zero_copy = m.as_ref().is_ok_and(|m| m.reach.zero_copy.is_some());
+            vec![m.is_ok() as u8, zero_copy as u8, 0, 0]
+        })
+        .collect();
+    let gathered = all_gather(&candidates, &verdicts);
+
+    for ((candidate, mut mapped), verdicts) in candidates.iter_mut().zip(mapped).zip(gathered) {
+        let everyone = |byte: usize| {
+            verdicts
+                .as_ref()
+                .is_some_and(|v| v.chunks(4).all(|c| c[byte] == 1))
+        };
+        if let Ok(mapped) = &mut mapped {
+            if !everyone(1) {
+                mapped.reach.zero_copy = None;
+            }
+            mapped.facts.zero_copy = mapped.reach.zero_copy.is_some();
+        }
+        finish(candidate, mapped, everyone(0), started);
+    }
+    // The exchange buffers and streams are freed as `candidates` drops.
+}
+
+/// Whether this process can use CUDA at all. The real NCCL needs libcuda, so this comes out the
+/// same on every rank; anything that could differ between ranks (NVRTC, memory) is a local "no"
+/// in the exchange instead, so that no rank skips an exchange its peers wait in.
+fn cuda_ready() -> bool {
+    static READY: OnceLock<bool> = OnceLock::new();
+    *READY.get_or_init(|| {
+        if !cuda::driver_present() {
+            log_info!("core off: libcuda cannot be loaded; every call forwards");
+            return false;
+        }
+        if let Err(e) = cuda::init() {
+            log_info!("core off: {e}; every call forwards");
+            return false;
+        }
+        true
+    })
+}
+
+/// Asks the real NCCL about the communicator and sets up this rank's side.
+fn prepare(comm: ncclComm_t, blocking: bool) -> Candidate {
+    let (mut rank, mut nranks, mut ordinal) = (0, 0, 0);
+    // SAFETY: a communicator the real NCCL has just initialised; the ints are written.
+    let asked = unsafe {
+        real::ncclCommUserRank(comm, &mut rank) == ncclSuccess
+            && real::ncclCommCount(comm, &mut nranks) == ncclSuccess
+            && real::ncclCommCuDevice(comm, &mut ordinal) == ncclSuccess
+    };
+    let mut candidate = Candidate {
+        comm,
+        blocking,
+        rank: rank as usize,
+        nranks: nranks as usize,
+        exchange: None,
+        parts: None,
+        why_not: None,
+    };
+    if !asked {
+        candidate.why_not = Some("the real NCCL could not describe the communicator".into());
+        return candidate;
+    }
+    match exchange_space(ordinal, candidate.nranks) {
+        Ok(exchange) => candidate.exchange = Some(exchange),
+        Err(e) => {
+            candidate.why_not = Some(e.to_string());
+            return candidate;
+        }
+    }
+    if !policy::settings().enabled {
+        candidate.why_not =
+            Some("the core is off on this rank (NCCLSHIM_CORE=0 or NCCLSHIM_FORCE=nccl)".into());
+        return candidate;
+    }
+    if !(2..=MAX_RANKS).contains(&candidate.nranks) {
+        candidate.why_not = Some(format!(
+            "{} ranks (the core takes 2 to {MAX_RANKS})",
+            candidate.nranks
+        ));
+        return candidate;
+    }
+    match own_parts(candidate.exchange.as_ref().unwrap().device) {
+        Ok(parts) => candidate.parts = Some(parts),
+        Err(e) => candidate.why_not = Some(e),
+    }
+    candidate
+}
+
+/// Kernels, buffer and control block of this rank.
+pub(super) fn own_parts(device: Device) -> Result<Parts, String> {
+    if let Some(why) = p2p_forbidden(|name| std::env::var(name).ok()) {
+        return Err(why);
+    }
+    let _context = device.enter().map_err(|e| e.to_string())?;
+    let (major, minor) = device.compute_capability().map_err(|e| e.to_string())?;
+    if major < 8 {
+        return Err(format!("sm_{major}{minor}: the core needs sm_80 or newer"));
+    }
+    let kernels = kernels::for_device(&device)?;
+    let half_bytes = STAGING_HALF_BYTES as u64;
+    let inbox = FLAGS_BYTES + policy::staging_bytes(STAGING_HALF_BYTES);
+    let sentinel_inbox = inbox + INBOX_BYTES;
+    let buffer = DeviceBuffer::alloc(device, sentinel_inbox + SENTINEL_INBOX_BYTES)
+        .map_err(|e| e.to_string())?;
+    let rest = |buffer: DevicePtr| -> Cuda<(HostControl, StreamOrder)> {
+        let stream = OwnedStream::create(device)?;
+        // Flags, epochs and the low-latency inboxes start at zero: no epoch is zero.
+        stream.fill(buffer, 0, FLAGS_BYTES)?;
+        stream.fill(buffer + inbox as u64, 0, INBOX_BYTES)?;
+        // The sentinel inboxes start empty: every byte 0xff (device/all_reduce.cu, "Sentinel").
+        stream.fill(buffer + sentinel_inbox as u64, 0xff, SENTINEL_INBOX_BYTES)?;
+        let control = HostControl::new(policy::settings().wait_limit_s)?;
+        Ok((control, StreamOrder::new()?))
+    };
+    let (control, order) = rest(buffer.pointer).map_err(|e| e.to_string())?;
+    Ok(Parts {
+        device,
+        kernels,
+        buffer,
+        half_bytes,
+        control,
+        early_launch: early_launch(major),
+        order,
+    })
+}
+
+/// Why the core must stay off where the user told NCCL not to use peer-to-peer between GPUs
+/// (`NCCL_P2P_DISABLE=1`, `NCCL_P2P_LEVEL=LOC` or `0`): the core is nothing but peer-to-peer.
+fn p2p_forbidden(get: impl Fn(&str) -> Option<String>) -> Option<String> {
+    let value = |name: &str| get(name).map(|v| v.trim().to_ascii_uppercase());
+    if value("NCCL_P2P_DISABLE").is_some_and(|v| v != "0" && !v.is_empty()) {
+        return Some("NCCL_P2P_DISABLE is set: no peer-to-peer between GPUs".into());
+    }
+    if let Some(level) = value("NCCL_P2P_LEVEL").filter(|v| v == "LOC" || v == "0") {
+        return Some(format!(
+            "NCCL_P2P_LEVEL={level}: no peer-to-peer between GPUs"
+        ));
+    }
+    None
+}
+
+/// Whether kernels are launched early (programmatic stream serialization, see device/device.cuh):
+/// on sm_90 and later (whose kernels wait for it), from CUDA 12.3 on, which also keeps it in CUDA
+/// graphs, unless the settings turn it off.
+fn early_launch(major: i32) -> bool {
+    major >= 9
+        && policy::settings().early_launch
+        && cuda::driver_version().is_ok_and(|v| v >= 12030)
+}
+
+fn own_record(candidate: &Candidate) -> Record {
+    let (Some(parts), Some(exchange)) = (&candidate.parts, &candidate.exchange) else {
+        return Record::not_ready();
+    };
+    let pci_bus_id = exchange.device.pci_bus_id();
+    let ipc = {
+        let _context = exchange.device.enter();
+        cuda::ipc_handle(parts.buffer.pointer)
+    };
+    let (Ok(pci_bus_id), Ok(ipc)) = (pci_bus_id, ipc) else {
+        return Record::not_ready();
+    };
+    Record {
+        magic: MAGIC,
+        layout: LAYOUT,
+        ready: 1,
+        host: identity::host(),
+        process: identity::process(),
+        nonce: identity::nonce(),
+        settings: agreed_settings(),
+        buffers: buffers_key(parts.half_bytes),
+        buffer: parts.buffer.pointer,
+        device: exchange.device.ordinal,
+        resident_blocks: parts.kernels.two_shot_resident_blocks,
+        compute_capability: parts.kernels.compute_capability(),
+        padding: 0,
+        pci_bus_id,
+        ipc,
+        measured: measured::limits(&parts.device.name(), candidate.nranks).map(|n| n as u64),
+        reserved: [0; RECORD_BYTES - USED_BYTES],
+    }
+}
+
+fn finish(
+    candidate: &mut Candidate,
+    mapped: Result<Mapped, String>,
+    everyone: bool,
+    started: Instant,
+) {
+    let parts = candidate.parts.take();
+    let device = candidate.exchange.as_ref().map_or(-1, |x| x.device.ordinal);
+    let on = parts.is_some() && mapped.is_ok() && everyone;
+    let (rank, nranks) = (candidate.rank as i32, candidate.nranks as i32);
+    super::observer::observer().core_decided(candidate.comm, on, rank, nranks, device);
+    match (parts, mapped, everyone) {
+        (Some(parts), Ok(mapped), true) => {
+            let settings = policy::settings();
+            log_info!(
+                "core on for comm {:p} rank {}/{} on GPU {}, set up in {:.3} s (all-reduce: sentinel for floating-point types up to {} B, low-latency up to {} B, one-shot up to {} B, {} two-shot up to {} B; {})",
+                candidate.comm,
+                candidate.rank,
+                candidate.nranks,
+                parts.device.ordinal,
+                started.elapsed().as_secs_f64(),
+                settings.sentinel_max(candidate.nranks),
+                settings.ll_max(candidate.nranks),
+                settings.one_shot_max(candidate.nranks),
+                match (
+                    mapped.facts.single_process,
+                    settings.uses_direct(mapped.facts.single_process || mapped.facts.zero_copy),
+                ) {
+                    (true, true) => "direct",
+                    (false, true) => "zero-copy direct",
+                    _ => "staged",
+                },
+                settings.all_reduce_max(candidate.nranks, mapped.facts.single_process),
+                settings.limits_text(&mapped.facts.measured)
+            );
+            measured::note_in_use(&mapped.facts.measured);
+            let core = CoreComm::new(
+                candidate.rank,
+                candidate.blocking,
+                mapped.facts,
+                parts,
+                mapped.reach,
+            );
+            lifecycle::came_on(candidate.comm, Arc::new(core));
+        }
+        (parts, mapped, _) => {
+            let why = match (&mapped, &candidate.why_not) {
+                (_, Some(why)) => why.clone(),
+                (Err(why), _) => why.clone(),
+                (Ok(_), None) => "another rank cannot use it".into(),
+            };
+            lifecycle::declined(candidate.comm, Some(candidate.rank), &why);
+            // The peers' buffers this rank mapped, and its own, are freed as they drop.
+            drop((mapped, parts));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::types::Collective;
+
+    fn ready(device: i32) -> Record {
+        let mut record = Record::not_ready();
+        record.ready = 1;
+        record.host = 7;
+        record.device = device;
+        record.pci_bus_id[..12].copy_from_slice(format!("0000:{device:02}:00.0").as_bytes());
+        record
+    }
+
+    #[test]
+    fn records_cross_the_wire_unchanged() {
+        let mut record = ready(3);
+        record.ipc[63] = 0xab;
+        record.buffer = 0x7f00_0000_1000;
+        record.measured[Collective::Scatter as usize] = 128 << 10;
+        let bytes = record.to_bytes();
+        assert_eq!(bytes.len(), RECORD_BYTES);
+        let back = Record::from_bytes(&bytes);
+        assert_eq!(
+            (back.device, back.ipc[63], back.buffer, back.pci_bus_id),
+            (3, 0xab, 0x7f00_0000_1000, record.pci_bus_id)
+        );
+        assert_eq!(back.measured, record.measured);
+    }
+
+    #[test]
+    fn every_rank_must_agree() {
+        let good = [ready(0), ready(1), ready(2)];
+        assert_eq!(agree(&good, 1), Ok(()));
+        type Spoil = fn(&mut Record);
+        let cases: [(usize, Spoil, &str); 4] = [
+            (2, |r| r.ready = 0, "rank 2 cannot use the core"),
+            (1, |r| r.host = 8, "rank 1 is on another host"),
+            (
+                0,
+                |r| r.settings[3] ^= 1,
+                "rank 0 has another NCCLSHIM_LL_MAX_BYTES",
+            ),
+            (
+                2,
+                |r| r.pci_bus_id = ready(0).pci_bus_id,
+                "rank 2 shares its GPU",
+            ),
+        ];
+        for (rank, spoil, why) in cases {
+            let mut records = good;
+            spoil(&mut records[rank]);
+            let verdict = agree(&records, (rank + 1) % 3);
+            assert!(
+                verdict.as_ref().is_err_and(|e| e.contains(why)),
+                "{verdict:?} should say {why}"
+            );
+        }
+    }
+
+    /// A rank started with any one setting of another value (a rank with the core off too, which
+    /// says no): every rank's verdict is no, naming that setting.
+    #[test]
+    fn a_rank_with_another_setting_is_named() {
+        let names = policy::settings().agreed();
+        assert!(names.len() <= AGREED_SLOTS, "{} settings", names.len());
+        for (slot, (name, _)) in names.iter().enumerate() {
+            let mut records = [ready(0), ready(1)];
+            records[1].settings[slot] ^= 1;
+            records[1].ready = (slot % 2) as u32;
+            for rank in 0..2 {
+                let verdict = agree(&records, rank);
+                let other = 1 - rank;
+                let want = format!("rank {other} has another {name} than rank {rank}");
+                assert!(
+                    verdict.as_ref().is_err_and(|e| e.starts_with(&want)),
+                    "{verdict:?} should say {want}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_core_stays_off_where_nccl_is_told_not_to_use_peer_to_peer() {
+        let with = |vars: &'static [(&str, &str)]| {
+            p2p_forbidden(move |name| {
+                vars.iter()
+                    .find(|(k, _)| *k == name)
+                    .map(|(_, v)| v.to_string())
+            })
+        };
+        assert_eq!(with(&[]), None);
+        assert_eq!(with(&[("NCCL_P2P_DISABLE", "0")]), None);
+        assert_eq!(with(&[("NCCL_P2P_LEVEL", "NVL")]), None);
+        assert!(with(&[("NCCL_P2P_DISABLE", "1")]).is_some_and(|w| w.contains("DISABLE")));
+        assert!(with(&[("NCCL_P2P_LEVEL", "loc")]).is_some_and(|w| w.contains("LOC")));
+        assert!(with(&[("NCCL_P2P_LEVEL", "0")]).is_some());
+    }
+}

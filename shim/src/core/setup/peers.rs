@@ -1,0 +1,119 @@
+//! What a rank opens of its peers once they agreed: their buffers (mapped through CUDA IPC or
+//! peer access), zero-copy between processes, and the facts every rank computes alike.
+
+use std::sync::Arc;
+
+use super::agreement::{RECORD_BYTES, Record, agree};
+use super::exchange::Candidate;
+use super::identity;
+use crate::core::comm::{Parts, Reach};
+use crate::core::cuda::{Device, IpcMapping};
+use crate::core::measured;
+use crate::core::policy::{self, CommFacts};
+use crate::core::zero_copy::{DeviceMemory, Service, ZeroCopy};
+use crate::log::log_info;
+
+/// What a rank opened of its peers' buffers, for a yes verdict. Unmapped when dropped: on every
+/// path where the core does not come on. Where ranks are in several processes, `reach` holds
+/// this rank's side of their zero-copy if it could join (used only if every rank could).
+pub(super) struct Mapped {
+    pub(super) reach: Reach,
+    /// What every rank computes alike from the gathered records.
+    pub(super) facts: CommFacts,
+}
+
+/// This rank's verdict: can it reach every peer's buffer? Peers in this process by their device
+/// pointers (with peer access), others through CUDA IPC.
+pub(super) fn map_peers(candidate: &Candidate, gathered: &[u8]) -> Result<Mapped, String> {
+    if let Some(why) = &candidate.why_not {
+        return Err(why.clone());
+    }
+    let parts = candidate.parts.as_ref().ok_or("no local set-up")?;
+    let records: Vec<Record> = gathered
+        .chunks(RECORD_BYTES)
+        .map(Record::from_bytes)
+        .collect();
+    agree(&records, candidate.rank)?;
+    let me = &records[candidate.rank];
+    let _context = parts.device.enter().map_err(|e| e.to_string())?;
+    let mut mapped = Mapped {
+        reach: Reach {
+            bases: Vec::new(),
+            opened: Vec::new(),
+            peer_devices: Vec::new(),
+            zero_copy: None,
+        },
+        facts: CommFacts {
+            nranks: records.len(),
+            single_process: records.iter().all(|r| r.process == me.process),
+            zero_copy: false,
+            resident_blocks: records.iter().map(|r| r.resident_blocks).min().unwrap_or(0),
+            compute_capability: records
+                .iter()
+                .map(|r| r.compute_capability)
+                .min()
+                .unwrap_or(0),
+            measured: measured::least(records.iter().map(|r| r.measured.map(|n| n as usize))),
+        },
+    };
+    for (r, record) in records.iter().enumerate() {
+        let base = if r == candidate.rank {
+            parts.buffer.pointer
+        } else if record.process == me.process {
+            let peer = Device::open(record.device).map_err(|e| e.to_string())?;
+            if !parts
+                .device
+                .can_access_peer(&peer)
+                .map_err(|e| e.to_string())?
+            {
+                return Err(format!(
+                    "no peer access from GPU {} to GPU {}",
+                    parts.device.ordinal, peer.ordinal
+                ));
+            }
+            parts
+                .device
+                .enable_peer_access(&peer)
+                .map_err(|e| e.to_string())?;
+            mapped.reach.peer_devices.push(peer.ordinal);
+            record.buffer
+        } else {
+            let mapping = IpcMapping::open(parts.device, &record.ipc)
+                .map_err(|e| format!("rank {r}'s buffer: {e}"))?;
+            let pointer = mapping.pointer;
+            mapped.reach.opened.push(mapping);
+            pointer
+        };
+        mapped.reach.bases.push(base);
+    }
+    if !mapped.facts.single_process && policy::settings().zero_copy {
+        mapped.reach.zero_copy = join_zero_copy(candidate, parts, &records);
+    }
+    Ok(mapped)
+}
+
+/// This rank's side of zero-copy for a communicator of several processes, named after rank 0's
+/// nonce; `None` where this process cannot serve it (said in the log).
+pub(super) fn join_zero_copy(
+    candidate: &Candidate,
+    parts: &Parts,
+    records: &[Record],
+) -> Option<Arc<ZeroCopy>> {
+    match Service::of_process(identity::process()) {
+        Ok(service) => Some(ZeroCopy::join(
+            service,
+            records[0].nonce,
+            candidate.rank,
+            records.iter().map(|r| r.process).collect(),
+            Box::new(DeviceMemory(parts.device)),
+        )),
+        Err(why) => {
+            log_info!(
+                "comm {:p} rank {}: no zero-copy ({why}): its large all-reduces go through the core's staging",
+                candidate.comm,
+                candidate.rank
+            );
+            None
+        }
+    }
+}
