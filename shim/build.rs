@@ -7,6 +7,9 @@ use std::path::{Path, PathBuf};
 // The kernels' program, its limits and types: the library's own modules, read here too so that
 // the kernels built in are compiled exactly as the run time would compile them.
 #[allow(dead_code)]
+#[path = "src/core/fnv.rs"]
+mod fnv;
+#[allow(dead_code)]
 #[path = "src/core/limits.rs"]
 mod limits;
 #[allow(dead_code)]

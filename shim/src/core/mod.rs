@@ -9,6 +9,7 @@
 //! `observer`.
 mod comm;
 mod cuda;
+mod fnv;
 mod group;
 pub mod kernels;
 mod launcher;

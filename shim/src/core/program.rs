@@ -9,6 +9,7 @@ use std::path::PathBuf;
 
 use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
 
+use super::fnv::Fnv;
 use super::limits::{
     LL_MAX_BYTES, MAX_BATCH, MAX_BLOCKS, MAX_FUSED, MAX_RANKS, MAX_THREADS, SENTINEL_MAX_BYTES,
 };
@@ -85,12 +86,8 @@ pub fn nvrtc_version() -> (i32, i32) {
 /// FNV-1a over the source, each program's options and NVRTC's version: what a compiled program
 /// depends on, stable across builds and runs (the key of the caches of compiled programs).
 pub fn fingerprint<'a>(programs: impl IntoIterator<Item = &'a [String]>, nvrtc: (i32, i32)) -> u64 {
-    let mut hash: u64 = 0xcbf29ce484222325;
-    let mut feed = |bytes: &[u8]| {
-        for &b in bytes {
-            hash = (hash ^ b as u64).wrapping_mul(0x100000001b3);
-        }
-    };
+    let mut hash = Fnv::new();
+    let mut feed = |bytes: &[u8]| hash = hash.bytes(bytes);
     feed(SOURCE.as_bytes());
     for options in programs {
         for option in options {
@@ -101,7 +98,7 @@ pub fn fingerprint<'a>(programs: impl IntoIterator<Item = &'a [String]>, nvrtc: 
     }
     feed(&nvrtc.0.to_le_bytes());
     feed(&nvrtc.1.to_le_bytes());
-    hash
+    hash.finish()
 }
 
 /// Where compiled programs are kept across processes and builds: `$NCCLSHIM_CACHE/<sub>`, else

@@ -6,6 +6,7 @@
 
 use std::sync::OnceLock;
 
+use super::fnv::Fnv;
 use super::layout::{ONE_SHOT_LIMIT_BYTES, STAGING_HALF_BYTES};
 use super::limits::{LL_MAX_BYTES, MAX_BLOCKS, SENTINEL_MAX_BYTES};
 use super::measured::Limits;
@@ -168,7 +169,10 @@ impl Settings {
             ("NCCLSHIM_TIMEOUT", wait_limit_s as u64),
             (
                 "NCCLSHIM_GROUP_CORE_BYTES",
-                (group_core_bytes.0 as u64).wrapping_mul(0x100000001b3) ^ group_core_bytes.1 as u64,
+                Fnv::new()
+                    .word(group_core_bytes.0 as u64)
+                    .word(group_core_bytes.1 as u64)
+                    .finish(),
             ),
         ]
         .map(|(name, value)| (name.to_string(), value))

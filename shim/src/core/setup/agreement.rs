@@ -2,6 +2,7 @@
 //! must have alike for the core to come on: layout, settings, buffers (`agree`).
 
 use crate::core::comm::FLAGS_BYTES;
+use crate::core::fnv::Fnv;
 use crate::core::policy::{self, INBOX_BYTES, SENTINEL_INBOX_BYTES, STAGING_HALF_BYTES};
 use crate::core::types::Collective;
 
@@ -108,9 +109,8 @@ pub(super) fn agreed_settings() -> [u64; AGREED_SLOTS] {
 pub(super) fn buffers_key(half_bytes: u64) -> u64 {
     [FLAGS_BYTES, INBOX_BYTES, SENTINEL_INBOX_BYTES]
         .into_iter()
-        .fold(half_bytes, |key, v| {
-            (key ^ v as u64).wrapping_mul(0x100000001b3)
-        })
+        .fold(Fnv::new().word(half_bytes), |key, v| key.word(v as u64))
+        .finish()
 }
 
 /// Whether every rank can join: with our settings, ready, on this host, each on its own GPU.

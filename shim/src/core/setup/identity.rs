@@ -4,16 +4,12 @@
 use std::io::Read;
 use std::sync::OnceLock;
 
-fn fnv(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf29ce484222325u64, |h, &b| {
-        (h ^ b as u64).wrapping_mul(0x100000001b3)
-    })
-}
+use crate::core::fnv::Fnv;
 
 pub fn host() -> u64 {
     let name = std::fs::read("/proc/sys/kernel/hostname").unwrap_or_default();
     let boot = std::fs::read("/proc/sys/kernel/random/boot_id").unwrap_or_default();
-    fnv(&[name, boot].concat())
+    Fnv::new().bytes(&name).bytes(&boot).finish()
 }
 
 /// A number for one set-up, unlike any other of any process.
@@ -21,7 +17,7 @@ pub fn nonce() -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};
     static SET_UPS: AtomicU64 = AtomicU64::new(0);
     let nth = SET_UPS.fetch_add(1, Ordering::Relaxed);
-    fnv(&[process().to_le_bytes(), nth.to_le_bytes()].concat())
+    Fnv::new().word(process()).word(nth).finish()
 }
 
 pub fn process() -> u64 {
