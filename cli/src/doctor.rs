@@ -191,10 +191,10 @@ fn check_gpus(report: &mut Report) -> Option<Machine> {
 
 /// Whether the core would serve a job on this machine's GPUs, and if not, why.
 fn check_core(report: &mut Report, machine: Option<&Machine>) {
-    report.section("The core (all-reduce over NVLink)");
+    report.section("The core (collectives over NVLink)");
     let settings = policy::settings();
     if !settings.enabled {
-        report.warn("NCCLSHIM_CORE=0 or NCCLSHIM_FORCE=nccl: every call forwards to NCCL");
+        report.warn("NCCLSHIM_CORE=0: every call forwards to NCCL");
         return;
     }
     let env = |name: &str| {

@@ -148,7 +148,7 @@ impl Settings {
         // 0 is "not given"; any given value (the largest too) is another word.
         let given = |v: Option<usize>| v.map_or(0, |n| (n as u64).saturating_add(1));
         let mut all: Vec<(String, u64)> = [
-            ("NCCLSHIM_CORE (or NCCLSHIM_FORCE=nccl)", enabled as u64),
+            ("NCCLSHIM_CORE", enabled as u64),
             ("NCCLSHIM_FORCE=core", force_core as u64),
             ("NCCLSHIM_SENTINEL_MAX_BYTES", given(sentinel_max_bytes)),
             ("NCCLSHIM_LL_MAX_BYTES", given(ll_max_bytes)),
@@ -396,6 +396,12 @@ pub fn problems(get: impl Fn(&str) -> Option<String>) -> Vec<String> {
         .filter(|(old, _)| get(old).is_some())
         .map(|(old, new)| format!("{old} is no longer read: set {new} instead"))
         .collect();
+    // Still read, as it asks for less of the core than ignoring it would: NCCL's alone.
+    if get("NCCLSHIM_FORCE").is_some_and(|v| v.trim().eq_ignore_ascii_case("nccl")) {
+        found.push(
+            "NCCLSHIM_FORCE=nccl is the old name of NCCLSHIM_CORE=0: set that instead".into(),
+        );
+    }
     let (_, unread) = max_bytes(get("NCCLSHIM_MAX_BYTES").as_deref().unwrap_or(""));
     found.extend(unread.into_iter().map(|entry| {
         format!("NCCLSHIM_MAX_BYTES: \"{entry}\" is not COLLECTIVE:SIZE (such as all_gather:128K); ignored")
@@ -554,6 +560,9 @@ mod tests {
             }
         };
         assert!(problems(env(&[])).is_empty());
+        let old_off = problems(env(&[("NCCLSHIM_FORCE", " NCCL ")]));
+        assert!(old_off[0].contains("NCCLSHIM_CORE=0"), "{old_off:?}");
+        assert!(problems(env(&[("NCCLSHIM_FORCE", "core")])).is_empty());
         let found = problems(env(&[
             ("NCCLSHIM_ALL_GATHER_MAX_BYTES", "1024"),
             ("NCCLSHIM_MAX_BYTES", "all_gather:1K,allgather:2K"),
