@@ -358,6 +358,54 @@ mod tests {
     const CHILD: usize = 0x7000_0010;
     const PARENT: ncclComm_t = 0x7100_0000 as ncclComm_t;
 
+    const OPERATIONS_COMM: ncclComm_t = 0x7500_0000 as ncclComm_t;
+
+    /// A call of `function` (one of this build's operations) on a made-up communicator.
+    fn call_of(function: &str, count: usize) -> Call {
+        let kind = crate::ffi::OPERATIONS
+            .iter()
+            .position(|f| *f == function)
+            .unwrap();
+        Call {
+            kind: kind as u8,
+            comm: OPERATIONS_COMM,
+            send: 0x1000 as *const std::ffi::c_void,
+            recv: 0x2000 as *mut std::ffi::c_void,
+            count,
+            datatype: 7,
+            op: Some(0),
+            root: Some(0),
+            stream: std::ptr::null_mut(),
+        }
+    }
+
+    /// Calls the core does not take reach NCCL through their forwarder, with its result: an
+    /// operation no collective names, a collective no communicator of the process takes, a call
+    /// of no element, and any call on a communicator the core does not know.
+    #[test]
+    fn calls_the_core_leaves_are_forwarded_with_nccls_result() {
+        let forwarded = |call: &Call| {
+            let reached = std::rc::Rc::new(std::cell::Cell::new(false));
+            let seen = reached.clone();
+            let result = operation(call, move || {
+                seen.set(true);
+                ncclRemoteError
+            });
+            (reached.get(), result)
+        };
+        let all = (true, ncclRemoteError);
+        assert_eq!(forwarded(&call_of("ncclSend", 16)), all);
+        assert_eq!(forwarded(&call_of("ncclAllGather", 16)), all);
+        assert_eq!(forwarded(&call_of("ncclAllGather", 0)), all);
+        assert_eq!(forwarded(&call_of("ncclReduce", 0)), all);
+        assert_eq!(
+            forwarded(&call_of("ncclAllReduce", 16)),
+            all,
+            "unknown comm"
+        );
+        lifecycle::forget(OPERATIONS_COMM);
+    }
+
     /// Children of a blocking group, read at its end: one made nonblocking by its config waits
     /// for its first all-reduce; a blocking one is known (and set up where CUDA is); a slot
     /// left NULL (NCCL_SPLIT_NOCOLOR) is skipped.
