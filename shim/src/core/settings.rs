@@ -353,48 +353,17 @@ pub fn max_bytes(list: &str) -> (Vec<(Collective, usize)>, Vec<String>) {
     (limits, unread)
 }
 
-/// Variables earlier releases read that this one does not, with what replaced them.
-const REPLACED: &[(&str, &str)] = &[
-    (
-        "NCCLSHIM_ALL_REDUCE_MAX_BYTES",
-        "NCCLSHIM_MAX_BYTES=all_reduce:SIZE",
-    ),
-    (
-        "NCCLSHIM_ALL_GATHER_MAX_BYTES",
-        "NCCLSHIM_MAX_BYTES=all_gather:SIZE",
-    ),
-    (
-        "NCCLSHIM_REDUCE_SCATTER_MAX_BYTES",
-        "NCCLSHIM_MAX_BYTES=reduce_scatter:SIZE",
-    ),
-    (
-        "NCCLSHIM_BROADCAST_MAX_BYTES",
-        "NCCLSHIM_MAX_BYTES=broadcast:SIZE",
-    ),
-    (
-        "NCCLSHIM_REDUCE_MAX_BYTES",
-        "NCCLSHIM_MAX_BYTES=reduce:SIZE",
-    ),
-    (
-        "NCCLSHIM_ALL_TO_ALL_MAX_BYTES",
-        "NCCLSHIM_MAX_BYTES=all_to_all:SIZE",
-    ),
-    (
-        "NCCLSHIM_GATHER_MAX_BYTES",
-        "NCCLSHIM_MAX_BYTES=gather:SIZE",
-    ),
-    (
-        "NCCLSHIM_SCATTER_MAX_BYTES",
-        "NCCLSHIM_MAX_BYTES=scatter:SIZE",
-    ),
-];
-
 /// What the settings' variables say that is not read as given: each a WARN line's text.
 pub fn problems(get: impl Fn(&str) -> Option<String>) -> Vec<String> {
-    let mut found: Vec<String> = REPLACED
-        .iter()
-        .filter(|(old, _)| get(old).is_some())
-        .map(|(old, new)| format!("{old} is no longer read: set {new} instead"))
+    // Each collective's limit had a variable of its own before NCCLSHIM_MAX_BYTES.
+    let mut found: Vec<String> = Collective::ALL
+        .into_iter()
+        .map(|c| c.variable_name())
+        .filter(|name| get(&format!("NCCLSHIM_{name}_MAX_BYTES")).is_some())
+        .map(|name| {
+            let entry = name.to_lowercase();
+            format!("NCCLSHIM_{name}_MAX_BYTES is no longer read: set NCCLSHIM_MAX_BYTES={entry}:SIZE instead")
+        })
         .collect();
     // Still read, as it asks for less of the core than ignoring it would: NCCL's alone.
     if get("NCCLSHIM_FORCE").is_some_and(|v| v.trim().eq_ignore_ascii_case("nccl")) {
