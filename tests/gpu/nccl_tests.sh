@@ -226,6 +226,20 @@ fi
 # at most NCCL_TESTS_GATE_LIMIT x NCCL's.
 gate_sets=(":" "-r2:-R 2" "-g:-G 1" "-r2g:-R 2 -G 1" "-m2:-m 2" "-m4:-m 4" "-m8:-m 8" "-m4g:-m 4 -G 1"
   "-m8g:-m 8 -G 1")
+# Rounds of one set: NAME MODE BINARY ROUNDS ARGS...; the shim and NCCL alone take turns, each
+# run sweeping 8 B to 32 MiB twice (-N 2). Counts in runs, and failures in status and problems.
+take_turns() {
+  local name=$1 mode=$2 binary=$3 rounds=$4 round lib p
+  shift 4
+  for round in $(seq "$rounds"); do
+    for lib in shim real; do
+      run_one "$name-$lib-r$round" "$lib" 2.28.9 "$mode" "$binary" -b 8 -e 32M -f 4 -w 5 -n 20 -c 1 -N 2 "$@"
+      p=$(check_run "$name-$lib-r$round" "$lib") || { status=1; problems="$problems $p;"; }
+      runs=$((runs + 1))
+    done
+  done
+}
+
 if wanted gate && [ -x "$dir/src-2.28.9/build/all_reduce_perf" ]; then
   gate_names=() status=0 problems="" runs=0
   for mode in mpi group; do
@@ -235,14 +249,8 @@ if wanted gate && [ -x "$dir/src-2.28.9/build/all_reduce_perf" ]; then
       [ -z "${NCCL_TESTS_GATE_SETS:-}" ] || [[ " $NCCL_TESTS_GATE_SETS " == *" ${suffix:-plain} "* ]] || continue
       name=gate-2.28.9-$mode-all_reduce$suffix
       gate_names+=("$name")
-      for round in $(seq "${NCCL_TESTS_GATE_ROUNDS:-3}"); do
-        for lib in shim real; do
-          # $args unquoted: the set's flags, one word each.
-          run_one "$name-$lib-r$round" "$lib" 2.28.9 "$mode" all_reduce -b 8 -e 32M -f 4 -w 5 -n 20 -c 1 -N 2 $args
-          p=$(check_run "$name-$lib-r$round" "$lib") || { status=1; problems="$problems $p;"; }
-          runs=$((runs + 1))
-        done
-      done
+      # $args unquoted: the set's flags, one word each.
+      take_turns "$name" "$mode" all_reduce "${NCCL_TESTS_GATE_ROUNDS:-3}" $args
     done
   done
   python3 "$here/nccl_tests_report.py" --gate "${NCCL_TESTS_GATE_LIMIT:-1.05}" "$dir" "${gate_names[@]}" \
@@ -267,13 +275,7 @@ if wanted limits && [ -x "$dir/src-2.28.9/build/all_gather_perf" ]; then
         IFS=: read -r suffix args <<<"$set"
         name=limits-2.28.9-$mode-$binary$suffix
         limit_names+=("$name")
-        for round in $(seq "${NCCL_TESTS_LIMITS_ROUNDS:-1}"); do
-          for lib in shim real; do
-            run_one "$name-$lib-r$round" "$lib" 2.28.9 "$mode" "$binary" -b 8 -e 32M -f 4 -w 5 -n 20 -c 1 -N 2 $args
-            p=$(check_run "$name-$lib-r$round" "$lib") || { status=1; problems="$problems $p;"; }
-            runs=$((runs + 1))
-          done
-        done
+        take_turns "$name" "$mode" "$binary" "${NCCL_TESTS_LIMITS_ROUNDS:-1}" $args
       done
     done
   done

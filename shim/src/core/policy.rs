@@ -378,24 +378,10 @@ pub fn plan(
 mod tests {
     use super::*;
 
-    fn plan(
-        s: &Settings,
-        collective: Collective,
-        count: usize,
-        datatype: u32,
-        op: u32,
-        root: i32,
-        comm: &CommFacts,
-    ) -> Option<Plan> {
-        plan_args(s, collective, count, datatype, op, root, comm)
-    }
+    use super::plan_args as plan;
 
     fn with(vars: &[(&str, &str)]) -> Settings {
-        Settings::from_lookup(|name| {
-            vars.iter()
-                .find(|(k, _)| *k == name)
-                .map(|(_, v)| v.to_string())
-        })
+        Settings::from_vars(vars)
     }
 
     #[test]

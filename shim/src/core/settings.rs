@@ -309,6 +309,18 @@ impl Settings {
     }
 }
 
+#[cfg(test)]
+impl Settings {
+    /// The settings of an environment holding just `vars` (tests).
+    pub fn from_vars(vars: &[(&str, &str)]) -> Settings {
+        Settings::from_lookup(|name| {
+            vars.iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.to_string())
+        })
+    }
+}
+
 /// A size in bytes: a number, with `K`, `M` or `G` (or `KiB`, `MiB`, `GiB`; any case) for
 /// 2^10, 2^20, 2^30 bytes; at most 2^62.
 pub fn size(value: &str) -> Option<usize> {
@@ -404,11 +416,7 @@ mod tests {
     use super::*;
 
     fn with(vars: &[(&str, &str)]) -> Settings {
-        Settings::from_lookup(|name| {
-            vars.iter()
-                .find(|(k, _)| *k == name)
-                .map(|(_, v)| v.to_string())
-        })
+        Settings::from_vars(vars)
     }
 
     /// Each agreed setting changes with its variable, and no other does; every variable the
