@@ -193,25 +193,26 @@ impl Settings {
     /// 0.95). More ranks: not measured, so none.
     pub fn sentinel_max(&self, nranks: usize) -> usize {
         let by_ranks = if nranks <= 4 { SENTINEL_MAX_BYTES } else { 0 };
-        self.sentinel_max_bytes
-            .unwrap_or(by_ranks)
-            .min(self.all_reduce_max_bytes.unwrap_or(usize::MAX))
-            .min(SENTINEL_MAX_BYTES)
+        let given = self.sentinel_max_bytes.unwrap_or(by_ranks);
+        self.within_all_reduce_max(given.min(SENTINEL_MAX_BYTES))
+    }
+
+    /// `bytes`, but no more than the core's largest all-reduce where a setting gives one: it
+    /// bounds every all-reduce kernel's limit.
+    fn within_all_reduce_max(&self, bytes: usize) -> usize {
+        bytes.min(self.all_reduce_max_bytes.unwrap_or(usize::MAX))
     }
 
     /// Low-latency packets carry as many flag bytes as data, to every rank: worth it longer
     /// with fewer ranks (on 2 H200 it beat one-shot up to 128 KiB, on 4 only up to 32 KiB).
     pub fn ll_max(&self, nranks: usize) -> usize {
-        let by_ranks = if nranks <= 2 { 128 << 10 } else { 32 << 10 };
-        self.ll_max_bytes
-            .unwrap_or(by_ranks)
-            .min(self.all_reduce_max_bytes.unwrap_or(usize::MAX))
-            .min(LL_MAX_BYTES)
+        self.within_all_reduce_max(self.ll_move_max(nranks))
     }
 
     /// The largest chunk (the bytes one rank sends another) of an all-gather, broadcast,
-    /// all-to-all, gather or scatter sent as packets: as for the low-latency all-reduce, whose
-    /// packets carry as many flag bytes as data (not yet measured for these collectives).
+    /// all-to-all, gather or scatter sent as packets: the low-latency all-reduce's limit (whose
+    /// packets carry as many flag bytes as data) before the all-reduce setting bounds it (not
+    /// yet measured for these collectives).
     pub fn ll_move_max(&self, nranks: usize) -> usize {
         let by_ranks = if nranks <= 2 { 128 << 10 } else { 32 << 10 };
         self.ll_max_bytes.unwrap_or(by_ranks).min(LL_MAX_BYTES)
@@ -225,10 +226,8 @@ impl Settings {
             3..=4 => 512 << 10,
             _ => 256 << 10,
         };
-        self.one_shot_max_bytes
-            .unwrap_or(by_ranks)
-            .min(self.all_reduce_max_bytes.unwrap_or(usize::MAX))
-            .min(ONE_SHOT_LIMIT_BYTES)
+        let given = self.one_shot_max_bytes.unwrap_or(by_ranks);
+        self.within_all_reduce_max(given.min(ONE_SHOT_LIMIT_BYTES))
     }
 
     /// Whether two-shot runs direct, on a communicator whose ranks can (or not) reach each
