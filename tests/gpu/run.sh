@@ -114,6 +114,7 @@ collectives() {
     "procs-quick-everycore|shim|$every|--launch procs --matrix quick --max-bytes 32M"
     "group-quick-everycore|shim|$every|--launch group --matrix quick --max-bytes 32M"
     "procs-graph-everycore|shim|$every|--launch procs --matrix quick --graph --max-bytes 32M"
+    "procs-quick-everycore-staged|shim|$every NCCLSHIM_ZERO_COPY=0|--launch procs --matrix quick --max-bytes 32M"
     "group-split|shim||--launch group --matrix quick --split --max-bytes 0"
     "group-graph-memalloc|shim||--launch group --matrix quick --graph --memalloc --max-bytes 0"
     "threads-split|shim||--launch threads --matrix quick --split --max-bytes 0"

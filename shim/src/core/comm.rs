@@ -427,9 +427,13 @@ impl CoreComm {
     fn views(&self, plan: &Plan, input: u64, output: u64) -> (Views, Option<Uses>) {
         let touched = Touched::of(plan, self.rank, self.facts.nranks, input == output);
         let Some(zero_copy) = &self.zero_copy else {
+            // Without zero-copy, only ranks of this process can reach this rank's buffers: with
+            // a rank in another process, nothing it touches is usable.
             let reachable = |pointer: u64, bytes: u64| {
                 bytes == 0
-                    || (pointer.is_multiple_of(16) && self.reachable_by_peers(pointer, bytes))
+                    || (self.facts.single_process
+                        && pointer.is_multiple_of(16)
+                        && self.reachable_by_peers(pointer, bytes))
             };
             let usable = touched.allowed
                 && reachable(input, touched.input)
