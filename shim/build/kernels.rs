@@ -16,13 +16,12 @@ use libloading::os::unix::{Library, RTLD_GLOBAL, RTLD_NOW};
 use crate::program::{self, Arch};
 use crate::types::DataType;
 
-const WATCHED: [&str; 11] = [
+const WATCHED: [&str; 10] = [
     "src/core/device/device.cuh",
     "src/core/device/all_reduce.cu",
-    "src/core/device/gather_scatter.cu",
-    "src/core/device/rooted.cu",
-    "src/core/device/exchange.cu",
-    "src/core/device/ll_moves.cu",
+    "src/core/device/moves.cu",
+    "src/core/device/reductions.cu",
+    "src/core/device/packets.cu",
     "src/core/device/entry.cu",
     "src/core/program.rs",
     "src/core/limits.rs",

@@ -211,11 +211,12 @@ torch_suite() {
   local c_shim=$?
   $python "$here/torch_compare.py" --ddp-rtol 1e-5 "$dir/shim-every" "$dir/nccl" >"$dir/compare-every.log" 2>&1
   local c_every=$?
-  # The core must have served each collective PyTorch issues through NCCL's own API (small ones
-  # as packets: the ll_ kernels).
-  local served="" kernel
-  for kernel in all_gather reduce_scatter broadcast all_to_all; do
-    grep -qE "summary: .* core (ll_)?$kernel [1-9]" "$dir/shim-every.log" && served+=" $kernel" || c_every=1
+  # The core must have served each collective PyTorch issues through NCCL's own API: the
+  # summary's line of its function names a kernel of the core.
+  local served="" function
+  for function in AllGather ReduceScatter 'B(road)?cast' AlltoAll; do
+    grep -qE "summary: .* $function [^:]*: .* core [a-z_]+ [1-9]" "$dir/shim-every.log" &&
+      served+=" ${function/B(road)?cast/Broadcast}" || c_every=1
   done
   $python "$here/torch_compare.py" --ddp-rtol 1e-5 "$dir/shim-nonblocking" "$dir/nccl-nonblocking" \
     >"$dir/compare-nonblocking.log" 2>&1

@@ -341,7 +341,7 @@ pub fn plan(
         true => (dtype, count),
         false => (DataType::Uint8, chunk),
     };
-    // Small chunks of bytes go as packets, as the low-latency all-reduce's: 8 bytes per thread.
+    // Small chunks go as packets, as the low-latency all-reduce's: 8 bytes per thread.
     if let Some(low_latency) = Algorithm::low_latency_of(collective)
         && chunk <= settings.ll_move_max(nranks)
     {
@@ -917,11 +917,29 @@ mod tests {
         assert_eq!(gather((16 << 10) + 1, 4), Algorithm::AllGather);
         assert_eq!(gather(64 << 10, 2), Algorithm::LlAllGather);
         assert_eq!(gather((64 << 10) + 1, 2), Algorithm::AllGather);
+        // Reduce-scatter keeps its type and op, as packets up to the same limit.
         let scatter = plan(&on, Collective::ReduceScatter, 1000, 9, 3, -1, &procs(4)).unwrap();
         assert_eq!(
             (scatter.algorithm, scatter.dtype, scatter.count, scatter.op),
-            (Algorithm::ReduceScatter, DataType::Bfloat16, 1000, Op::Min)
+            (Algorithm::LlReduce, DataType::Bfloat16, 1000, Op::Min)
         );
+        let scatter = |count| {
+            plan(&on, Collective::ReduceScatter, count, 9, 3, -1, &procs(4))
+                .unwrap()
+                .algorithm
+        };
+        assert_eq!(scatter(16 << 10), Algorithm::LlReduce);
+        assert_eq!(scatter((16 << 10) + 1), Algorithm::ReduceScatter);
+        // Reduce too, with its root (the kernel tells the two apart by it).
+        let every = with(&[("NCCLSHIM_MAX_BYTES", "reduce:1M")]);
+        let reduce = plan(&every, Collective::Reduce, 4096, 7, 0, 1, &procs(2)).unwrap();
+        assert_eq!(
+            (reduce.algorithm, reduce.dtype, reduce.count, reduce.root),
+            (Algorithm::LlReduce, DataType::Float32, 4096, 1)
+        );
+        let past_packets = (32 << 10) + 1;
+        let reduce = plan(&every, Collective::Reduce, past_packets, 7, 0, 1, &procs(2));
+        assert_eq!(reduce.unwrap().algorithm, Algorithm::Reduce);
         // The limits count every rank's chunk.
         assert!(
             plan(
@@ -1013,7 +1031,8 @@ mod tests {
             "NCCLSHIM_MAX_BYTES",
             "broadcast:1M,reduce:1M,all_to_all:1M,gather:1M,scatter:1M",
         )]);
-        let reduce = plan(&on, Collective::Reduce, 1000, 9, 3, 1, &procs(4)).unwrap();
+        // Past the packets' limit on 4 ranks (32 KiB), the reduce kernel.
+        let reduce = plan(&on, Collective::Reduce, 20_000, 9, 3, 1, &procs(4)).unwrap();
         assert_eq!(
             (
                 reduce.algorithm,
@@ -1022,7 +1041,7 @@ mod tests {
                 reduce.op,
                 reduce.root
             ),
-            (Algorithm::Reduce, DataType::Bfloat16, 1000, Op::Min, 1)
+            (Algorithm::Reduce, DataType::Bfloat16, 20_000, Op::Min, 1)
         );
         let broadcast = plan(&on, Collective::Broadcast, 1000, 9, 77, 3, &procs(4)).unwrap();
         assert_eq!(

@@ -20,10 +20,9 @@ use super::types::{Algorithm, DataType, Op};
 pub const SOURCE: &str = concat!(
     include_str!("device/device.cuh"),
     include_str!("device/all_reduce.cu"),
-    include_str!("device/gather_scatter.cu"),
-    include_str!("device/rooted.cu"),
-    include_str!("device/exchange.cu"),
-    include_str!("device/ll_moves.cu"),
+    include_str!("device/moves.cu"),
+    include_str!("device/reductions.cu"),
+    include_str!("device/packets.cu"),
     include_str!("device/entry.cu"),
 );
 

@@ -209,10 +209,10 @@ impl Settings {
         self.within_all_reduce_max(self.ll_move_max(nranks))
     }
 
-    /// The largest chunk (the bytes one rank sends another) of an all-gather, broadcast,
-    /// all-to-all, gather or scatter sent as packets: the low-latency all-reduce's limit (whose
-    /// packets carry as many flag bytes as data) before the all-reduce setting bounds it (not
-    /// yet measured for these collectives).
+    /// The largest chunk (the bytes one rank sends another) of a collective other than
+    /// all-reduce sent as packets: the low-latency all-reduce's limit (whose packets carry as
+    /// many flag bytes as data) before the all-reduce setting bounds it. The collectives' own
+    /// limits (`measured`) are measured with it.
     pub fn ll_move_max(&self, nranks: usize) -> usize {
         let by_ranks = if nranks <= 2 { 128 << 10 } else { 32 << 10 };
         self.ll_max_bytes.unwrap_or(by_ranks).min(LL_MAX_BYTES)

@@ -191,11 +191,11 @@ const COLLECTIVES: [CollectiveFacts; Collective::ALL.len()] = {
         row(("all-gather", "ALL_GATHER"),         &["ncclAllGather"],              [N, N, Y, Y, Y],
             (Some(AllGather), Some(LlAllGather)),    ((Nothing, AllChunks), [Y, Y])),
         row(("reduce-scatter", "REDUCE_SCATTER"), &["ncclReduceScatter"],          [N, Y, Y, Y, Y],
-            (Some(ReduceScatter), None),             ((AllChunks, Nothing), [Y, Y])),
+            (Some(ReduceScatter), Some(LlReduce)),   ((AllChunks, Nothing), [Y, Y])),
         row(("broadcast", "BROADCAST"),           &["ncclBroadcast", "ncclBcast"], [Y, N, N, N, Y],
             (Some(Broadcast), Some(LlBroadcast)),    ((Nothing, Chunk), [N, Y])),
         row(("reduce", "REDUCE"),                 &["ncclReduce"],                 [Y, Y, N, Y, N],
-            (Some(Reduce), None),                    ((Chunk, ChunkAtRoot), [N, Y])),
+            (Some(Reduce), Some(LlReduce)),          ((Chunk, ChunkAtRoot), [N, Y])),
         row(("all-to-all", "ALL_TO_ALL"),         &["ncclAlltoAll"],               [N, N, Y, Y, Y],
             (Some(AllToAll), Some(LlAllToAll)),      ((Nothing, AllChunks), [Y, N])),
         row(("gather", "GATHER"),                 &["ncclGather"],                 [Y, N, Y, Y, N],
@@ -247,10 +247,13 @@ pub enum Algorithm {
     LlAllToAll = 14,
     LlGather = 15,
     LlScatter = 16,
+    /// Low latency for reduce-scatter and reduce: every chunk goes as packets to the rank that
+    /// reduces it (one kernel for both: a root below 0 is a reduce-scatter).
+    LlReduce = 17,
 }
 
 impl Algorithm {
-    pub const ALL: [Algorithm; 17] = [
+    pub const ALL: [Algorithm; 18] = [
         Algorithm::LowLatency,
         Algorithm::OneShot,
         Algorithm::TwoShot,
@@ -268,6 +271,7 @@ impl Algorithm {
         Algorithm::LlAllToAll,
         Algorithm::LlGather,
         Algorithm::LlScatter,
+        Algorithm::LlReduce,
     ];
 
     /// The algorithm of one of the collectives that have one each (not all-reduce).
@@ -275,7 +279,7 @@ impl Algorithm {
         collective.facts().kernel
     }
 
-    /// The low-latency algorithm of a collective that moves bytes.
+    /// The packet kernel of a collective other than all-reduce, where it has one.
     pub fn low_latency_of(collective: Collective) -> Option<Algorithm> {
         collective.facts().low_latency_kernel
     }
@@ -291,11 +295,12 @@ impl Algorithm {
                 | Algorithm::Sentinel
                 | Algorithm::ReduceScatter
                 | Algorithm::Reduce
+                | Algorithm::LlReduce
         )
     }
 
-    /// Whether it is the low-latency kernel of a collective that moves bytes.
-    fn is_low_latency_move(self) -> bool {
+    /// Whether it is the packet kernel of a collective other than all-reduce.
+    fn is_packet_kernel(self) -> bool {
         matches!(
             self,
             Algorithm::LlAllGather
@@ -303,6 +308,7 @@ impl Algorithm {
                 | Algorithm::LlAllToAll
                 | Algorithm::LlGather
                 | Algorithm::LlScatter
+                | Algorithm::LlReduce
         )
     }
 
@@ -334,7 +340,7 @@ impl Algorithm {
         !matches!(
             self,
             Algorithm::LowLatency | Algorithm::OneShot | Algorithm::Sentinel
-        ) && !self.is_low_latency_move()
+        ) && !self.is_packet_kernel()
     }
 
     /// Whether its kernel takes every rank's buffers (`Views`): straight where it can.
@@ -342,7 +348,7 @@ impl Algorithm {
         !matches!(
             self,
             Algorithm::LowLatency | Algorithm::OneShot | Algorithm::TwoShot | Algorithm::Sentinel
-        ) && !self.is_low_latency_move()
+        ) && !self.is_packet_kernel()
     }
 
     pub fn name(self) -> &'static str {
@@ -364,6 +370,7 @@ impl Algorithm {
             Algorithm::LlAllToAll => "ll_all_to_all",
             Algorithm::LlGather => "ll_gather",
             Algorithm::LlScatter => "ll_scatter",
+            Algorithm::LlReduce => "ll_reduce",
         }
     }
 }
@@ -495,7 +502,8 @@ mod tests {
             assert!(!c.functions().is_empty(), "{c:?}: no function calls it");
             assert_eq!(Algorithm::of(c).is_none(), c == Collective::AllReduce);
             if let Some(ll) = Algorithm::low_latency_of(c) {
-                assert!(!c.reduces() && !ll.reduces(), "{c:?}: packets of bytes");
+                assert_eq!(ll.reduces(), c.reduces(), "{c:?}: its packet kernel");
+                assert!(ll.is_packet_kernel() && !ll.needs_resident_grid(), "{c:?}");
             }
             if let Some(kernel) = Algorithm::of(c) {
                 assert_eq!(kernel.reduces(), c.reduces(), "{c:?}");

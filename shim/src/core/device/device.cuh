@@ -1,6 +1,7 @@
 // ncclshim's collectives over NVLink: what every kernel family shares (device.cuh), then one
-// file per family (all_reduce.cu, gather_scatter.cu, rooted.cu, exchange.cu, ll_moves.cu) and
-// the kernels' entry points (entry.cu). The host compiles them as one program, in that order
+// file per family (all_reduce.cu; moves.cu: all-gather, broadcast, all-to-all, gather, scatter;
+// reductions.cu: reduce-scatter, reduce; packets.cu: the small messages of the last two files)
+// and the kernels' entry points (entry.cu). The host compiles them as one program, in that order
 // (program.rs): NVRTC needs no CUDA headers, ahead of time for the architectures the library
 // carries and at run time for others, one kernel per (algorithm, type, op), named
 //   ncclshim_<algorithm>_<type>_<op>,
@@ -74,43 +75,33 @@ struct Call {
   int root;
 };
 
-// What every kernel but the packet kernels (FusedArgs) takes (`KernelArgs` in comm.rs): the
-// communicator's side, and `ncalls` calls of this kernel, run one after the other (a group's, see
-// "batches" below).
-struct Args {
-  Peers peers;
-  u64 half_bytes;
-  const volatile int* abort;
-  int rank;
-  int nranks;
-  int ncalls;
-  Call calls[MAX_BATCH];
-};
-static_assert(sizeof(Peers) == 128 && sizeof(Views) == 136 && sizeof(Call) == 168 &&
-                  sizeof(Args) == 160 + 168 * MAX_BATCH,
-              "Args must be laid out as KernelArgs in comm.rs");
-
-// One call of a fused launch (`FusedCall` in comm.rs): its buffers and count.
+// One call of a fused launch (`FusedKernelCall` in comm.rs): its buffers and count.
 struct FusedCall {
   const void* in;
   void* out;
   u64 count;
 };
 
-// What the packet kernels take (`FusedArgs` in comm.rs): the communicator's side, and `ncalls`
-// calls run as one (see "fused launches"). Kept small: a launch's cost grows with its arguments
-// (1.5 KiB cost 0.2 - 0.3 us a launch on H100).
-struct FusedArgs {
+// What a kernel takes (`LaunchArgs` in comm.rs): the communicator's side, and `ncalls` calls.
+// Every kernel but the packet kernels takes `Args`, and runs its calls one after the other (a
+// group's, see "batches" below); the packet kernels take `FusedArgs`, and run them as one (see
+// "fused launches"), kept small: a launch's cost grows with its arguments (1.5 KiB cost 0.2 -
+// 0.3 us a launch on H100).
+template <typename C, int N> struct LaunchArgs {
   Peers peers;
   u64 half_bytes;
   const volatile int* abort;
   int rank;
   int nranks;
   int ncalls;
-  FusedCall calls[MAX_FUSED];
+  C calls[N];
 };
-static_assert(sizeof(FusedCall) == 24 && sizeof(FusedArgs) == 160 + 24 * MAX_FUSED,
-              "FusedArgs must be laid out as FusedKernelArgs in comm.rs");
+typedef LaunchArgs<Call, MAX_BATCH> Args;
+typedef LaunchArgs<FusedCall, MAX_FUSED> FusedArgs;
+static_assert(sizeof(Peers) == 128 && sizeof(Views) == 136 && sizeof(Call) == 168 &&
+                  sizeof(Args) == 160 + 168 * MAX_BATCH && sizeof(FusedCall) == 24 &&
+                  sizeof(FusedArgs) == 160 + 24 * MAX_FUSED,
+              "Args and FusedArgs must be laid out as LaunchArgs in comm.rs");
 
 // ---- element types and their conversions to and from the accumulator --------------------------
 
@@ -858,6 +849,46 @@ __device__ __forceinline__ Start start_call(const Peers& peers, int rank, int nr
   publish(peers, rank, nranks, views, epoch);
   bool direct = gather_published(peers, rank, nranks, epoch, abort, ins, outs);
   return Start{epoch, direct, ins, outs};
+}
+
+// ---- routes -------------------------------------------------------------------------------------
+//
+// The collectives that move bytes (all-gather, broadcast, all-to-all, gather, scatter; and the
+// packet kernels of reduce-scatter and reduce, as all-to-all and gather) as one table: which
+// pairs of ranks (sender s, receiver d) carry a chunk of `count` elements, and from which chunk
+// of s's input to which chunk of d's output.
+
+#define MOVE_ALL_GATHER 0
+#define MOVE_BROADCAST 1
+#define MOVE_ALL_TO_ALL 2
+#define MOVE_GATHER 3
+#define MOVE_SCATTER 4
+
+// What the pair (s, d) carries in collective KIND: whether a chunk, from where in s's input and
+// to where in d's output (in chunks).
+struct Route {
+  bool carries;
+  u64 from;
+  u64 to;
+};
+
+template <int KIND> __device__ __forceinline__ Route route(int s, int d, int root) {
+  switch (KIND) {
+    case MOVE_ALL_GATHER: return Route{true, 0, (u64)s};
+    case MOVE_BROADCAST: return Route{s == root, 0, 0};
+    case MOVE_ALL_TO_ALL: return Route{true, (u64)d, (u64)s};
+    case MOVE_GATHER: return Route{d == root, 0, (u64)s};
+    default: return Route{s == root, (u64)d, 0};  // scatter
+  }
+}
+
+// Whether every receiver gets the same chunk of a sender's input (one read of it serves all).
+template <int KIND> __device__ __forceinline__ constexpr bool same_chunk_to_all() {
+  return KIND == MOVE_ALL_GATHER || KIND == MOVE_BROADCAST;
+}
+// Whether only the root sends (a receiver's staging then needs one slot, not one per sender).
+template <int KIND> __device__ __forceinline__ constexpr bool root_sends() {
+  return KIND == MOVE_BROADCAST || KIND == MOVE_SCATTER;
 }
 
 // Bytes of one rank's slot in a staging area.

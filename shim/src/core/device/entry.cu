@@ -17,7 +17,8 @@
   KERNEL_OF(two_shot, ncclshim_two_shot_##NAME##_##OPNAME, T, OP)                                     \
   KERNEL_OF(direct, ncclshim_direct_##NAME##_##OPNAME, T, OP)                                         \
   KERNEL_OF(reduce_scatter, ncclshim_reduce_scatter_##NAME##_##OPNAME, T, OP)                         \
-  KERNEL_OF(reduce, ncclshim_reduce_##NAME##_##OPNAME, T, OP)
+  KERNEL_OF(reduce, ncclshim_reduce_##NAME##_##OPNAME, T, OP)                                         \
+  KERNEL_OF(ll_reduce, ncclshim_ll_reduce_##NAME##_##OPNAME, T, OP)
 
 // The kernels that move data without reducing it, for bytes only (the host moves any type as
 // bytes), under the op `sum` (the host asks for no other).

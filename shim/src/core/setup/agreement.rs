@@ -9,9 +9,9 @@ use crate::core::types::Collective;
 pub(super) const MAGIC: u64 = 0x6e63_636c_7368_696d; // "ncclshim"
 // The record's and the buffer's layout (3: sentinel inboxes; 4: zero-copy; 5: every setting on
 // its own; 6: compute capability; 7: a group's small all-reduces fused, which peers must do
-// alike; 8: measured limits, and one size for every later layout): other versions never pair
-// up.
-pub(super) const LAYOUT: u32 = 8;
+// alike; 8: measured limits, and one size for every later layout; 9: reduce-scatter and reduce
+// as packets, which peers must plan alike): other versions never pair up.
+pub(super) const LAYOUT: u32 = 9;
 /// Room for the settings every rank must have alike (`Settings::agreed`), one word each.
 pub(super) const AGREED_SLOTS: usize = 32;
 

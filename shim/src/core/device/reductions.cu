@@ -1,35 +1,36 @@
-// ---- rooted: broadcast and reduce ---------------------------------------------------------------
+// ---- reductions: reduce-scatter and reduce ------------------------------------------------------
 //
 // Both meet once at the end, so that no rank goes on (and reuses its buffers) while a peer still
-// reads or writes them; direct where every buffer a peer touches is reachable and 16-aligned (the
-// ranks tell each other their buffers and all see whether every rank's are usable, `Views`),
-// staged otherwise. Element i is handled by the same thread in every phase on every rank, so
-// per-block barriers are enough, as in two-shot.
+// reads its input; direct where every input read is reachable and (reduce-scatter) its chunks'
+// places 16-aligned (the ranks tell each other their buffers and all see whether every rank's are
+// usable, `Views`), staged otherwise. Element i is handled by the same thread in every phase on
+// every rank, so per-block barriers are enough, as in two-shot.
 
-// Broadcast: `count` elements of the root's input into every rank's output. Direct, the root
-// pushes its input straight into every output; staged, into every rank's staging (its own
-// included), and every rank copies it out after they meet. Only the root's input is read (the
-// others' may be anything, as with NCCL).
+// Reduce-scatter: every rank's chunk of `count` elements, reduced in rank order from every
+// rank's input into its output. Direct, each rank reads its chunk of every rank's input; staged,
+// every rank pushes each rank's chunk of its input into a slot of that rank's staging, they meet,
+// and every rank reduces its slots.
 template <typename T, int OP>
-__device__ void broadcast(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,
-                          const volatile int* abort, const Views& views, int root) {
+__device__ void reduce_scatter(Peers peers, int rank, int nranks, const T* in, T* out, u64 count,
+                               u64 half_bytes, const volatile int* abort, const Views& views, int) {
   const Start start = start_call(peers, rank, nranks, views, abort);
-  u64 area = area_offset(half_bytes, start.epoch);
-  bool in_place = (const void*)in == (const void*)out;
-  if (rank == root) {
-    char* dst[MAX_RANKS];
-    int ndst = 0;
-    // Starting with the next rank: the root's first stores go to a peer.
+  const char* src[MAX_RANKS];
+  char* no_copies[1] = {0};
+  if (start.direct) {
+    for (int p = 0; p < nranks; p++) src[p] = (const char*)start.ins[p] + rank * count * sizeof(T);
+    reduce_range<T, OP>(src, nranks, count, 0, count, out, no_copies, 0);
+    barrier(peers, rank, nranks, BARRIER_START, start.epoch, abort);
+  } else {
+    u64 area = area_offset(half_bytes, start.epoch), slot = chunk_slot(count, sizeof(T));
     for (int i = 1; i <= nranks; i++) {
       int p = (rank + i) % nranks;
-      if (p == rank && in_place) continue;
-      dst[ndst++] = start.direct ? (char*)start.outs[p] : peers.staging[p] + area;
+      char* dst = peers.staging[p] + area + rank * slot;
+      push_range(in + p * count, count, 0, count, &dst, 1);
     }
-    push_range(in, count, 0, count, dst, ndst);
+    barrier(peers, rank, nranks, BARRIER_START, start.epoch, abort);
+    for (int r = 0; r < nranks; r++) src[r] = peers.staging[rank] + area + r * slot;
+    reduce_range<T, OP>(src, nranks, count, 0, count, out, no_copies, 0);
   }
-  barrier(peers, rank, nranks, BARRIER_START, start.epoch, abort);
-  if (!start.direct && !(rank == root && in_place))
-    copy_out(out, (const T*)(peers.staging[rank] + area), count, 0, count);
   end_call(peers, rank, start.epoch);
 }
 
