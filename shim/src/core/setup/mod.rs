@@ -42,11 +42,11 @@ pub fn set_up(comms: &[ncclComm_t], blocking: bool) {
         }
         return;
     }
-    let started = Instant::now();
     let _keep = cuda::KeepCurrent::new();
     // Stream captures on this thread (a nonblocking communicator's first all-reduce may be
     // captured) must not forbid our allocations and copies: none of it goes on their streams.
     let _relaxed = cuda::RelaxedCapture::new();
+    let mut phases = Phases::start();
     let mut candidates: Vec<Candidate> =
         comms.iter().map(|&comm| prepare(comm, blocking)).collect();
 
@@ -54,7 +54,9 @@ pub fn set_up(comms: &[ncclComm_t], blocking: bool) {
         .iter()
         .map(|c| own_record(c).to_bytes())
         .collect();
+    phases.own = phases.lap();
     let gathered = all_gather(&candidates, &records);
+    phases.exchange = phases.lap();
     let mapped: Vec<Result<Mapped, String>> = candidates
         .iter()
         .zip(&gathered)
@@ -63,6 +65,7 @@ pub fn set_up(comms: &[ncclComm_t], blocking: bool) {
             None => Err("the exchange through NCCL failed".into()),
         })
         .collect();
+    phases.peers = phases.lap();
 
     // Each rank's verdict, and whether it joined zero-copy (it waits for messages from here on).
     let verdicts: Vec<Vec<u8>> = mapped
@@ -73,6 +76,7 @@ pub fn set_up(comms: &[ncclComm_t], blocking: bool) {
         })
         .collect();
     let gathered = all_gather(&candidates, &verdicts);
+    phases.verdicts = phases.lap();
 
     for ((candidate, mut mapped), verdicts) in candidates.iter_mut().zip(mapped).zip(gathered) {
         let everyone = |byte: usize| {
@@ -86,7 +90,7 @@ pub fn set_up(comms: &[ncclComm_t], blocking: bool) {
             }
             mapped.facts.zero_copy = mapped.reach.zero_copy.is_some();
         }
-        finish(candidate, mapped, everyone(0), started);
+        finish(candidate, mapped, everyone(0), &phases);
     }
     // The exchange buffers and streams are freed as `candidates` drops.
 }
@@ -252,11 +256,44 @@ fn own_record(candidate: &Candidate) -> Record {
     }
 }
 
+/// Where a set-up's time goes, in seconds: this rank's own parts (kernels, buffers), the
+/// exchange of records, opening the peers' buffers, the exchange of verdicts.
+struct Phases {
+    started: Instant,
+    last: Instant,
+    own: f64,
+    exchange: f64,
+    peers: f64,
+    verdicts: f64,
+}
+
+impl Phases {
+    fn start() -> Phases {
+        let now = Instant::now();
+        Phases {
+            started: now,
+            last: now,
+            own: 0.0,
+            exchange: 0.0,
+            peers: 0.0,
+            verdicts: 0.0,
+        }
+    }
+
+    /// Seconds since the last lap.
+    fn lap(&mut self) -> f64 {
+        let now = Instant::now();
+        let seconds = (now - self.last).as_secs_f64();
+        self.last = now;
+        seconds
+    }
+}
+
 fn finish(
     candidate: &mut Candidate,
     mapped: Result<Mapped, String>,
     everyone: bool,
-    started: Instant,
+    phases: &Phases,
 ) {
     let parts = candidate.parts.take();
     let device = candidate.exchange.as_ref().map_or(-1, |x| x.device.ordinal);
@@ -267,12 +304,16 @@ fn finish(
         (Some(parts), Ok(mapped), true) => {
             let settings = policy::settings();
             log_info!(
-                "core on for comm {:p} rank {}/{} on GPU {}, set up in {:.3} s (all-reduce: sentinel for floating-point types up to {} B, low-latency up to {} B, one-shot up to {} B, {} two-shot up to {} B; {})",
+                "core on for comm {:p} rank {}/{} on GPU {}, set up in {:.3} s (own parts {:.3}, records {:.3}, peers {:.3}, verdicts {:.3}) (all-reduce: sentinel for floating-point types up to {} B, low-latency up to {} B, one-shot up to {} B, {} two-shot up to {} B; {})",
                 candidate.comm,
                 candidate.rank,
                 candidate.nranks,
                 parts.device.ordinal,
-                started.elapsed().as_secs_f64(),
+                phases.started.elapsed().as_secs_f64(),
+                phases.own,
+                phases.exchange,
+                phases.peers,
+                phases.verdicts,
                 settings.sentinel_max(candidate.nranks),
                 settings.ll_max(candidate.nranks),
                 settings.one_shot_max(candidate.nranks),
