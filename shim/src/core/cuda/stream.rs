@@ -243,29 +243,24 @@ impl StreamOrder {
         if unsafe { result::event::record(self.event, last) }.is_err() {
             return Ok(());
         }
-        // SAFETY: our event; the caller's stream.
-        unsafe {
-            result::stream::wait_event(
-                stream,
-                self.event,
-                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
-            )
-        }
-        .named("cuStreamWaitEvent")
+        self.wait_for_event(stream)
     }
-}
 
-impl StreamOrder {
     /// Makes `waiter` wait for what `on` holds so far, in the communicator's context: both
     /// streams uncaptured, or both captured into one graph, which the wait then joins (a group's
     /// calls of one communicator are all captured or none, group::queue).
     pub fn join(&self, waiter: Stream, on: Stream) -> Cuda<()> {
         // SAFETY: our event; a stream the program gave a call of the group.
         unsafe { result::event::record(self.event, on) }.named("cuEventRecord")?;
-        // SAFETY: our event; the program's stream.
+        self.wait_for_event(waiter)
+    }
+
+    /// Makes `stream` wait for what our event last recorded.
+    fn wait_for_event(&self, stream: Stream) -> Cuda<()> {
+        // SAFETY: our event; a stream of the program's.
         unsafe {
             result::stream::wait_event(
-                waiter,
+                stream,
                 self.event,
                 sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
             )
