@@ -13,15 +13,13 @@ use super::cuda::{
 };
 use super::kernels::Kernels;
 use super::policy::{
-    self, CommFacts, LL_MAX_BYTES, MAX_BATCH, MAX_FUSED, MAX_RANKS, Plan, SENTINEL_MAX_BYTES,
+    self, CommFacts, FLAGS_BYTES, LL_MAX_BYTES, MAX_BATCH, MAX_FUSED, MAX_RANKS, Plan,
+    SENTINEL_MAX_BYTES, Staging,
 };
 use super::types::{Algorithm, Collective};
 use super::zero_copy::{Uses, ZeroCopy};
 use crate::ffi::ncclComm_t;
 use crate::log::log_warn;
-
-/// Bytes at the start of each rank's buffer for the flags (see device/device.cuh), rounded up.
-pub const FLAGS_BYTES: usize = 64 << 10;
 
 /// The kernels' view of every rank's buffer: `struct Peers` in device/device.cuh.
 #[repr(C)]
@@ -79,7 +77,7 @@ struct KernelCall {
 #[derive(Clone, Copy, Debug)]
 struct LaunchArgs<C, const N: usize> {
     peers: Peers,
-    half_bytes: u64,
+    staging: Staging,
     abort: u64,
     rank: i32,
     nranks: i32,
@@ -166,7 +164,7 @@ pub struct CoreComm {
     pub device: Device,
     kernels: Arc<Kernels>,
     peers: Peers,
-    half_bytes: u64,
+    staging: Staging,
     /// This rank's own allocation: held to be freed when dropped (the kernels reach it
     /// through `peers`).
     _buffer: DeviceBuffer,
@@ -197,7 +195,7 @@ pub struct Parts {
     pub device: Device,
     pub kernels: Arc<Kernels>,
     pub buffer: DeviceBuffer,
-    pub half_bytes: u64,
+    pub staging: Staging,
     pub control: HostControl,
     /// Launch with programmatic stream serialization (see device/device.cuh).
     pub early_launch: bool,
@@ -219,7 +217,7 @@ impl CoreComm {
             device: parts.device,
             kernels: parts.kernels,
             peers: Peers::from_bases(&reach.bases),
-            half_bytes: parts.half_bytes,
+            staging: parts.staging,
             _buffer: parts.buffer,
             _opened: reach.opened,
             peer_devices: reach.peer_devices,
@@ -322,7 +320,7 @@ impl CoreComm {
     fn launch_args<C: Copy + Default, const N: usize>(&self, ncalls: usize) -> LaunchArgs<C, N> {
         LaunchArgs {
             peers: self.peers,
-            half_bytes: self.half_bytes,
+            staging: self.staging,
             abort: self.control.device,
             rank: self.rank as i32,
             nranks: self.facts.nranks as i32,
@@ -582,11 +580,12 @@ mod tests {
     fn kernel_args_match_the_kernels_layout() {
         assert_eq!(size_of::<Peers>(), 128);
         assert_eq!(size_of::<Views>(), 136);
+        assert_eq!(size_of::<Staging>(), 48);
         assert_eq!(size_of::<KernelCall>(), 168);
-        assert_eq!(std::mem::offset_of!(KernelArgs, calls), 160);
-        assert_eq!(size_of::<KernelArgs>(), 160 + 168 * MAX_BATCH);
+        assert_eq!(std::mem::offset_of!(KernelArgs, calls), 200);
+        assert_eq!(size_of::<KernelArgs>(), 200 + 168 * MAX_BATCH);
         assert_eq!(size_of::<FusedKernelCall>(), 24);
-        assert_eq!(std::mem::offset_of!(FusedKernelArgs, calls), 160);
-        assert_eq!(size_of::<FusedKernelArgs>(), 160 + 24 * MAX_FUSED);
+        assert_eq!(std::mem::offset_of!(FusedKernelArgs, calls), 200);
+        assert_eq!(size_of::<FusedKernelArgs>(), 200 + 24 * MAX_FUSED);
     }
 }

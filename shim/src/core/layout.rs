@@ -1,12 +1,17 @@
-//! The layout of the core's buffers, as the kernels divide them (device/device.cuh): staging,
-//! low-latency and sentinel inboxes, and the largest calls each holds.
+//! The layout of each rank's buffer: the flags, then the staging (two areas, the low-latency
+//! inboxes, the sentinel inboxes), and the largest calls each part holds. The host lays it out
+//! here and hands it to every kernel (`Staging`, `struct Staging` in device/device.cuh), which
+//! divides nothing itself.
 
+use super::fnv::Fnv;
 use super::limits::{LL_MAX_BYTES, MAX_RANKS, SENTINEL_MAX_BYTES};
 
+/// Bytes at the start of each rank's buffer for the flags (see device/device.cuh), rounded up.
+pub const FLAGS_BYTES: usize = 64 << 10;
 /// Largest all-reduce the staging buffers take in one go (two-shot goes through them in windows
 /// of this size).
 pub const STAGING_HALF_BYTES: usize = 16 << 20;
-/// Largest one-shot: its slot per sender, a staging area (more than `2 * STAGING_HALF_BYTES`)
+/// Largest one-shot: its slot per sender, in an area (more than `2 * STAGING_HALF_BYTES`)
 /// shared by MAX_RANKS senders (see device/all_reduce.cu).
 pub const ONE_SHOT_LIMIT_BYTES: usize = 2 * STAGING_HALF_BYTES / MAX_RANKS;
 /// The most bytes of slots the staged path of a collective other than all-reduce puts in one
@@ -18,8 +23,89 @@ pub const INBOX_BYTES: usize = 2 * MAX_RANKS * 2 * LL_MAX_BYTES;
 /// The sentinel inboxes: 2 parities x MAX_RANKS senders x the payload.
 pub const SENTINEL_INBOX_BYTES: usize = 2 * MAX_RANKS * SENTINEL_MAX_BYTES;
 
-/// The staging before the inboxes, for all-reduces of up to `half_bytes`: two areas (by epoch
-/// parity) of `2 * half_bytes + 256` bytes, as device/device.cuh divides them.
-pub const fn staging_bytes(half_bytes: usize) -> usize {
-    2 * (2 * half_bytes + 256)
+/// Where things lie in a rank's staging, in bytes from its start (`FLAGS_BYTES` into the
+/// buffer): `struct Staging` in device/device.cuh, part of every kernel's arguments.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Staging {
+    /// Two-shot's window: the most bytes of a message staged at once.
+    pub window: u64,
+    /// One area; two of them from offset 0, by epoch parity.
+    pub area: u64,
+    /// One-shot's slot per sender in an area.
+    pub one_shot_slot: u64,
+    /// Two-shot's result area (`window` bytes), within an area, past its slots.
+    pub results: u64,
+    pub ll_inbox: u64,
+    pub sentinel_inbox: u64,
+}
+
+impl Staging {
+    /// The layout every rank uses.
+    pub const fn standard() -> Staging {
+        Staging::for_window(STAGING_HALF_BYTES as u64)
+    }
+
+    /// Areas of two-shot's slots (a window and 32 bytes per rank at most) and result area.
+    const fn for_window(window: u64) -> Staging {
+        let area = 2 * window + 256;
+        Staging {
+            window,
+            area,
+            one_shot_slot: area / MAX_RANKS as u64 / 16 * 16,
+            results: window + 256,
+            ll_inbox: 2 * area,
+            sentinel_inbox: 2 * area + INBOX_BYTES as u64,
+        }
+    }
+
+    /// Bytes of the staging, inboxes included.
+    pub const fn bytes(&self) -> usize {
+        self.sentinel_inbox as usize + SENTINEL_INBOX_BYTES
+    }
+
+    /// Equal on every rank whose kernels divide the buffer alike (the set-up compares it).
+    pub fn key(&self) -> u64 {
+        [
+            self.window,
+            self.area,
+            self.one_shot_slot,
+            self.results,
+            self.ll_inbox,
+            self.sentinel_inbox,
+            FLAGS_BYTES as u64,
+            INBOX_BYTES as u64,
+            SENTINEL_INBOX_BYTES as u64,
+        ]
+        .into_iter()
+        .fold(Fnv::new(), |key, v| key.word(v))
+        .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every part holds what the planner sends it, and none overlaps the next.
+    #[test]
+    fn each_part_holds_its_largest_call() {
+        let s = Staging::standard();
+        assert!(s.one_shot_slot as usize >= ONE_SHOT_LIMIT_BYTES);
+        assert_eq!(s.one_shot_slot % 16, 0);
+        let two_shot_slots = s.window + 32 * MAX_RANKS as u64;
+        assert!(
+            two_shot_slots <= s.results,
+            "two-shot's slots end before its results"
+        );
+        assert!(s.results + s.window <= s.area);
+        assert!(GATHER_SCATTER_LIMIT_BYTES as u64 <= s.area);
+        assert_eq!(s.ll_inbox, 2 * s.area);
+        assert_eq!(s.sentinel_inbox - s.ll_inbox, INBOX_BYTES as u64);
+        assert_eq!(
+            s.bytes() as u64,
+            s.sentinel_inbox + SENTINEL_INBOX_BYTES as u64
+        );
+        assert_ne!(s.key(), Staging::for_window(1 << 20).key());
+    }
 }

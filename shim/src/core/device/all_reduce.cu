@@ -3,11 +3,11 @@
 // One-shot: every rank pushes its input into a slot of every rank's staging, they meet, and
 // every rank reduces all slots, locally, in rank order.
 template <typename T, int OP>
-__device__ void one_shot(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,
+__device__ void one_shot(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, const Staging& staging,
                          const volatile int* abort, const Views&, int) {
   u32 epoch = begin_call(peers, rank);
-  u64 area = area_offset(half_bytes, epoch);
-  u64 slot = area_bytes(half_bytes) / MAX_RANKS / 16 * 16;
+  u64 area = area_offset(staging, epoch);
+  u64 slot = staging.one_shot_slot;
   char* dst[MAX_RANKS];
   const char* src[MAX_RANKS];
   for (int p = 0; p < nranks; p++) {
@@ -28,8 +28,8 @@ __device__ void one_shot(Peers peers, int rank, int nranks, const T* in, T* out,
 // area to its output.
 template <typename T, int OP>
 __device__ void two_shot_staged(Peers peers, int rank, int nranks, const T* in, T* out, u64 count,
-                                u64 half_bytes, const volatile int* abort, u32 epoch) {
-  u64 area = area_offset(half_bytes, epoch);
+                                const Staging& staging, const volatile int* abort, u32 epoch) {
+  u64 area = area_offset(staging, epoch);
   // A slot holds one chunk, and the last owner's also the elements past the last whole pack.
   u64 slot = chunk_elements<T>(nranks, count) * sizeof(T) + 16;
   u64 begin, end;
@@ -46,11 +46,11 @@ __device__ void two_shot_staged(Peers peers, int rank, int nranks, const T* in, 
   int ncopies = 0;
   for (int r = 0; r < nranks; r++) {
     src[r] = peers.staging[rank] + area + r * slot;
-    if (r != rank) copies[ncopies++] = peers.staging[r] + area + RESULTS(half_bytes) + begin * sizeof(T);
+    if (r != rank) copies[ncopies++] = peers.staging[r] + area + staging.results + begin * sizeof(T);
   }
   reduce_range<T, OP>(src, nranks, count, begin, end, out, copies, ncopies);
   barrier(peers, rank, nranks, BARRIER_MIDDLE, epoch, abort);
-  const T* results = (const T*)(peers.staging[rank] + area + RESULTS(half_bytes));
+  const T* results = (const T*)(peers.staging[rank] + area + staging.results);
   for (int step = 1; step < nranks; step++) {
     int owner = (rank + step) % nranks;
     chunk_bounds<T>(owner, nranks, count, &begin, &end);
@@ -58,20 +58,20 @@ __device__ void two_shot_staged(Peers peers, int rank, int nranks, const T* in, 
   }
 }
 
-// Messages larger than the staging go through it in windows of `half_bytes`, each run as if it
-// were a call of its own, with an epoch of its own (so the staging areas alternate as between
-// calls), and all blocks meet between windows (as kernels do between calls: the proof of the
-// staging layout above needs it, since a window's blocks may handle other elements than the
-// previous one's). Returns the last epoch used.
+// Messages larger than the staging go through it in windows of `staging.window` bytes, each run
+// as if it were a call of its own, with an epoch of its own (so the staging areas alternate as
+// between calls), and all blocks meet between windows (as kernels do between calls: the proof
+// of the staging layout above needs it, since a window's blocks may handle other elements than
+// the previous one's). Returns the last epoch used.
 template <typename T, int OP>
 __device__ u32 two_shot_windows(Peers peers, int rank, int nranks, const T* in, T* out, u64 count,
-                                u64 half_bytes, const volatile int* abort, u32 epoch) {
-  const u64 window = half_bytes / sizeof(T);
+                                const Staging& staging, const volatile int* abort, u32 epoch) {
+  const u64 window = staging.window / sizeof(T);
   u32 w = 0;
   for (u64 done = 0; done < count; done += window, w++) {
     if (w > 0) grid_barrier(peers, rank, w - 1, abort);
     u64 n = count - done < window ? count - done : window;
-    two_shot_staged<T, OP>(peers, rank, nranks, in + done, out + done, n, half_bytes, abort, epoch + w);
+    two_shot_staged<T, OP>(peers, rank, nranks, in + done, out + done, n, staging, abort, epoch + w);
   }
   return epoch + w - 1;
 }
@@ -80,15 +80,15 @@ __device__ u32 two_shot_windows(Peers peers, int rank, int nranks, const T* in, 
 // spill registers in the direct path (MAX_THREADS per block leave 128 per thread).
 template <typename T, int OP>
 __device__ __noinline__ u32 direct_fallback(Peers peers, int rank, int nranks, const T* in, T* out, u64 count,
-                                            u64 half_bytes, const volatile int* abort, u32 epoch) {
-  return two_shot_windows<T, OP>(peers, rank, nranks, in, out, count, half_bytes, abort, epoch);
+                                            const Staging& staging, const volatile int* abort, u32 epoch) {
+  return two_shot_windows<T, OP>(peers, rank, nranks, in, out, count, staging, abort, epoch);
 }
 
 template <typename T, int OP>
-__device__ void two_shot(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,
+__device__ void two_shot(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, const Staging& staging,
                          const volatile int* abort, const Views&, int) {
   u32 epoch = begin_call(peers, rank);
-  u32 last = two_shot_windows<T, OP>(peers, rank, nranks, in, out, count, half_bytes, abort, epoch);
+  u32 last = two_shot_windows<T, OP>(peers, rank, nranks, in, out, count, staging, abort, epoch);
   end_call(peers, rank, last);
 }
 
@@ -103,7 +103,7 @@ __device__ void two_shot(Peers peers, int rank, int nranks, const T* in, T* out,
 // in `usable`, and if any rank's are not, every rank sees it and they all run the staged
 // two-shot instead, in the same call.
 template <typename T, int OP>
-__device__ void direct(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,
+__device__ void direct(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, const Staging& staging,
                        const volatile int* abort, const Views& views, int) {
   const Start start = start_call(peers, rank, nranks, views, abort);
   u32 last = start.epoch;
@@ -120,7 +120,7 @@ __device__ void direct(Peers peers, int rank, int nranks, const T* in, T* out, u
     reduce_range<T, OP>(src, nranks, count, begin, end, out, copies, ncopies);
     barrier(peers, rank, nranks, BARRIER_START, start.epoch, abort);
   } else {
-    last = direct_fallback<T, OP>(peers, rank, nranks, in, out, count, half_bytes, abort, start.epoch);
+    last = direct_fallback<T, OP>(peers, rank, nranks, in, out, count, staging, abort, start.epoch);
   }
   end_call(peers, rank, last);
 }
@@ -141,7 +141,7 @@ __device__ void ll_one_shot(const FusedArgs& args) {
   // The launch's calls as one (see "fused launches"): unit u is a unit of call piece.call.
   const u64 units = fused_units<T, 8>(args);
   const u64 parity = epoch & 1;
-  const u64 inbox = inbox_offset(args.half_bytes);
+  const u64 inbox = args.staging.ll_inbox;
   for (u64 u = thread_index(); u < units; u += grid_threads()) {
     const Piece piece = piece_of<T, 8>(args, u);
     const FusedCall& c = args.calls[piece.call];
@@ -156,23 +156,8 @@ __device__ void ll_one_shot(const FusedArgs& args) {
   for (u64 u = thread_index(); u < units; u += grid_threads()) {
     const Piece piece = piece_of<T, 8>(args, u);
     const FusedCall& c = args.calls[piece.call];
-    const T* in = (const T*)c.in;
-    T* out = (T*)c.out;
-    Unit<T, E> from[MAX_RANKS];
-#pragma unroll
-    for (int p = 0; p < MAX_RANKS; p++) {
-      if (p == rank) {
-        // Not yet overwritten in place: only this thread writes these elements, below.
-        from[p] = load_unit<T, E>(in, c.count, piece.unit, ((u64)in & 7) == 0);
-      } else if (p < nranks) {
-        ll_wait(ll_slot(args.peers.staging[rank], inbox, parity, p) + 2 * u, epoch, args.abort, p, from[p].w);
-      }
-    }
-#pragma unroll
-    for (int e = 0; e < E; e++) {
-      if (piece.unit * E + e >= c.count) break;
-      out[piece.unit * E + e] = reduce_element<T, OP>(from, nranks, e);
-    }
+    ll_reduce_unit<T, OP>(args.peers, rank, nranks, inbox, epoch, args.abort, u, (const T*)c.in, (T*)c.out, c.count,
+                          piece.unit);
   }
   end_call(args.peers, rank, epoch);
 }
@@ -293,7 +278,7 @@ __device__ void sentinel(const FusedArgs& args) {
   // thread one pack, so only the first load counts there; the loop takes any grid.
   Pack next = own_pack<T, W>(args, thread_index());
   u32 epoch = begin_call(args.peers, rank);
-  const u64 inbox = sentinel_inbox_offset(args.half_bytes);
+  const u64 inbox = args.staging.sentinel_inbox;
   const u64 parity = epoch & 1;
   for (u64 j = thread_index(); j < packs; j += grid_threads()) {
     Pack mine = next;

@@ -82,6 +82,17 @@ struct FusedCall {
   u64 count;
 };
 
+// Where things lie in a rank's staging (see "staging"), as the host lays it out and hands it to
+// every kernel (`Staging` in layout.rs): offsets from a rank's `Peers::staging`, in bytes.
+struct Staging {
+  u64 window;          // two-shot's window: the most bytes of a message staged at once
+  u64 area;            // one area; two of them from offset 0, by epoch parity
+  u64 one_shot_slot;   // one-shot's slot per sender in an area
+  u64 results;         // two-shot's result area, within an area
+  u64 ll_inbox;        // the low-latency inboxes
+  u64 sentinel_inbox;  // the sentinel inboxes
+};
+
 // What a kernel takes (`LaunchArgs` in comm.rs): the communicator's side, and `ncalls` calls.
 // Every kernel but the packet kernels takes `Args`, and runs its calls one after the other (a
 // group's, see "batches" below); the packet kernels take `FusedArgs`, and run them as one (see
@@ -89,7 +100,7 @@ struct FusedCall {
 // 0.3 us a launch on H100).
 template <typename C, int N> struct LaunchArgs {
   Peers peers;
-  u64 half_bytes;
+  Staging staging;
   const volatile int* abort;
   int rank;
   int nranks;
@@ -98,9 +109,9 @@ template <typename C, int N> struct LaunchArgs {
 };
 typedef LaunchArgs<Call, MAX_BATCH> Args;
 typedef LaunchArgs<FusedCall, MAX_FUSED> FusedArgs;
-static_assert(sizeof(Peers) == 128 && sizeof(Views) == 136 && sizeof(Call) == 168 &&
-                  sizeof(Args) == 160 + 168 * MAX_BATCH && sizeof(FusedCall) == 24 &&
-                  sizeof(FusedArgs) == 160 + 24 * MAX_FUSED,
+static_assert(sizeof(Peers) == 128 && sizeof(Staging) == 48 && sizeof(Views) == 136 && sizeof(Call) == 168 &&
+                  sizeof(Args) == 200 + 168 * MAX_BATCH && sizeof(FusedCall) == 24 &&
+                  sizeof(FusedArgs) == 200 + 24 * MAX_FUSED,
               "Args and FusedArgs must be laid out as LaunchArgs in comm.rs");
 
 // ---- element types and their conversions to and from the accumulator --------------------------
@@ -692,27 +703,18 @@ __device__ void copy_out(T* out, const T* src, u64 count, u64 begin, u64 end) {
 
 // ---- staging ------------------------------------------------------------------------------------
 //
-// Staging, as the kernels divide it (the host allocates staging_bytes(half_bytes), then both
-// kinds of inboxes):
+// Staging, as the host lays it out (`Staging` above, layout.rs):
 //   [area of even epochs][area of odd epochs][low-latency inboxes][sentinel inboxes]
-// An area is 2 * half_bytes + 256 bytes: one-shot uses MAX_RANKS slots of area / MAX_RANKS, one
-// per sender; two-shot uses nranks slots of one chunk and 16 bytes (at most half_bytes + 32 *
-// nranks in all), then a result area of half_bytes at RESULTS; the other families' staged paths,
-// one slot per sender (or one in all) of one chunk rounded up to 16 bytes (chunk_slot; the host
-// plans them only where their slots fit in an area). A rank writes into an area (or
-// inbox) of a peer in call E+2 only once it has passed a barrier of (or received packets of)
-// call E+1 with that peer, whose kernel of call E+1 is then running, so its kernel of call E,
-// which read the same area, is done.
-#define RESULTS(half_bytes) ((half_bytes) + 256)
-
-__device__ __forceinline__ u64 area_bytes(u64 half_bytes) { return 2 * half_bytes + 256; }
-__device__ __forceinline__ u64 area_offset(u64 half_bytes, u32 epoch) { return (epoch & 1) * area_bytes(half_bytes); }
-__device__ __forceinline__ u64 inbox_offset(u64 half_bytes) { return 2 * area_bytes(half_bytes); }
-// Past the low-latency inboxes (2 parities x MAX_RANKS senders x packets of twice the payload);
-// the sentinel inboxes are 2 parities x MAX_RANKS senders x SENTINEL_MAX_BYTES.
-__device__ __forceinline__ u64 sentinel_inbox_offset(u64 half_bytes) {
-  return inbox_offset(half_bytes) + 2ull * MAX_RANKS * 2 * LL_MAX_BYTES;
-}
+// One-shot uses MAX_RANKS slots of `one_shot_slot` in an area, one per sender; two-shot uses
+// nranks slots of one chunk and 16 bytes (at most window + 32 * nranks in all), then a result
+// area of `window` bytes at `results`; the other families' staged paths, one slot per sender (or
+// one in all) of one chunk rounded up to 16 bytes (chunk_slot; the host plans them only where
+// their slots fit in an area). The low-latency inboxes are 2 parities x MAX_RANKS senders x
+// packets of twice LL_MAX_BYTES, the sentinel inboxes 2 parities x MAX_RANKS senders x
+// SENTINEL_MAX_BYTES. A rank writes into an area (or inbox) of a peer in call E+2 only once it
+// has passed a barrier of (or received packets of) call E+1 with that peer, whose kernel of call
+// E+1 is then running, so its kernel of call E, which read the same area, is done.
+__device__ __forceinline__ u64 area_offset(const Staging& staging, u32 epoch) { return (epoch & 1) * staging.area; }
 // Where the packets of sender `from` for epoch parity `parity` start, in the low-latency inbox
 // at `inbox` of a rank's `staging` (the sender writes them there, the rank reads them).
 __device__ __forceinline__ u64* ll_slot(char* staging, u64 inbox, u64 parity, int from) {
@@ -783,6 +785,31 @@ __device__ __forceinline__ Unit<T, E> load_unit(const T* in, u64 count, u64 u, b
     for (u64 e = 0; e < (u64)E && u * E + e < count; e++) unit.v[e] = in[u * E + e];
   }
   return unit;
+}
+
+// Unit `u` of every rank's chunk reduced in rank order into `out`: this rank's own read from
+// `mine` (not yet overwritten in place: only this thread writes these elements), each peer's
+// from its packets at unit `slot` of its slot in this rank's inbox at `inbox`, once they came.
+// Both reducing packet kernels receive so (ll_one_shot, ll_reduce).
+template <typename T, int OP>
+__device__ __forceinline__ void ll_reduce_unit(const Peers& peers, int rank, int nranks, u64 inbox, u32 epoch,
+                                               const volatile int* abort, u64 slot, const T* mine, T* out,
+                                               u64 count, u64 u) {
+  const int E = 8 / sizeof(T);
+  Unit<T, E> from[MAX_RANKS];
+#pragma unroll
+  for (int p = 0; p < MAX_RANKS; p++) {
+    if (p == rank) {
+      from[p] = load_unit<T, E>(mine, count, u, ((u64)mine & 7) == 0);
+    } else if (p < nranks) {
+      ll_wait(ll_slot(peers.staging[rank], inbox, epoch & 1, p) + 2 * slot, epoch, abort, p, from[p].w);
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < E; e++) {
+    if (u * E + e >= count) break;
+    out[u * E + e] = reduce_element<T, OP>(from, nranks, e);
+  }
 }
 
 // What a rank tells every rank of its call's buffers, for the direct algorithm: written by the

@@ -46,7 +46,7 @@
       if (k > 0) between_calls(args.peers, args.rank, k, args.abort);                                 \
       const Call& c = args.calls[k];                                                                  \
       ALGORITHM<T, OP>(args.peers, args.rank, args.nranks, (const T*)c.in, (T*)c.out, c.count,        \
-                       args.half_bytes, args.abort, c.views, c.root);                                 \
+                       args.staging, args.abort, c.views, c.root);                                 \
     }                                                                                                 \
     batch_done(args.peers, args.rank, args.ncalls);                                                   \
   }

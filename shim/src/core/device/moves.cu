@@ -25,10 +25,10 @@ __device__ __forceinline__ bool in_place(int rank, const T* in, const T* out, u6
 }
 
 template <int KIND, typename T>
-__device__ void move(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,
+__device__ void move(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, const Staging& staging,
                      const volatile int* abort, const Views& views, int root) {
   const Start start = start_call(peers, rank, nranks, views, abort);
-  const u64 area = area_offset(half_bytes, start.epoch), slot = chunk_slot(count, sizeof(T));
+  const u64 area = area_offset(staging, start.epoch), slot = chunk_slot(count, sizeof(T));
   const u64 my_slot = root_sends<KIND>() ? 0 : rank;
   char* dst[MAX_RANKS];
   int ndst = 0;
@@ -62,9 +62,9 @@ __device__ void move(Peers peers, int rank, int nranks, const T* in, T* out, u64
 // One kernel per collective (the host's algorithms), as entry.cu instantiates them.
 #define MOVE(NAME, KIND)                                                                              \
   template <typename T, int OP>                                                                     \
-  __device__ void NAME(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes, \
+  __device__ void NAME(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, const Staging& staging, \
                        const volatile int* abort, const Views& views, int root) {                     \
-    move<KIND, T>(peers, rank, nranks, in, out, count, half_bytes, abort, views, root);             \
+    move<KIND, T>(peers, rank, nranks, in, out, count, staging, abort, views, root);             \
   }
 MOVE(all_gather, MOVE_ALL_GATHER)
 MOVE(broadcast, MOVE_BROADCAST)

@@ -64,11 +64,11 @@ __device__ __forceinline__ void ll_wait_empty(const Peers& peers, int rank, int 
 
 template <int KIND>
 __device__ void ll_move(Peers peers, int rank, int nranks, const unsigned char* in, unsigned char* out, u64 count,
-                        u64 half_bytes, const volatile int* abort, int root) {
+                        const Staging& staging, const volatile int* abort, int root) {
   u32 epoch = begin_call(peers, rank);
   const u64 units = (count + 7) / 8;
   const u64 parity = epoch & 1;
-  const u64 inbox = inbox_offset(half_bytes);
+  const u64 inbox = staging.ll_inbox;
   ll_send<KIND>(peers, rank, nranks, in, count, inbox, epoch, root);
   // This rank's own chunk, unless it is in place already.
   Route own = route<KIND>(rank, rank, root);
@@ -100,13 +100,11 @@ __device__ void ll_move(Peers peers, int rank, int nranks, const unsigned char* 
 // one kernel per type and op. In place is safe: a thread reads its unit of this rank's chunk
 // before it writes that unit of the output, and sends only the other chunks.
 template <typename T, int OP>
-__device__ void ll_reduce(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,
+__device__ void ll_reduce(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, const Staging& staging,
                           const volatile int* abort, const Views&, int root) {
-  const int E = 8 / sizeof(T);  // elements in one 8-byte unit
   const u64 bytes = count * sizeof(T), units = (bytes + 7) / 8;
   u32 epoch = begin_call(peers, rank);
-  const u64 inbox = inbox_offset(half_bytes);
-  const u64 parity = epoch & 1;
+  const u64 inbox = staging.ll_inbox;
   const bool scatters = root < 0;
   if (scatters) {
     ll_send<MOVE_ALL_TO_ALL>(peers, rank, nranks, (const unsigned char*)in, bytes, inbox, epoch, root);
@@ -119,23 +117,8 @@ __device__ void ll_reduce(Peers peers, int rank, int nranks, const T* in, T* out
     return;
   }
   const T* mine = in + (scatters ? rank * count : 0);
-  const bool whole = ((u64)mine & 7) == 0;
-  for (u64 u = thread_index(); u < units; u += grid_threads()) {
-    Unit<T, E> from[MAX_RANKS];
-#pragma unroll
-    for (int p = 0; p < MAX_RANKS; p++) {
-      if (p == rank) {
-        from[p] = load_unit<T, E>(mine, count, u, whole);
-      } else if (p < nranks) {
-        ll_wait(ll_slot(peers.staging[rank], inbox, parity, p) + 2 * u, epoch, abort, p, from[p].w);
-      }
-    }
-#pragma unroll
-    for (int e = 0; e < E; e++) {
-      if (u * E + e >= count) break;
-      out[u * E + e] = reduce_element<T, OP>(from, nranks, e);
-    }
-  }
+  for (u64 u = thread_index(); u < units; u += grid_threads())
+    ll_reduce_unit<T, OP>(peers, rank, nranks, inbox, epoch, abort, u, mine, out, count, u);
   end_call(peers, rank, epoch);
 }
 
@@ -143,10 +126,10 @@ __device__ void ll_reduce(Peers peers, int rank, int nranks, const T* in, T* out
 // them.
 #define LL_MOVE(NAME, KIND)                                                                           \
   template <typename T, int OP>                                                                     \
-  __device__ void NAME(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes, \
+  __device__ void NAME(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, const Staging& staging, \
                        const volatile int* abort, const Views&, int root) {                           \
     ll_move<KIND>(peers, rank, nranks, (const unsigned char*)in, (unsigned char*)out, count * sizeof(T), \
-                  half_bytes, abort, root);                                                           \
+                  staging, abort, root);                                                           \
   }
 LL_MOVE(ll_all_gather, MOVE_ALL_GATHER)
 LL_MOVE(ll_broadcast, MOVE_BROADCAST)

@@ -12,7 +12,7 @@
 // and every rank reduces its slots.
 template <typename T, int OP>
 __device__ void reduce_scatter(Peers peers, int rank, int nranks, const T* in, T* out, u64 count,
-                               u64 half_bytes, const volatile int* abort, const Views& views, int) {
+                               const Staging& staging, const volatile int* abort, const Views& views, int) {
   const Start start = start_call(peers, rank, nranks, views, abort);
   const char* src[MAX_RANKS];
   char* no_copies[1] = {0};
@@ -21,7 +21,7 @@ __device__ void reduce_scatter(Peers peers, int rank, int nranks, const T* in, T
     reduce_range<T, OP>(src, nranks, count, 0, count, out, no_copies, 0);
     barrier(peers, rank, nranks, BARRIER_START, start.epoch, abort);
   } else {
-    u64 area = area_offset(half_bytes, start.epoch), slot = chunk_slot(count, sizeof(T));
+    u64 area = area_offset(staging, start.epoch), slot = chunk_slot(count, sizeof(T));
     for (int i = 1; i <= nranks; i++) {
       int p = (rank + i) % nranks;
       char* dst = peers.staging[p] + area + rank * slot;
@@ -40,7 +40,7 @@ __device__ void reduce_scatter(Peers peers, int rank, int nranks, const T* in, T
 // input into a slot of the root's staging and, after they meet, the root reduces the slots. Only
 // the root's output is written (the others' may be anything, as with NCCL).
 template <typename T, int OP>
-__device__ void reduce(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, u64 half_bytes,
+__device__ void reduce(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, const Staging& staging,
                        const volatile int* abort, const Views& views, int root) {
   const Start start = start_call(peers, rank, nranks, views, abort);
   const char* src[MAX_RANKS];
@@ -51,7 +51,7 @@ __device__ void reduce(Peers peers, int rank, int nranks, const T* in, T* out, u
     reduce_range<T, OP>(src, nranks, count, begin, end, (T*)start.outs[root], (char* const*)0, 0);
     barrier(peers, rank, nranks, BARRIER_START, start.epoch, abort);
   } else {
-    u64 area = area_offset(half_bytes, start.epoch), slot = chunk_slot(count, sizeof(T));
+    u64 area = area_offset(staging, start.epoch), slot = chunk_slot(count, sizeof(T));
     char* dst = peers.staging[root] + area + rank * slot;
     push_range(in, count, 0, count, &dst, 1);
     barrier(peers, rank, nranks, BARRIER_START, start.epoch, abort);

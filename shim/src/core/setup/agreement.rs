@@ -1,9 +1,7 @@
 //! What every rank tells the others when a communicator is set up (`Record`), and what they
 //! must have alike for the core to come on: layout, settings, buffers (`agree`).
 
-use crate::core::comm::FLAGS_BYTES;
-use crate::core::fnv::Fnv;
-use crate::core::policy::{self, INBOX_BYTES, SENTINEL_INBOX_BYTES, STAGING_HALF_BYTES};
+use crate::core::policy::{self, Staging};
 use crate::core::types::Collective;
 
 pub(super) const MAGIC: u64 = 0x6e63_636c_7368_696d; // "ncclshim"
@@ -71,7 +69,7 @@ impl Record {
             process: 0,
             nonce: 0,
             settings: agreed_settings(),
-            buffers: buffers_key(STAGING_HALF_BYTES as u64),
+            buffers: Staging::standard().key(),
             buffer: 0,
             device: -1,
             resident_blocks: 0,
@@ -103,14 +101,6 @@ pub(super) fn agreed_settings() -> [u64; AGREED_SLOTS] {
         *slot = value;
     }
     slots
-}
-
-/// The sizes the kernels divide every rank's buffer by: equal on every rank of one build.
-pub(super) fn buffers_key(half_bytes: u64) -> u64 {
-    [FLAGS_BYTES, INBOX_BYTES, SENTINEL_INBOX_BYTES]
-        .into_iter()
-        .fold(Fnv::new().word(half_bytes), |key, v| key.word(v as u64))
-        .finish()
 }
 
 /// Whether every rank can join: with our settings, ready, on this host, each on its own GPU.

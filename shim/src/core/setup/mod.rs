@@ -9,11 +9,11 @@
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
-use super::comm::{CoreComm, FLAGS_BYTES, Parts};
+use super::comm::{CoreComm, Parts};
 use super::cuda::{
     self, Cuda, Device, DeviceBuffer, DevicePtr, HostControl, OwnedStream, StreamOrder,
 };
-use super::policy::{self, INBOX_BYTES, MAX_RANKS, SENTINEL_INBOX_BYTES, STAGING_HALF_BYTES};
+use super::policy::{self, FLAGS_BYTES, INBOX_BYTES, MAX_RANKS, SENTINEL_INBOX_BYTES, Staging};
 use super::{kernels, lifecycle, measured};
 use crate::ffi::{ncclComm_t, ncclSuccess};
 use crate::log::log_info;
@@ -172,18 +172,18 @@ pub(super) fn own_parts(device: Device) -> Result<Parts, String> {
         return Err(format!("sm_{major}{minor}: the core needs sm_80 or newer"));
     }
     let kernels = kernels::for_device(&device)?;
-    let half_bytes = STAGING_HALF_BYTES as u64;
-    let inbox = FLAGS_BYTES + policy::staging_bytes(STAGING_HALF_BYTES);
-    let sentinel_inbox = inbox + INBOX_BYTES;
-    let buffer = DeviceBuffer::alloc(device, sentinel_inbox + SENTINEL_INBOX_BYTES)
-        .map_err(|e| e.to_string())?;
+    let staging = Staging::standard();
+    let inbox = FLAGS_BYTES as u64 + staging.ll_inbox;
+    let sentinel_inbox = FLAGS_BYTES as u64 + staging.sentinel_inbox;
+    let buffer =
+        DeviceBuffer::alloc(device, FLAGS_BYTES + staging.bytes()).map_err(|e| e.to_string())?;
     let rest = |buffer: DevicePtr| -> Cuda<(HostControl, StreamOrder)> {
         let stream = OwnedStream::create(device)?;
         // Flags, epochs and the low-latency inboxes start at zero: no epoch is zero.
         stream.fill(buffer, 0, FLAGS_BYTES)?;
-        stream.fill(buffer + inbox as u64, 0, INBOX_BYTES)?;
+        stream.fill(buffer + inbox, 0, INBOX_BYTES)?;
         // The sentinel inboxes start empty: every byte 0xff (device/all_reduce.cu, "Sentinel").
-        stream.fill(buffer + sentinel_inbox as u64, 0xff, SENTINEL_INBOX_BYTES)?;
+        stream.fill(buffer + sentinel_inbox, 0xff, SENTINEL_INBOX_BYTES)?;
         let control = HostControl::new(policy::settings().wait_limit_s)?;
         Ok((control, StreamOrder::new()?))
     };
@@ -192,7 +192,7 @@ pub(super) fn own_parts(device: Device) -> Result<Parts, String> {
         device,
         kernels,
         buffer,
-        half_bytes,
+        staging,
         control,
         early_launch: early_launch(major),
         order,
@@ -243,7 +243,7 @@ fn own_record(candidate: &Candidate) -> Record {
         process: identity::process(),
         nonce: identity::nonce(),
         settings: agreed_settings(),
-        buffers: buffers_key(parts.half_bytes),
+        buffers: parts.staging.key(),
         buffer: parts.buffer.pointer,
         device: exchange.device.ordinal,
         resident_blocks: parts.kernels.two_shot_resident_blocks,
