@@ -323,24 +323,26 @@ __device__ __forceinline__ void reset_block_watch() {
 
 // Whether a wait for `peer` (-1: blocks of this grid) should stop: asked every 1024 spins by
 // every waiting loop, `since` starting at 0 (the first ask starts the clock). A kernel that gave
-// up leaves wrong results; the host reports it and fails the communicator's later calls.
+// up leaves wrong results; the host reports it and fails the communicator's later calls. The
+// block's several waiting threads share `block_watch` with no barrier between them, so every
+// access to it here is atomic (compute-sanitizer's racecheck saw plain ones race; they happen
+// every 1024 spins, so their cost does not count).
 __device__ __noinline__ bool give_up(const volatile int* abort, u64& since, int peer) {
-  volatile BlockWatch* watch = &block_watch;
   u64 now = global_ns();
   if (since == 0) since = now;
-  u64 due = watch->next_read_ns;
+  u64 due = atomicAdd(&block_watch.next_read_ns, 0ull);
   // One thread of the block wins the right to read the host's words until the next interval;
   // the first to ask only starts the block's clock.
-  bool won = now >= due && atomicCAS((u64*)&block_watch.next_read_ns, due, now + WATCH_INTERVAL_NS) == due;
+  bool won = now >= due && atomicCAS(&block_watch.next_read_ns, due, now + WATCH_INTERVAL_NS) == due;
   if (won && due != 0) {
     // Once one wait has given up, the ranks are out of step: every later wait gives up at once.
-    if (load_volatile(abort) || load_volatile(abort + 2)) watch->stop = 1;
-    watch->limit_s = (u32)load_volatile(abort + 1);
+    if (load_volatile(abort) || load_volatile(abort + 2)) atomicExch(&block_watch.stop, 1u);
+    atomicExch(&block_watch.limit_s, (u32)load_volatile(abort + 1));
   }
-  if (watch->stop) return true;
-  u64 limit = (u64)watch->limit_s * 1000000000ull;
+  if (atomicAdd(&block_watch.stop, 0u)) return true;
+  u64 limit = (u64)atomicAdd(&block_watch.limit_s, 0u) * 1000000000ull;
   if (limit == 0 || now - since < limit) return false;
-  watch->stop = 1;
+  atomicExch(&block_watch.stop, 1u);
   *(volatile int*)(abort + 2) = peer < 0 ? GAVE_UP_OWN : peer + 1;
   return true;
 }
