@@ -52,7 +52,7 @@ BUILT_ABI = $(if $(filter all,$(SPEC_VERSION)),the ABI of every NCCL from $(firs
   $(SPEC_VERSIONS)) to $(NEWEST_SPEC),NCCL $(SPEC_VERSION)'s ABI)
 
 .PHONY: help build install wheel test lint unit-tests integration-tests spec specs spec-diff microbench \
-  deps-test clean
+  deps-test clean readme
 PREFIX ?= /usr/local
 
 help:
@@ -63,6 +63,7 @@ help:
 	@echo "make spec NCCL_VERSION=X.Y.Z | NCCL_H=...  a spec from a release's headers; make specs: every one again"
 	@echo "make spec-diff FROM=2.27.7 TO=2.28.9       what changed between two releases' APIs"
 	@echo "make microbench                            the cost of a forwarded call"
+	@echo "make readme                                the README's tables of variables, from shim/src/variables.rs"
 	@echo "make gpu-bundle [NCCL_TESTS_GIT=...]       the GPU suite, to run on a GPU machine (tests/gpu/README.md)"
 	@echo "make clean"
 
@@ -150,6 +151,10 @@ spec-diff:
 microbench: build deps-test
 	$(WITH_NVRTC) NCCLSHIM_BUILD=$(BUILD) NCCLSHIM_CACHE=$${NCCLSHIM_CACHE:-$$HOME/.cache/ncclshim} \
 	  $(CARGO) bench --locked -p ncclshim-tests --bench forwarding
+
+# The README's tables of variables, written from shim/src/variables.rs (a test holds them equal).
+readme:
+	UPDATE_README=1 $(CARGO) test --locked -q -p ncclshim --lib variables::tests::the_readme_tables
 
 clean:
 	rm -rf $(BUILD) target

@@ -338,7 +338,7 @@ fn check_routing(report: &mut Report, machine: Option<&Machine>) {
         };
         let routed = match settings.limit(collective, &measured) {
             _ if settings.force_core => {
-                "the core at every size it can take (NCCLSHIM_FORCE=core)".into()
+                "the core at every size it can take (NCCLSHIM_CORE=force)".into()
             }
             _ if !settings.enabled => "NCCL (the core is off)".into(),
             0 => format!("NCCL ({source})"),

@@ -15,6 +15,7 @@ mod real;
 mod real_nccl;
 mod route;
 pub mod runtime;
+pub mod variables;
 
 /// NCCL's version code as "major.minor.patch" (for the `ncclshim` command as for our log).
 pub use real_nccl::version_text;

@@ -22,7 +22,7 @@
 //   bad_input --worker --cases A-B          runs the cases from A in this process, up to B, a
 //       case that spoils the process or an `alone` one (run first in a fresh worker, then it stops)
 // Every case runs under a deadline (alarm, --deadline, default 15 s); the driver kills a worker
-// that outlives it. In the shim's run, NCCLSHIM_FORCE=core gives every valid-looking all-reduce to
+// that outlives it. In the shim's run, NCCLSHIM_CORE=force gives every valid-looking all-reduce to
 // the core. NCCL's expected answers below are read from its source (2.28.9: src/misc/argcheck.cc,
 // src/enqueue.cc, src/init.cc, src/group.cc); with NCCL_CHECK_POINTERS unset (0), NCCL checks no
 // buffer pointer, so calls with bad buffers are accepted and fail, if at all, on the GPU.

@@ -298,9 +298,9 @@ static void write_json(const char* path, const std::vector<Result>& results, con
   fprintf(f, "  \"type\": \"float\", \"rounds\": %d, \"round_us\": %d, \"same\": %d,\n",
           opt.rounds, opt.round_us, opt.same);
   const char* core = getenv("NCCLSHIM_CORE");
-  const char* force = getenv("NCCLSHIM_FORCE");
-  fprintf(f, "  \"env\": {\"NCCLSHIM_CORE\": \"%s\", \"NCCLSHIM_FORCE\": \"%s\"},\n  \"results\": [\n",
-          core ? core : "", force ? force : "");
+  const char* tune = getenv("NCCLSHIM_TUNE");
+  fprintf(f, "  \"env\": {\"NCCLSHIM_CORE\": \"%s\", \"NCCLSHIM_TUNE\": \"%s\"},\n  \"results\": [\n",
+          core ? core : "", tune ? tune : "");
   for (size_t i = 0; i < results.size(); i++) {
     const Result* r = &results[i];
     fprintf(f, "    {\"coll\": \"%s\", \"mode\": \"%s\", \"bytes\": %zu, \"count\": %zu, "

@@ -1,5 +1,5 @@
 // Faults the shim must survive on 2 GPUs: each case fails if a call hangs past its deadline,
-// a result is wrong, or resources leak. Run through the shim with NCCLSHIM_FORCE=core (every
+// a result is wrong, or resources leak. Run through the shim with NCCLSHIM_CORE=force (every
 // all-reduce on the core's kernels) and a wait limit (NCCLSHIM_TIMEOUT) far above the deadlines
 // here, so that what ends a wait is the abort under test, not the limit.
 //   faults CASE [--cycles N] [--budget SECONDS]

@@ -95,15 +95,15 @@ collectives() {
   # process per GPU through zero-copy mappings, also with buffers freed and allocated again at
   # the same addresses between tests, and in graphs), with cudaMalloc and with ncclMemAlloc
   # (cuMem, mapped for every GPU) buffers.
-  local direct="NCCLSHIM_FORCE=core NCCLSHIM_SENTINEL_MAX_BYTES=0 NCCLSHIM_LL_MAX_BYTES=0 NCCLSHIM_ONE_SHOT_MAX_BYTES=0"
+  local direct="NCCLSHIM_CORE=force NCCLSHIM_TUNE=sentinel_max:0,ll_max:0,one_shot_max:0"
   # Every collective on the core (the others by default only up to their measured limits) at every size it takes.
   local every=" NCCLSHIM_MAX_BYTES=all_gather:32M,reduce_scatter:32M,broadcast:32M,reduce:32M,all_to_all:32M,gather:32M,scatter:32M"
   mkdir -p "$dir"
   # name | library (shim or nccl) | environment | arguments
   local runs=(
     "procs-$full|shim||--launch procs --matrix $full --max-bytes $big"
-    "procs-$full-forcecore|shim|NCCLSHIM_FORCE=core|--launch procs --matrix $full --max-bytes $big"
-    "procs-quick-nosentinel|shim|NCCLSHIM_SENTINEL_MAX_BYTES=0|--launch procs --matrix quick --max-bytes 0"
+    "procs-$full-forcecore|shim|NCCLSHIM_CORE=force|--launch procs --matrix $full --max-bytes $big"
+    "procs-quick-nosentinel|shim|NCCLSHIM_TUNE=sentinel_max:0|--launch procs --matrix quick --max-bytes 0"
     "group-$full-forcedirect|shim|$direct|--launch group --matrix $full --max-bytes $big"
     "group-memalloc-forcedirect|shim|$direct|--launch group --matrix quick --memalloc --max-bytes $big"
     "procs-memalloc-split|shim||--launch procs --matrix quick --memalloc --split --max-bytes $big"
@@ -114,7 +114,7 @@ collectives() {
     "procs-quick-everycore|shim|$every|--launch procs --matrix quick --max-bytes 32M"
     "group-quick-everycore|shim|$every|--launch group --matrix quick --max-bytes 32M"
     "procs-graph-everycore|shim|$every|--launch procs --matrix quick --graph --max-bytes 32M"
-    "procs-quick-everycore-staged|shim|$every NCCLSHIM_ZERO_COPY=0|--launch procs --matrix quick --max-bytes 32M"
+    "procs-quick-everycore-staged|shim|$every NCCLSHIM_TUNE=zero_copy:0|--launch procs --matrix quick --max-bytes 32M"
     "group-split|shim||--launch group --matrix quick --split --max-bytes 0"
     "group-graph-memalloc|shim||--launch group --matrix quick --graph --memalloc --max-bytes 0"
     "threads-split|shim||--launch threads --matrix quick --split --max-bytes 0"
@@ -462,7 +462,7 @@ wait_limit_suite() {
   local n=$1 log=$out/wait-limit-$n.log t=$SECONDS
   $nvcc "${flags[@]}" "$here/wait_limit.cu" -o "$out/bin/wait_limit" -L"$shim_lib" -lnccl \
     >"$out/build-wait_limit.log" 2>&1 || { verdict "wait limit $n GPUs" 1 "build failed: build-wait_limit.log"; return; }
-  env LD_LIBRARY_PATH="$shim_lib" NCCLSHIM_REAL_NCCL="$real" NCCLSHIM_FORCE=core NCCLSHIM_TIMEOUT=3 \
+  env LD_LIBRARY_PATH="$shim_lib" NCCLSHIM_REAL_NCCL="$real" NCCLSHIM_CORE=force NCCLSHIM_TIMEOUT=3 \
     NCCL_DEBUG=WARN timeout "$step_timeout" "$out/bin/wait_limit" --limit 3 >"$log" 2>&1
   local status=$? cases warns
   cases=$(grep -c '^PASS' "$log")
@@ -479,12 +479,12 @@ wait_limit_suite() {
 sanitizer_suite() {
   local n=$1 dir=$out/sanitizer-$n cs=${COMPUTE_SANITIZER:-compute-sanitizer}
   mkdir -p "$dir"
-  local forced="NCCLSHIM_FORCE=core"
+  local forced="NCCLSHIM_CORE=force"
   # name | tool | environment (every all-reduce to the core; which algorithm by size, or forced)
   local runs=(
     "memcheck|memcheck|$forced"
-    "memcheck-lowlatency-staged|memcheck|$forced NCCLSHIM_SENTINEL_MAX_BYTES=0 NCCLSHIM_DIRECT=0"
-    "memcheck-twoshot|memcheck|$forced NCCLSHIM_SENTINEL_MAX_BYTES=0 NCCLSHIM_LL_MAX_BYTES=0 NCCLSHIM_ONE_SHOT_MAX_BYTES=0"
+    "memcheck-lowlatency-staged|memcheck|$forced NCCLSHIM_TUNE=sentinel_max:0,direct:0"
+    "memcheck-twoshot|memcheck|$forced NCCLSHIM_TUNE=sentinel_max:0,ll_max:0,one_shot_max:0"
     "racecheck|racecheck|$forced"
     "synccheck|synccheck|$forced"
     "initcheck|initcheck|$forced"
@@ -527,7 +527,7 @@ bad_input_suite() {
   env "${logs[@]}" LD_LIBRARY_PATH="$(dirname "$real")" timeout "$step_timeout" \
     "$out/bin/bad_input" >"$dir/nccl.log" 2>&1 &
   local pid=$!
-  env "${logs[@]}" LD_LIBRARY_PATH="$shim_lib" NCCLSHIM_REAL_NCCL="$real" NCCLSHIM_FORCE=core \
+  env "${logs[@]}" LD_LIBRARY_PATH="$shim_lib" NCCLSHIM_REAL_NCCL="$real" NCCLSHIM_CORE=force \
     timeout "$step_timeout" "$out/bin/bad_input" >"$dir/shim.log" 2>&1
   local s_shim=$? s_nccl
   wait $pid
@@ -555,7 +555,7 @@ faults_suite() {
   mkdir -p "$dir"
   $nvcc "${flags[@]}" "$here/faults.cu" -o "$out/bin/faults" -L"$shim_lib" -lnccl -ldl \
     >"$out/build-faults.log" 2>&1 || { verdict "faults" 1 "build failed: build-faults.log"; return; }
-  local shim_env=(LD_LIBRARY_PATH="$shim_lib" NCCLSHIM_REAL_NCCL="$real" NCCLSHIM_FORCE=core NCCLSHIM_TIMEOUT=600)
+  local shim_env=(LD_LIBRARY_PATH="$shim_lib" NCCLSHIM_REAL_NCCL="$real" NCCLSHIM_CORE=force NCCLSHIM_TIMEOUT=600)
   local case
   for case in abort-while-waiting destroy-after-revoke two-streams kill-rank; do
     local log=$dir/$case.log t1=$SECONDS

@@ -2,7 +2,7 @@
 // say so, never hang. One process drives 2 GPUs (ncclCommInitAll); for each of the core's
 // kernel families (sentinel, low-latency, one-shot, direct two-shot, by type and size), rank 0
 // issues an all-reduce that rank 1 never issues. Checked, under the shim with NCCLSHIM_TIMEOUT=3
-// and NCCLSHIM_FORCE=core:
+// and NCCLSHIM_CORE=force:
 //   - rank 0's stream is done within the limit and a margin (the kernel gave up);
 //   - ncclCommGetAsyncError then reports ncclRemoteError, and the next all-reduce fails with it;
 //   - ncclCommAbort of both returns, and new communicators on the same GPUs all-reduce right.

@@ -101,7 +101,7 @@ fn joins(batch: &[Queued], call: &Queued) -> bool {
 
 /// The batches of `queued` (each device's calls together, each communicator's together, as
 /// `drain_queued` hands them): consecutive calls that `joins` allows in one launch (each alone
-/// with NCCLSHIM_BATCH=0). Batching calls that run one after the other is a local choice: such a
+/// with NCCLSHIM_TUNE=batch:0). Batching calls that run one after the other is a local choice: such a
 /// launch runs them as launches of one each would. Fusing is not (every rank fuses the same
 /// calls: the layout of the inboxes depends on it), and comes from each communicator's calls in
 /// their order and the settings alone.

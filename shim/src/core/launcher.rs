@@ -10,7 +10,7 @@
 //! sleeping or busy helper never makes a group slower than launching in turn, nor hangs it. The
 //! caller returns only once every launch is issued, so stream order is the caller's.
 //!
-//! `NCCLSHIM_LAUNCH_HELPERS=0` launches in turn, on the calling thread (policy.rs reads it).
+//! `NCCLSHIM_TUNE=launch_helpers:0` launches in turn, on the calling thread (policy.rs reads it).
 
 use std::cell::UnsafeCell;
 use std::panic::AssertUnwindSafe;

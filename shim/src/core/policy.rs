@@ -403,11 +403,11 @@ mod tests {
             "more calls than the band's"
         );
         assert!(!goes(&s, &[8]), "a lone call stays");
-        let never = with(&[("NCCLSHIM_GROUP_CORE_BYTES", "0-0")]);
+        let never = with(&[("NCCLSHIM_TUNE", "group_core:0-0")]);
         assert!(goes(&never, &[1, 1 << 30]));
-        let always = with(&[("NCCLSHIM_GROUP_CORE_BYTES", "0-1G")]);
+        let always = with(&[("NCCLSHIM_TUNE", "group_core:0-1G")]);
         assert!(!goes(&always, &[1, 1 << 30]));
-        assert!(!goes(&with(&[("NCCLSHIM_FORCE", "core")]), &[8, 8]));
+        assert!(!goes(&with(&[("NCCLSHIM_CORE", "force")]), &[8, 8]));
     }
 
     /// A group's all-reduces (count, NCCL type, NCCL op) on a communicator of `nranks`, as the
@@ -488,9 +488,9 @@ mod tests {
             "band"
         );
         assert_eq!(fused_group(&s, 2, &[(kib(300, 4), f32, sum); 3]), goes);
-        let unbatched = with(&[("NCCLSHIM_BATCH", "0")]);
+        let unbatched = with(&[("NCCLSHIM_TUNE", "batch:0")]);
         assert_eq!(fused_group(&unbatched, 2, &[(2, f32, sum); 4]), goes);
-        let small = with(&[("NCCLSHIM_SENTINEL_MAX_BYTES", "4096")]);
+        let small = with(&[("NCCLSHIM_TUNE", "sentinel_max:4096")]);
         let calls = [(kib(2, 4), f32, sum); 5];
         assert_eq!(
             fused_group(&small, 2, &calls),
@@ -715,22 +715,25 @@ mod tests {
     fn settings_come_from_the_environment() {
         assert!(!with(&[("NCCLSHIM_CORE", "0")]).enabled);
         for no in ["0", "false", "No", " off "] {
-            assert!(!with(&[("NCCLSHIM_DIRECT", no)]).direct, "{no:?}");
+            assert!(
+                !with(&[("NCCLSHIM_TUNE", format!("direct:{no}").as_str())]).direct,
+                "{no:?}"
+            );
         }
         for yes in ["1", "true", "YES", "on", ""] {
-            assert!(with(&[("NCCLSHIM_DIRECT", yes)]).direct, "{yes:?}");
+            assert!(
+                with(&[("NCCLSHIM_TUNE", format!("direct:{yes}").as_str())]).direct,
+                "{yes:?}"
+            );
         }
         let defaults = with(&[]);
         assert!(defaults.enabled && defaults.launch_helpers && defaults.early_launch);
-        let launches = with(&[
-            ("NCCLSHIM_LAUNCH_HELPERS", " 0"),
-            ("NCCLSHIM_EARLY_LAUNCH", "0"),
-        ]);
+        let launches = with(&[("NCCLSHIM_TUNE", "launch_helpers:0,early_launch:0")]);
         assert!(launches.enabled && !launches.launch_helpers && !launches.early_launch);
-        assert!(with(&[("NCCLSHIM_EARLY_LAUNCH", "1")]).early_launch);
+        assert!(with(&[("NCCLSHIM_TUNE", "early_launch:1")]).early_launch);
         assert!(!with(&[("NCCLSHIM_FORCE", "nccl")]).enabled);
         let forced = with(&[
-            ("NCCLSHIM_FORCE", "core"),
+            ("NCCLSHIM_CORE", "force"),
             ("NCCLSHIM_MAX_BYTES", "all_reduce:1024"),
         ]);
         assert_eq!(algorithm(&forced, 16 << 20, 2), Some(Algorithm::TwoShot));
@@ -740,16 +743,14 @@ mod tests {
             "forced, past the staging too (in windows)"
         );
         let limits = with(&[
-            ("NCCLSHIM_SENTINEL_MAX_BYTES", "0"),
-            ("NCCLSHIM_LL_MAX_BYTES", "0"),
-            ("NCCLSHIM_ONE_SHOT_MAX_BYTES", "4096"),
             ("NCCLSHIM_MAX_BYTES", "all_reduce:65536"),
+            ("NCCLSHIM_TUNE", "sentinel_max:0,ll_max:0,one_shot_max:4096"),
         ]);
         assert_eq!(algorithm(&limits, 4, 2), Some(Algorithm::OneShot));
         assert_eq!(algorithm(&limits, 4096, 2), Some(Algorithm::OneShot));
         assert_eq!(algorithm(&limits, 4100, 2), Some(Algorithm::TwoShot));
         assert_eq!(algorithm(&limits, 65540, 2), None);
-        let sentinel = with(&[("NCCLSHIM_SENTINEL_MAX_BYTES", "1024")]);
+        let sentinel = with(&[("NCCLSHIM_TUNE", "sentinel_max:1024")]);
         assert_eq!(algorithm(&sentinel, 1024, 4), Some(Algorithm::Sentinel));
         assert_eq!(
             algorithm(&sentinel, 1028, 4),
@@ -758,9 +759,10 @@ mod tests {
         );
         let huge = with(&[
             ("NCCLSHIM_MAX_BYTES", "all_reduce:999999999999"),
-            ("NCCLSHIM_SENTINEL_MAX_BYTES", "99999999"),
-            ("NCCLSHIM_LL_MAX_BYTES", "99999999"),
-            ("NCCLSHIM_ONE_SHOT_MAX_BYTES", "99999999"),
+            (
+                "NCCLSHIM_TUNE",
+                "sentinel_max:99999999,ll_max:99999999,one_shot_max:99999999",
+            ),
         ]);
         assert_eq!(
             (
@@ -782,7 +784,7 @@ mod tests {
             4096,
             "the core's limit bounds every kernel's"
         );
-        assert!(with(&[]).direct && !with(&[("NCCLSHIM_DIRECT", "0")]).direct);
+        assert!(with(&[]).direct && !with(&[("NCCLSHIM_TUNE", "direct:0")]).direct);
         let waits = |v: &'static str| with(&[("NCCLSHIM_TIMEOUT", v)]).wait_limit_s;
         assert_eq!(with(&[]).wait_limit_s, DEFAULT_WAIT_LIMIT_S);
         assert_eq!(
@@ -811,14 +813,14 @@ mod tests {
         );
         assert_eq!(blocks(16 << 20, &procs(4)), Some((Algorithm::TwoShot, 64)));
         assert_eq!(blocks(16 << 20, &procs(8)), Some((Algorithm::TwoShot, 128)));
-        let set = with(&[("NCCLSHIM_TWO_SHOT_BLOCKS", "32")]);
+        let set = with(&[("NCCLSHIM_TUNE", "two_shot_blocks:32")]);
         let planned = plan_all_reduce(&set, (4 << 20) / 4, 7, 0, &procs(2)).map(|p| p.blocks);
         assert_eq!(
             planned,
             Some(32),
             "the setting overrides the measured shape"
         );
-        let beyond = with(&[("NCCLSHIM_TWO_SHOT_BLOCKS", "100000")]);
+        let beyond = with(&[("NCCLSHIM_TUNE", "two_shot_blocks:100000")]);
         let planned = plan_all_reduce(&beyond, (32 << 20) / 4, 7, 0, &small_gpu).map(|p| p.blocks);
         assert_eq!(planned, Some(78), "but never past what the GPU holds");
         assert_eq!(beyond.two_shot_blocks, Some(MAX_BLOCKS));
@@ -844,7 +846,7 @@ mod tests {
             "small messages whatever the processes"
         );
         assert_eq!(plan(&s, 1 << 20, 2, true), Some(Algorithm::OneShot));
-        let staged = with(&[("NCCLSHIM_DIRECT", "0")]);
+        let staged = with(&[("NCCLSHIM_TUNE", "direct:0")]);
         assert_eq!(plan(&staged, 4 << 20, 2, true), Some(Algorithm::TwoShot));
         let farther = "direct beat NCCL to larger sizes than staged";
         assert_eq!(plan(&s, 256 << 20, 2, true), Some(Algorithm::Direct));
@@ -1021,7 +1023,7 @@ mod tests {
                 "{collective:?}: none measured in use"
             );
         }
-        let forced = with(&[("NCCLSHIM_FORCE", "core")]);
+        let forced = with(&[("NCCLSHIM_CORE", "force")]);
         assert!(
             Collective::ALL
                 .into_iter()
@@ -1107,8 +1109,8 @@ mod tests {
         );
         assert_eq!(plan(&s, 16 << 20, 4), Some(Algorithm::Direct));
         assert_eq!(plan(&s, 1 << 20, 2), Some(Algorithm::OneShot));
-        let staged = with(&[("NCCLSHIM_DIRECT", "0")]);
+        let staged = with(&[("NCCLSHIM_TUNE", "direct:0")]);
         assert_eq!(plan(&staged, 4 << 20, 2), Some(Algorithm::TwoShot));
-        assert!(!with(&[("NCCLSHIM_ZERO_COPY", "0")]).zero_copy);
+        assert!(!with(&[("NCCLSHIM_TUNE", "zero_copy:0")]).zero_copy);
     }
 }

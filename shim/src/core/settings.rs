@@ -1,5 +1,5 @@
 //! The settings: `NCCLSHIM_*` variables read once from the environment (`Settings::from_lookup`;
-//! what each means: the README's table, the one place that lists them), and the thresholds each
+//! what each means: variables.rs, the one place that says them), and the thresholds each
 //! stands for where it is not given. Every rank of a communicator must have every one of them
 //! alike (`Settings::agreed`): where one differs, the core stays off for that communicator on
 //! every rank, and each says which.
@@ -149,26 +149,26 @@ impl Settings {
         let given = |v: Option<usize>| v.map_or(0, |n| (n as u64).saturating_add(1));
         let mut all: Vec<(String, u64)> = [
             ("NCCLSHIM_CORE", enabled as u64),
-            ("NCCLSHIM_FORCE=core", force_core as u64),
-            ("NCCLSHIM_SENTINEL_MAX_BYTES", given(sentinel_max_bytes)),
-            ("NCCLSHIM_LL_MAX_BYTES", given(ll_max_bytes)),
-            ("NCCLSHIM_ONE_SHOT_MAX_BYTES", given(one_shot_max_bytes)),
+            ("NCCLSHIM_CORE=force", force_core as u64),
+            ("NCCLSHIM_TUNE (sentinel_max)", given(sentinel_max_bytes)),
+            ("NCCLSHIM_TUNE (ll_max)", given(ll_max_bytes)),
+            ("NCCLSHIM_TUNE (one_shot_max)", given(one_shot_max_bytes)),
             (
                 "NCCLSHIM_MAX_BYTES (all_reduce)",
                 given(all_reduce_max_bytes),
             ),
-            ("NCCLSHIM_DIRECT", direct as u64),
-            ("NCCLSHIM_ZERO_COPY", zero_copy as u64),
+            ("NCCLSHIM_TUNE (direct)", direct as u64),
+            ("NCCLSHIM_TUNE (zero_copy)", zero_copy as u64),
             (
-                "NCCLSHIM_TWO_SHOT_BLOCKS",
+                "NCCLSHIM_TUNE (two_shot_blocks)",
                 given(two_shot_blocks.map(|n| n as usize)),
             ),
-            ("NCCLSHIM_LAUNCH_HELPERS", launch_helpers as u64),
-            ("NCCLSHIM_BATCH", batch as u64),
-            ("NCCLSHIM_EARLY_LAUNCH", early_launch as u64),
+            ("NCCLSHIM_TUNE (launch_helpers)", launch_helpers as u64),
+            ("NCCLSHIM_TUNE (batch)", batch as u64),
+            ("NCCLSHIM_TUNE (early_launch)", early_launch as u64),
             ("NCCLSHIM_TIMEOUT", wait_limit_s as u64),
             (
-                "NCCLSHIM_GROUP_CORE_BYTES",
+                "NCCLSHIM_TUNE (group_core)",
                 Fnv::new()
                     .word(group_core_bytes.0 as u64)
                     .word(group_core_bytes.1 as u64)
@@ -264,39 +264,20 @@ impl Settings {
 
     pub(super) fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Settings {
         let mut s = Settings::defaults();
-        let number = |v: &str| v.trim().parse::<usize>().ok();
-        let bytes = |name: &str| get(name).and_then(|v| size(&v));
-        let off = |name: &str| get(name).and_then(|v| switch(&v)) == Some(false);
-        s.enabled = !off("NCCLSHIM_CORE");
-        s.direct = !off("NCCLSHIM_DIRECT");
-        s.zero_copy = !off("NCCLSHIM_ZERO_COPY");
-        s.two_shot_blocks = get("NCCLSHIM_TWO_SHOT_BLOCKS")
-            .and_then(|v| number(&v))
-            .map(|n| n.clamp(1, MAX_BLOCKS as usize) as u32);
-        s.launch_helpers = !off("NCCLSHIM_LAUNCH_HELPERS");
-        s.batch = !off("NCCLSHIM_BATCH");
-        s.early_launch = !off("NCCLSHIM_EARLY_LAUNCH");
+        match get("NCCLSHIM_CORE").map(|v| v.trim().to_ascii_lowercase()) {
+            Some(v) if v == "force" => s.force_core = true,
+            Some(v) => s.enabled = switch(&v) != Some(false),
+            None => {}
+        }
+        // NCCLSHIM_FORCE=nccl, the old name of NCCLSHIM_CORE=0, is still read: ignoring it would
+        // turn on a core its user turned off.
+        if get("NCCLSHIM_FORCE").is_some_and(|v| v.trim().eq_ignore_ascii_case("nccl")) {
+            s.enabled = false;
+        }
         if let Some(seconds) = get("NCCLSHIM_TIMEOUT").and_then(|v| v.trim().parse::<u64>().ok()) {
             s.wait_limit_s = seconds.min(u32::MAX as u64) as u32;
         }
-        match get("NCCLSHIM_FORCE")
-            .map(|v| v.trim().to_ascii_lowercase())
-            .as_deref()
-        {
-            Some("nccl") => s.enabled = false,
-            Some("core") => s.force_core = true,
-            _ => {}
-        }
-        if let Some((lo, hi)) = get("NCCLSHIM_GROUP_CORE_BYTES")
-            .as_deref()
-            .and_then(|v| v.split_once('-'))
-            .and_then(|(lo, hi)| Some((size(lo)?, size(hi)?)))
-        {
-            s.group_core_bytes = (lo, hi);
-        }
-        s.sentinel_max_bytes = bytes("NCCLSHIM_SENTINEL_MAX_BYTES");
-        s.ll_max_bytes = bytes("NCCLSHIM_LL_MAX_BYTES");
-        s.one_shot_max_bytes = bytes("NCCLSHIM_ONE_SHOT_MAX_BYTES");
+        s.tune_all(get("NCCLSHIM_TUNE").as_deref().unwrap_or(""));
         let (limits, _) = max_bytes(get("NCCLSHIM_MAX_BYTES").as_deref().unwrap_or(""));
         for (collective, limit) in limits {
             match collective {
@@ -305,6 +286,49 @@ impl Settings {
             }
         }
         s
+    }
+
+    /// Puts `NCCLSHIM_TUNE`'s entries (`key:value`, separated by commas) into the settings;
+    /// returns those that are not a key with a value it reads, as given.
+    fn tune_all(&mut self, list: &str) -> Vec<String> {
+        entries(list)
+            .filter(|entry| {
+                let read = entry
+                    .split_once(':')
+                    .is_some_and(|(key, value)| self.tune(&key.trim().to_ascii_lowercase(), value));
+                !read
+            })
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Sets what `key` of `NCCLSHIM_TUNE` (variables::TUNE) stands for to `value`; false where
+    /// `key` is none of its keys or `value` does not read.
+    fn tune(&mut self, key: &str, value: &str) -> bool {
+        fn put<T>(slot: &mut T, value: Option<T>) -> bool {
+            value.map(|v| *slot = v).is_some()
+        }
+        let bytes = || size(value).map(Some);
+        match key {
+            "sentinel_max" => put(&mut self.sentinel_max_bytes, bytes()),
+            "ll_max" => put(&mut self.ll_max_bytes, bytes()),
+            "one_shot_max" => put(&mut self.one_shot_max_bytes, bytes()),
+            "two_shot_blocks" => put(
+                &mut self.two_shot_blocks,
+                (value.trim().parse::<usize>().ok())
+                    .map(|n| Some(n.clamp(1, MAX_BLOCKS as usize) as u32)),
+            ),
+            "direct" => put(&mut self.direct, switch(value)),
+            "zero_copy" => put(&mut self.zero_copy, switch(value)),
+            "group_core" => put(
+                &mut self.group_core_bytes,
+                (value.split_once('-')).and_then(|(lo, hi)| Some((size(lo)?, size(hi)?))),
+            ),
+            "batch" => put(&mut self.batch, switch(value)),
+            "launch_helpers" => put(&mut self.launch_helpers, switch(value)),
+            "early_launch" => put(&mut self.early_launch, switch(value)),
+            _ => false,
+        }
     }
 }
 
@@ -342,6 +366,12 @@ pub fn size(value: &str) -> Option<usize> {
         .filter(|&bytes| bytes <= 1 << 62)
 }
 
+/// The entries of a list variable (`NCCLSHIM_MAX_BYTES`, `NCCLSHIM_TUNE`): separated by commas,
+/// trimmed, none empty.
+fn entries(list: &str) -> impl Iterator<Item = &str> {
+    list.split(',').map(str::trim).filter(|e| !e.is_empty())
+}
+
 /// `NCCLSHIM_MAX_BYTES`: `collective:size` entries separated by commas (`all_gather:128K,
 /// reduce:0`), a collective named as in its table (`all_reduce`, `all_gather`, `reduce_scatter`,
 /// `broadcast`, `reduce`, `all_to_all`, `gather`, `scatter`). The limits read, and the entries
@@ -349,7 +379,7 @@ pub fn size(value: &str) -> Option<usize> {
 pub fn max_bytes(list: &str) -> (Vec<(Collective, usize)>, Vec<String>) {
     let mut limits = Vec::new();
     let mut unread = Vec::new();
-    for entry in list.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+    for entry in entries(list) {
         let read = entry.split_once(':').and_then(|(name, limit)| {
             let collective = Collective::ALL
                 .into_iter()
@@ -364,27 +394,69 @@ pub fn max_bytes(list: &str) -> (Vec<(Collective, usize)>, Vec<String>) {
     (limits, unread)
 }
 
+/// The variables of earlier releases that became `NCCLSHIM_TUNE`'s keys.
+const NOW_TUNE_KEYS: [(&str, &str); 10] = [
+    ("NCCLSHIM_SENTINEL_MAX_BYTES", "sentinel_max"),
+    ("NCCLSHIM_LL_MAX_BYTES", "ll_max"),
+    ("NCCLSHIM_ONE_SHOT_MAX_BYTES", "one_shot_max"),
+    ("NCCLSHIM_TWO_SHOT_BLOCKS", "two_shot_blocks"),
+    ("NCCLSHIM_DIRECT", "direct"),
+    ("NCCLSHIM_ZERO_COPY", "zero_copy"),
+    ("NCCLSHIM_GROUP_CORE_BYTES", "group_core"),
+    ("NCCLSHIM_BATCH", "batch"),
+    ("NCCLSHIM_LAUNCH_HELPERS", "launch_helpers"),
+    ("NCCLSHIM_EARLY_LAUNCH", "early_launch"),
+];
+
+/// The setting that replaced `name`, a variable of an earlier release, given as `value`: e.g.
+/// `NCCLSHIM_TUNE=direct:0` for `NCCLSHIM_DIRECT` given as `0`. `None`: a variable of now.
+pub fn replaced(name: &str, value: &str) -> Option<String> {
+    let value = value.trim();
+    if let Some((_, key)) = NOW_TUNE_KEYS.iter().find(|(old, _)| *old == name) {
+        return Some(format!("NCCLSHIM_TUNE={key}:{value}"));
+    }
+    if name == "NCCLSHIM_FORCE" {
+        return Some(match value.eq_ignore_ascii_case("nccl") {
+            true => "NCCLSHIM_CORE=0".into(),
+            false => "NCCLSHIM_CORE=force".into(),
+        });
+    }
+    // Each collective's limit had a variable of its own before NCCLSHIM_MAX_BYTES.
+    let collective = name.strip_prefix("NCCLSHIM_")?.strip_suffix("_MAX_BYTES")?;
+    Collective::ALL
+        .into_iter()
+        .find(|c| c.variable_name() == collective)
+        .map(|_| format!("NCCLSHIM_MAX_BYTES={}:{value}", collective.to_lowercase()))
+}
+
 /// What the settings' variables say that is not read as given: each a WARN line's text.
 pub fn problems(get: impl Fn(&str) -> Option<String>) -> Vec<String> {
-    // Each collective's limit had a variable of its own before NCCLSHIM_MAX_BYTES.
-    let mut found: Vec<String> = Collective::ALL
-        .into_iter()
-        .map(|c| c.variable_name())
-        .filter(|name| get(&format!("NCCLSHIM_{name}_MAX_BYTES")).is_some())
-        .map(|name| {
-            let entry = name.to_lowercase();
-            format!("NCCLSHIM_{name}_MAX_BYTES is no longer read: set NCCLSHIM_MAX_BYTES={entry}:SIZE instead")
+    let old_names = (NOW_TUNE_KEYS.iter().map(|(old, _)| old.to_string()))
+        .chain(["NCCLSHIM_FORCE".to_string()])
+        .chain(
+            (Collective::ALL.iter()).map(|c| format!("NCCLSHIM_{}_MAX_BYTES", c.variable_name())),
+        );
+    let mut found: Vec<String> = old_names
+        .filter_map(|name| {
+            let value = get(&name)?;
+            let instead = replaced(&name, &value)?;
+            // Still read, as it asks for less of the core than ignoring it would: NCCL's alone.
+            Some(match instead == "NCCLSHIM_CORE=0" {
+                true => format!(
+                    "{name}={} is the old name of {instead}: set that instead",
+                    value.trim()
+                ),
+                false => format!("{name} is no longer read: set {instead} instead"),
+            })
         })
         .collect();
-    // Still read, as it asks for less of the core than ignoring it would: NCCL's alone.
-    if get("NCCLSHIM_FORCE").is_some_and(|v| v.trim().eq_ignore_ascii_case("nccl")) {
-        found.push(
-            "NCCLSHIM_FORCE=nccl is the old name of NCCLSHIM_CORE=0: set that instead".into(),
-        );
-    }
     let (_, unread) = max_bytes(get("NCCLSHIM_MAX_BYTES").as_deref().unwrap_or(""));
     found.extend(unread.into_iter().map(|entry| {
         format!("NCCLSHIM_MAX_BYTES: \"{entry}\" is not COLLECTIVE:SIZE (such as all_gather:128K); ignored")
+    }));
+    let unread = Settings::defaults().tune_all(get("NCCLSHIM_TUNE").as_deref().unwrap_or(""));
+    found.extend(unread.into_iter().map(|entry| {
+        format!("NCCLSHIM_TUNE: \"{entry}\" is not KEY:VALUE of a key it has (such as direct:0); ignored")
     }));
     found
 }
@@ -429,28 +501,30 @@ mod tests {
             None
         });
         let variable = |entry: &str| entry.split(' ').next().unwrap().to_string();
-        // "NCCLSHIM_MAX_BYTES (all_gather)": that collective's entry of the list.
-        let entry_of = |entry: &str| {
-            let inner = entry.strip_prefix("NCCLSHIM_MAX_BYTES (")?;
-            Some(format!("{}:1K", inner.strip_suffix(')')?))
+        // "NCCLSHIM_TUNE (direct)": that key's entry of the list.
+        let key_of = |entry: &str| {
+            let inner = entry.split_once(" (")?.1;
+            inner.strip_suffix(')').map(str::to_string)
         };
         for name in read.borrow().iter() {
             assert!(
                 defaults
                     .iter()
-                    .any(|(entry, _)| variable(entry).starts_with(name.as_str())),
+                    .any(|(entry, _)| variable(entry).starts_with(name.as_str()))
+                    || replaced(name, "").is_some(),
                 "{name} is read but not agreed on"
             );
         }
+        let anything = ["0", "1", "3", "12345", "1-2"].map(String::from).to_vec();
         for (i, (entry, value)) in defaults.iter().enumerate() {
             let given = variable(entry);
-            let (var, values) = match given.split_once('=') {
-                Some((var, value)) => (var.to_string(), vec![value.to_string()]),
-                None if entry_of(entry).is_some() => (given, vec![entry_of(entry).unwrap()]),
-                None => (
+            let (var, values) = match (given.split_once('='), key_of(entry)) {
+                (Some((var, value)), _) => (var.to_string(), vec![value.to_string()]),
+                (None, Some(key)) => (
                     given,
-                    ["0", "1", "3", "12345", "1-2"].map(String::from).to_vec(),
+                    anything.iter().map(|v| format!("{key}:{v}")).collect(),
                 ),
+                (None, None) => (given, anything.clone()),
             };
             let changed = values.iter().find_map(|v| {
                 let other = with(&[(var.as_str(), v.as_str())]).agreed();
@@ -463,20 +537,31 @@ mod tests {
         }
     }
 
+    /// Every setting has its row in variables.rs (which the README's tables are written from),
+    /// a key of NCCLSHIM_TUNE its own row, and every such row is a key the settings read.
     #[test]
-    fn every_setting_is_in_the_readme() {
-        let readme = include_str!("../../../README.md");
+    fn every_setting_has_its_row() {
+        use crate::variables::{CORE, TUNE};
         for (name, _) in Settings::defaults().agreed() {
             let variable = name.split([' ', '=']).next().unwrap();
-            let row = readme
-                .lines()
-                .find(|line| line.starts_with(&format!("| `{variable}` |")))
+            let row = (CORE.iter().find(|row| row.name == variable))
                 .unwrap_or_else(|| panic!("no row for {variable}"));
-            // A collective's entry of NCCLSHIM_MAX_BYTES: its row names the collective.
-            if let Some(inner) = name.strip_prefix("NCCLSHIM_MAX_BYTES (") {
-                let collective = inner.trim_end_matches(')');
-                assert!(row.contains(&format!("`{collective}`")), "{name}");
+            let Some(key) = name.split_once(" (").map(|(_, k)| k.trim_end_matches(')')) else {
+                continue;
+            };
+            match variable {
+                // A collective's entry of NCCLSHIM_MAX_BYTES: its row names the collective.
+                "NCCLSHIM_MAX_BYTES" => {
+                    assert!(row.meaning.contains(&format!("`{key}`")), "{name}")
+                }
+                _ => assert!(TUNE.iter().any(|row| row.name == key), "no row for {name}"),
             }
+        }
+        for row in TUNE {
+            let read = ["0", "1", "1-2"]
+                .iter()
+                .any(|v| Settings::defaults().tune(row.name, v));
+            assert!(read, "NCCLSHIM_TUNE's {} is not read", row.name);
         }
     }
 
@@ -537,16 +622,61 @@ mod tests {
         };
         assert!(problems(env(&[])).is_empty());
         let old_off = problems(env(&[("NCCLSHIM_FORCE", " NCCL ")]));
-        assert!(old_off[0].contains("NCCLSHIM_CORE=0"), "{old_off:?}");
-        assert!(problems(env(&[("NCCLSHIM_FORCE", "core")])).is_empty());
+        assert!(
+            old_off[0].contains("old name of NCCLSHIM_CORE=0"),
+            "{old_off:?}"
+        );
+        let old_force = problems(env(&[("NCCLSHIM_FORCE", "core")]));
+        assert!(
+            old_force[0].contains("set NCCLSHIM_CORE=force"),
+            "{old_force:?}"
+        );
+        let old_tune = problems(env(&[("NCCLSHIM_DIRECT", " 0")]));
+        assert!(
+            old_tune[0].contains("set NCCLSHIM_TUNE=direct:0 instead"),
+            "{old_tune:?}"
+        );
+        let tune = problems(env(&[(
+            "NCCLSHIM_TUNE",
+            "direct:0,direct,shiny:1,ll_max:lots",
+        )]));
+        assert_eq!(tune.len(), 3, "{tune:?}");
+        assert!(tune[0].contains("\"direct\"") && tune[2].contains("\"ll_max:lots\""));
         let found = problems(env(&[
             ("NCCLSHIM_ALL_GATHER_MAX_BYTES", "1024"),
             ("NCCLSHIM_MAX_BYTES", "all_gather:1K,allgather:2K"),
         ]));
         assert_eq!(found.len(), 2, "{found:?}");
-        assert!(found[0].contains("NCCLSHIM_MAX_BYTES=all_gather:SIZE"));
+        assert!(found[0].contains("set NCCLSHIM_MAX_BYTES=all_gather:1024 instead"));
         assert!(found[1].contains("\"allgather:2K\""));
-        let old = with(&[("NCCLSHIM_ALL_GATHER_MAX_BYTES", "1024")]);
+        let old = with(&[
+            ("NCCLSHIM_ALL_GATHER_MAX_BYTES", "1024"),
+            ("NCCLSHIM_DIRECT", "0"),
+            ("NCCLSHIM_FORCE", "core"),
+        ]);
         assert_eq!(old, Settings::defaults(), "an old variable changes nothing");
+        assert!(
+            !with(&[("NCCLSHIM_FORCE", "nccl")]).enabled,
+            "but the old off"
+        );
+    }
+
+    #[test]
+    fn one_variable_holds_every_tuning_switch() {
+        let s = with(&[(
+            "NCCLSHIM_TUNE",
+            " direct:0 , ZERO_COPY:off,sentinel_max:0,ll_max:64K,one_shot_max:1M,two_shot_blocks:999,\
+             group_core:0-0,batch:no,launch_helpers:false,early_launch:0",
+        )]);
+        assert!(!s.direct && !s.zero_copy && !s.batch && !s.launch_helpers && !s.early_launch);
+        assert_eq!(s.sentinel_max_bytes, Some(0));
+        assert_eq!(s.ll_max_bytes, Some(64 << 10));
+        assert_eq!(s.one_shot_max_bytes, Some(1 << 20));
+        assert_eq!(s.two_shot_blocks, Some(MAX_BLOCKS), "clamped");
+        assert_eq!(s.group_core_bytes, (0, 0));
+        assert!(s.enabled && !s.force_core);
+        assert!(with(&[("NCCLSHIM_CORE", " Force")]).force_core);
+        assert!(!with(&[("NCCLSHIM_CORE", "off")]).enabled);
+        assert!(with(&[("NCCLSHIM_CORE", "")]).enabled, "empty: not given");
     }
 }

@@ -143,8 +143,7 @@ fn prepare(comm: ncclComm_t, blocking: bool) -> Candidate {
         }
     }
     if !policy::settings().enabled {
-        candidate.why_not =
-            Some("the core is off on this rank (NCCLSHIM_CORE=0 or NCCLSHIM_FORCE=nccl)".into());
+        candidate.why_not = Some("the core is off on this rank (NCCLSHIM_CORE=0)".into());
         return candidate;
     }
     if !(2..=MAX_RANKS).contains(&candidate.nranks) {
@@ -392,7 +391,7 @@ mod tests {
             (
                 0,
                 |r| r.settings[3] ^= 1,
-                "rank 0 has another NCCLSHIM_LL_MAX_BYTES",
+                "rank 0 has another NCCLSHIM_TUNE (ll_max)",
             ),
             (
                 2,

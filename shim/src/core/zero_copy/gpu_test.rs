@@ -771,7 +771,7 @@ fn two_processes(name: &str, ids: bool) -> (bool, PathBuf) {
                 ])
                 .env("NCCLSHIM_TRACE", dir.join("trace.%p.jsonl"))
                 .env("NCCLSHIM_TRACE_TIMING", "1")
-                .env("NCCLSHIM_FORCE", "core")
+                .env("NCCLSHIM_CORE", "force")
                 .env("ZERO_COPY_ROLE", rank.to_string())
                 .env("ZERO_COPY_DIR", &dir)
                 .env("ZERO_COPY_IDS", &processes)
