@@ -162,7 +162,8 @@ impl Span {
 }
 
 /// The collectives the core has, in the order of `Collective`. A collective the core gains is a
-/// row here, its kernel (device/) and its `Algorithm`.
+/// row here and its `Algorithm`s, its kernel (device/: a row of `route` in device.cuh where it
+/// moves data as the others do) and its line in device/entry.cu.
 #[rustfmt::skip]
 const COLLECTIVES: [CollectiveFacts; Collective::ALL.len()] = {
     use Algorithm::*;

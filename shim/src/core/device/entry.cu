@@ -20,19 +20,27 @@
   KERNEL_OF(reduce, ncclshim_reduce_##NAME##_##OPNAME, T, OP)                                         \
   KERNEL_OF(ll_reduce, ncclshim_ll_reduce_##NAME##_##OPNAME, T, OP)
 
-// The kernels that move data without reducing it, for bytes only (the host moves any type as
-// bytes), under the op `sum` (the host asks for no other).
-#define MOVE_KERNELS(NAME, T)                                                                         \
-  KERNEL_OF(all_gather, ncclshim_all_gather_##NAME##_sum, T, OP_SUM)                                  \
-  KERNEL_OF(broadcast, ncclshim_broadcast_##NAME##_sum, T, OP_SUM)                                    \
-  KERNEL_OF(all_to_all, ncclshim_all_to_all_##NAME##_sum, T, OP_SUM)                                  \
-  KERNEL_OF(gather, ncclshim_gather_##NAME##_sum, T, OP_SUM)                                          \
-  KERNEL_OF(scatter, ncclshim_scatter_##NAME##_sum, T, OP_SUM)                                      \
-  KERNEL_OF(ll_all_gather, ncclshim_ll_all_gather_##NAME##_sum, T, OP_SUM)                            \
-  KERNEL_OF(ll_broadcast, ncclshim_ll_broadcast_##NAME##_sum, T, OP_SUM)                              \
-  KERNEL_OF(ll_all_to_all, ncclshim_ll_all_to_all_##NAME##_sum, T, OP_SUM)                            \
-  KERNEL_OF(ll_gather, ncclshim_ll_gather_##NAME##_sum, T, OP_SUM)                                    \
-  KERNEL_OF(ll_scatter, ncclshim_ll_scatter_##NAME##_sum, T, OP_SUM)
+// The collectives that move data without reducing it, each a row of `route` (device.cuh):
+// M(COLLECTIVE, KIND, NAME, T) for each, in the host's order. A new one is a row there and a line
+// here.
+#define FOR_EACH_MOVE(M, NAME, T)                                                                     \
+  M(all_gather, MOVE_ALL_GATHER, NAME, T)                                                             \
+  M(broadcast, MOVE_BROADCAST, NAME, T)                                                               \
+  M(all_to_all, MOVE_ALL_TO_ALL, NAME, T)                                                             \
+  M(gather, MOVE_GATHER, NAME, T)                                                                     \
+  M(scatter, MOVE_SCATTER, NAME, T)
+
+// Each one's two algorithms: staged or direct (moves.cu), and as packets (packets.cu).
+#define MOVE_ALGORITHMS(COLLECTIVE, KIND, NAME, T) MOVE(COLLECTIVE, KIND) LL_MOVE(COLLECTIVE, KIND)
+FOR_EACH_MOVE(MOVE_ALGORITHMS, , )
+
+// Their kernels, for bytes only (the host moves any type as bytes), under the op `sum` (the host
+// asks for no other).
+#define MOVE_KERNELS(NAME, T) FOR_EACH_MOVE(MOVE_KERNEL, NAME, T) FOR_EACH_MOVE(LL_MOVE_KERNEL, NAME, T)
+#define MOVE_KERNEL(COLLECTIVE, KIND, NAME, T) \
+  KERNEL_OF(COLLECTIVE, ncclshim_##COLLECTIVE##_##NAME##_sum, T, OP_SUM)
+#define LL_MOVE_KERNEL(COLLECTIVE, KIND, NAME, T) \
+  KERNEL_OF(ll_##COLLECTIVE, ncclshim_ll_##COLLECTIVE##_##NAME##_sum, T, OP_SUM)
 
 // The sentinel kernels, for the floating-point types only.
 #define SENTINEL_KERNELS(NAME, T) FOR_EACH_OP(SENTINEL_KERNEL, NAME, T)

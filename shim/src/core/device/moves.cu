@@ -59,15 +59,10 @@ __device__ void move(Peers peers, int rank, int nranks, const T* in, T* out, u64
   end_call(peers, rank, start.epoch);
 }
 
-// One kernel per collective (the host's algorithms), as entry.cu instantiates them.
+// A collective's kernel (the host's algorithm) of this shape, for each one entry.cu lists.
 #define MOVE(NAME, KIND)                                                                              \
   template <typename T, int OP>                                                                     \
   __device__ void NAME(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, const Staging& staging, \
                        const volatile int* abort, const Views& views, int root) {                     \
     move<KIND, T>(peers, rank, nranks, in, out, count, staging, abort, views, root);             \
   }
-MOVE(all_gather, MOVE_ALL_GATHER)
-MOVE(broadcast, MOVE_BROADCAST)
-MOVE(all_to_all, MOVE_ALL_TO_ALL)
-MOVE(gather, MOVE_GATHER)
-MOVE(scatter, MOVE_SCATTER)

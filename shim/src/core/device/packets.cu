@@ -122,17 +122,11 @@ __device__ void ll_reduce(Peers peers, int rank, int nranks, const T* in, T* out
   end_call(peers, rank, epoch);
 }
 
-// One kernel per collective that moves bytes (the host's algorithms), as entry.cu instantiates
-// them.
+// A collective's packet kernel (the host's algorithm), ll_NAME, for each one entry.cu lists.
 #define LL_MOVE(NAME, KIND)                                                                           \
   template <typename T, int OP>                                                                     \
-  __device__ void NAME(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, const Staging& staging, \
+  __device__ void ll_##NAME(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, const Staging& staging, \
                        const volatile int* abort, const Views&, int root) {                           \
     ll_move<KIND>(peers, rank, nranks, (const unsigned char*)in, (unsigned char*)out, count * sizeof(T), \
                   staging, abort, root);                                                           \
   }
-LL_MOVE(ll_all_gather, MOVE_ALL_GATHER)
-LL_MOVE(ll_broadcast, MOVE_BROADCAST)
-LL_MOVE(ll_all_to_all, MOVE_ALL_TO_ALL)
-LL_MOVE(ll_gather, MOVE_GATHER)
-LL_MOVE(ll_scatter, MOVE_SCATTER)
