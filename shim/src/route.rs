@@ -55,10 +55,11 @@ unsafe fn child_created(
     parent: ncclComm_t,
     newcomm: *mut ncclComm_t,
     config: *const ncclConfig_t,
+    color: Option<c_int>,
 ) -> ncclResult_t {
     if result == ncclSuccess && !newcomm.is_null() {
         // SAFETY: the caller's slot and config, both accepted by the real NCCL.
-        unsafe { core::child_created(parent, newcomm, blocking(config)) };
+        unsafe { core::child_created(parent, newcomm, blocking(config), color) };
     }
     result
 }
@@ -167,6 +168,7 @@ impl Route for Router {
                 comm,
                 newcomm,
                 config,
+                Some(color),
             )
         }
     }
@@ -201,7 +203,7 @@ impl Route for Router {
             unsafe {
                 let result =
                     real::ncclCommShrink(comm, exclude_ranks_list, exclude_ranks_count, newcomm, config, shrink_flags);
-                child_created(result, comm, newcomm, config)
+                child_created(result, comm, newcomm, config, None)
             }
         }
     });

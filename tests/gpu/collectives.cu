@@ -8,7 +8,8 @@
 // ncclCommInitRankConfig inside a group, collectives issued with GPU 0 current (as nccl-tests -g).
 // initall: one thread, ncclCommInitAll. --nonblocking: blocking=0 communicators, ncclInProgress
 // waited out with ncclCommGetAsyncError. --graph: each test captured in a CUDA graph and replayed
-// twice on fresh inputs. --split: the quick matrix again on children from ncclCommSplit.
+// twice on fresh inputs. --split: the quick matrix again on children from ncclCommSplit, then on
+// children of every rank but the last (NCCL_SPLIT_NOCOLOR).
 // --memalloc: buffers from ncclMemAlloc instead of cudaMalloc. --realloc: the buffers freed and
 // allocated again before every test (cudaMalloc mostly gives the same addresses back: memory that
 // peers may have mapped under those addresses before must not be read through those mappings).
@@ -351,28 +352,44 @@ static void run_matrix(Rank* rs, int nl, int matrix, size_t max_bytes, Tally* ta
   free(list.tests);
 }
 
-// Children of ncclCommSplit (pairs by parity on 4 or more ranks, else all in reversed order)
-// run the quick matrix.
-static void run_split(Rank* rs, int nl, Tally* tally) {
+// Children of ncclCommSplit run the quick matrix: pairs by parity on 4 or more ranks, else all
+// in reversed order; with `last_alone`, every rank but the last, which gets no child
+// (NCCL_SPLIT_NOCOLOR; on 2 ranks that leaves a child of one, which runs nothing).
+static void run_split(Rank* rs, int nl, Tally* tally, int last_alone) {
   Rank kids[MAX_LOCAL];
   ncclConfig_t config = comm_config();
   NCCL_CHECK(ncclGroupStart());
   for (int k = 0; k < nl; k++) {
     kids[k] = rs[k];
     int color = rs[k].nranks >= 4 ? rs[k].rank % 2 : 0;
-    NCCL_CHECK(ncclCommSplit(rs[k].comm, color, rs[k].nranks - 1 - rs[k].rank, &kids[k].comm,
-                             &config));
+    int key = rs[k].nranks - 1 - rs[k].rank;
+    if (last_alone) {
+      color = rs[k].rank == rs[k].nranks - 1 ? NCCL_SPLIT_NOCOLOR : 0;
+      key = rs[k].rank;
+    }
+    NCCL_CHECK(ncclCommSplit(rs[k].comm, color, key, &kids[k].comm, &config));
   }
   NCCL_CHECK(ncclGroupEnd());
   // A nonblocking split reports through the parent; the child handle is NULL until it is done.
   for (int k = 0; k < nl; k++) NCCL_CHECK(settle(rs[k].comm));
+  Rank live[MAX_LOCAL];
+  int nlive = 0;
   for (int k = 0; k < nl; k++) {
+    if (last_alone && rs[k].rank == rs[k].nranks - 1) {
+      if (kids[k].comm != NULL) {
+        fprintf(stderr, "split: rank %d asked for no child and got one\n", rs[k].rank);
+        exit(2);
+      }
+      printf("split: parent rank %d/%d -> no child\n", rs[k].rank, rs[k].nranks);
+      continue;
+    }
     identify(&kids[k]);
     printf("split: parent rank %d/%d -> child rank %d/%d\n", rs[k].rank, rs[k].nranks,
            kids[k].rank, kids[k].nranks);
+    live[nlive++] = kids[k];
   }
-  run_matrix(kids, nl, MATRIX_QUICK, 0, tally);
-  destroy_comms(kids, nl);
+  if (nlive > 0 && live[0].nranks >= 2) run_matrix(live, nlive, MATRIX_QUICK, 0, tally);
+  if (nlive > 0) destroy_comms(live, nlive);
 }
 
 // Drives the local ranks (comms already made) through everything the options ask for.
@@ -385,7 +402,10 @@ static void drive(Rank* rs, int nl, Tally* tally) {
   run_matrix(rs, nl, opt.matrix, opt.max_bytes, tally);
   if (opt.realloc)
     printf("realloc: %ld of %ld allocations came back at the same address\n", reallocs.same, reallocs.made);
-  if (opt.split) run_split(rs, nl, tally);
+  if (opt.split) {
+    run_split(rs, nl, tally, 0);
+    run_split(rs, nl, tally, 1);
+  }
   destroy_comms(rs, nl);
   for (int k = 0; k < nl; k++) free_rank(&rs[k]);
 }

@@ -151,7 +151,13 @@ collectives() {
     local core
     core=$(core_counts "$log")
     [[ $name == nonblocking-* ]] && [ "${core%/*}" = 0 ] && status=1
-    [[ $name == *split* ]] && [ "${core%/*}" != $((2 * n)) ] && status=1
+    # --split makes two sets of children: of every rank, then of all but the last (a child of
+    # one on 2 ranks, which gets no core). A blocking parent's children meet on it.
+    local children=$n
+    [ "$n" -ge 3 ] && children=$((2 * n - 1))
+    [[ $name == *split* ]] && [ "${core%/*}" != $((n + children)) ] && status=1
+    [[ $name == *split* && $name != nonblocking* ]] &&
+      [ "$(grep -c 'core on for comm.* on its parent' "$log")" != "$children" ] && status=1
     # Where NCCL is told not to use peer-to-peer, neither is the core.
     [[ $name == *p2p-disabled* ]] && [ "${core%/*}" != 0 ] && status=1
     # One process per GPU, direct: the peers' buffers were mapped (zero-copy) and used; with

@@ -181,8 +181,11 @@ pub struct Deferred {
 /// handle into `slot` when it runs the group's jobs, at the group's end.
 #[derive(Clone, Copy)]
 pub struct Child {
+    pub parent: ncclComm_t,
     pub slot: *mut ncclComm_t,
     pub blocking: bool,
+    /// The split's color (ncclCommShrink: `None`).
+    pub color: Option<i32>,
 }
 
 /// What the outermost group's end hands back: communicators to set up, and children whose
@@ -381,8 +384,8 @@ pub fn defer_setup(comm: ncclComm_t, blocking: bool) {
     NEW_COMMS.with(|c| c.borrow_mut().push(Deferred { comm, blocking }));
 }
 
-pub fn defer_child(slot: *mut ncclComm_t, blocking: bool) {
-    CHILDREN.with(|c| c.borrow_mut().push(Child { slot, blocking }));
+pub fn defer_child(child: Child) {
+    CHILDREN.with(|c| c.borrow_mut().push(child));
 }
 
 /// Queues `op` for the group's end, unless its communicator's operations queued before are on
@@ -437,7 +440,8 @@ pub fn end_group(real_end: impl FnOnce() -> ncclResult_t) -> ncclResult_t {
     };
     let first = (ending_outermost() && queued_nonblocking())
         .then(|| drain_queued(|queued| launcher::launch_group(&batches(queued))));
-    let result = match real_end() {
+    let real = real_end();
+    let result = match real {
         result if result == ncclSuccess && failed => ncclInvalidUsage,
         result if result == ncclSuccess => sent,
         result => result,
@@ -449,10 +453,20 @@ pub fn end_group(real_end: impl FnOnce() -> ncclResult_t) -> ncclResult_t {
     // A blocking group's end has made its children. A nonblocking group's (ncclInProgress) are
     // made later by a thread of NCCL's: ranks could see their handles written or not yet, so
     // they are not read here (all_reduce meets them at their first all-reduce).
-    if result == ncclSuccess {
+    // Children of blocking parents' splits meet on their parents, after the rest. What NCCL made
+    // is set up wherever NCCL's own end succeeded, even if the group fails for a call of ours:
+    // the peers' set-ups wait for this rank's.
+    let mut splits = Vec::new();
+    if real == ncclSuccess {
         for child in ended.children {
             // SAFETY: kept by the caller until its group's end, where NCCL wrote it.
             let comm = unsafe { *child.slot };
+            if let Some(split) =
+                super::meets_on_parent(child.parent, comm, child.blocking, child.color)
+            {
+                splits.push(split);
+                continue;
+            }
             // NULL: NCCL_SPLIT_NOCOLOR, no child. A slot given twice holds one child.
             if comm.is_null() || deferred.iter().any(|d| d.comm == comm) {
                 continue;
@@ -481,17 +495,18 @@ pub fn end_group(real_end: impl FnOnce() -> ncclResult_t) -> ncclResult_t {
     let comms_of = |d: Vec<Deferred>| d.into_iter().map(|d| d.comm).collect::<Vec<_>>();
     // Whatever is not set up says why.
     let left = |comm: ncclComm_t, why: String| lifecycle::declined(comm, None, &why);
-    if result == ncclSuccess && !blocking.is_empty() {
+    if real == ncclSuccess && !blocking.is_empty() {
         setup::set_up(&comms_of(blocking), true);
     } else {
         for comm in comms_of(blocking) {
             left(
                 comm,
-                format!("the group that made it ended with result {result}"),
+                format!("the group that made it ended with result {real}"),
             );
         }
     }
-    if (result == ncclSuccess || result == ncclInProgress) && !nonblocking.is_empty() {
+    setup::set_up_children(&splits);
+    if (real == ncclSuccess || real == ncclInProgress) && !nonblocking.is_empty() {
         // Their first all-reduces must have settled before the exchange goes on them.
         let mut ready = comms_of(nonblocking);
         ready.retain(|&comm| {
@@ -509,7 +524,7 @@ pub fn end_group(real_end: impl FnOnce() -> ncclResult_t) -> ncclResult_t {
         for comm in comms_of(nonblocking) {
             left(
                 comm,
-                format!("the group of its first all-reduce ended with result {result}"),
+                format!("the group of its first all-reduce ended with result {real}"),
             );
         }
     }

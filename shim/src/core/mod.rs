@@ -67,19 +67,29 @@ pub fn created_nonblocking(comm: ncclComm_t) {
     lifecycle::made_nonblocking(comm);
 }
 
-/// A child communicator of `parent` (ncclCommSplit, ncclCommShrink) was asked for and the call
-/// returned ncclSuccess, NCCL writing the child's handle into `slot` once the child is made.
-/// Inside a group that is at the group's end, where it is handed over if that end makes it
-/// (group_end). Outside one, a blocking parent's child is made before the call returns and is
-/// handed over now; a nonblocking parent's is made by a thread of NCCL's, which may or may not
-/// have written it yet (the call returns ncclSuccess either way), so it is not read: ranks could
-/// disagree. `all_reduce` meets such a child at its first all-reduce.
+/// A child communicator of `parent` (ncclCommSplit, with its `color`; ncclCommShrink, `None`)
+/// was asked for and the call returned ncclSuccess, NCCL writing the child's handle into `slot`
+/// once the child is made. Inside a group that is at the group's end, where it is handed over if
+/// that end makes it (group_end). Outside one, a blocking parent's child is made before the call
+/// returns and is handed over now; a nonblocking parent's is made by a thread of NCCL's, which
+/// may or may not have written it yet (the call returns ncclSuccess either way), so it is not
+/// read: ranks could disagree. `all_reduce` meets such a child at its first all-reduce.
 ///
 /// # Safety
 /// `slot` is the caller's: kept until the group's end inside a group (NCCL writes it there).
-pub unsafe fn child_created(parent: ncclComm_t, slot: *mut ncclComm_t, blocking: bool) {
+pub unsafe fn child_created(
+    parent: ncclComm_t,
+    slot: *mut ncclComm_t,
+    blocking: bool,
+    color: Option<i32>,
+) {
     if group::inside() {
-        group::defer_child(slot, blocking);
+        group::defer_child(group::Child {
+            parent,
+            slot,
+            blocking,
+            color,
+        });
         return;
     }
     if !lifecycle::blocking(parent) {
@@ -87,11 +97,50 @@ pub unsafe fn child_created(parent: ncclComm_t, slot: *mut ncclComm_t, blocking:
     }
     // SAFETY: the caller's; a blocking parent's call wrote it before returning.
     let comm = unsafe { *slot };
-    if blocking {
+    if let Some(split) = meets_on_parent(parent, comm, blocking, color) {
+        setup::set_up_children(&[split]);
+    } else if blocking {
         created(&[comm]);
     } else {
         created_nonblocking(comm);
     }
+}
+
+/// The most ranks a parent may have for its children to meet on it: the exchange gathers a
+/// record (1 KiB) of every parent rank.
+const MAX_MEETING_RANKS: i32 = 4096;
+
+/// How a split's child meets its ranks: on its parent where the parent blocks and is not too
+/// large, decided from the parent alone, which every parent rank shares (not from the config,
+/// which NCCL reads only where the split makes a child). Then every parent rank takes part; a
+/// rank whose child is nonblocking takes part without it (the child waits for its first
+/// all-reduce, as any nonblocking communicator, `created_nonblocking`), and so does a rank given
+/// no child or a handle seen before (set up once). `None`: the child meets on itself (`created`).
+fn meets_on_parent(
+    parent: ncclComm_t,
+    child: ncclComm_t,
+    blocking: bool,
+    color: Option<i32>,
+) -> Option<setup::Split> {
+    let color = color.filter(|_| lifecycle::blocking(parent))?;
+    let mut nranks = 0;
+    // SAFETY: a blocking parent the real NCCL made; the int is written.
+    let counted = unsafe { crate::real::ncclCommCount(parent, &mut nranks) } == ncclSuccess;
+    if !counted || nranks > MAX_MEETING_RANKS {
+        return None;
+    }
+    if !blocking {
+        created_nonblocking(child);
+    }
+    let child = match blocking && !child.is_null() && lifecycle::made(child, true) {
+        true => child,
+        false => std::ptr::null_mut(),
+    };
+    Some(setup::Split {
+        parent,
+        child,
+        color,
+    })
 }
 
 pub fn group_start() {
@@ -420,9 +469,9 @@ mod tests {
         group_start();
         // SAFETY: the slots outlive the group.
         unsafe {
-            child_created(PARENT, slot, false);
-            child_created(PARENT, blocking_slot, true);
-            child_created(PARENT, &raw mut no_color, false);
+            child_created(PARENT, slot, false, None);
+            child_created(PARENT, blocking_slot, true, None);
+            child_created(PARENT, &raw mut no_color, false, None);
         }
         assert!(
             !lifecycle::first_all_reduce(CHILD as ncclComm_t),
@@ -457,7 +506,7 @@ mod tests {
         let slot = &raw mut child;
         group_start();
         // SAFETY: the slot outlives the group.
-        unsafe { child_created(PARENT, slot, false) };
+        unsafe { child_created(PARENT, slot, false, None) };
         let result = group_end(|| {
             // SAFETY: as NCCL's thread might, before the group's end returns.
             unsafe { *slot = (CHILD + 16) as ncclComm_t };
@@ -481,12 +530,12 @@ mod tests {
         lifecycle::made(nonblocking_parent, false);
         let mut child = (CHILD + 32) as ncclComm_t;
         // SAFETY: written, as NCCL does before a blocking parent's split returns.
-        unsafe { child_created(blocking_parent, &raw mut child, false) };
+        unsafe { child_created(blocking_parent, &raw mut child, false, None) };
         assert!(lifecycle::first_all_reduce(child));
         for parent in [nonblocking_parent, 0x7400_0000 as ncclComm_t] {
             let mut child = (CHILD + 64) as ncclComm_t;
             // SAFETY: written, as NCCL's thread may have done by the time the split returns.
-            unsafe { child_created(parent, &raw mut child, false) };
+            unsafe { child_created(parent, &raw mut child, true, Some(0)) };
             assert!(!lifecycle::first_all_reduce(child));
             assert!(matches!(
                 lifecycle::lookup(child),

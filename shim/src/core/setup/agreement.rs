@@ -8,8 +8,9 @@ pub(super) const MAGIC: u64 = 0x6e63_636c_7368_696d; // "ncclshim"
 // The record's and the buffer's layout (3: sentinel inboxes; 4: zero-copy; 5: every setting on
 // its own; 6: compute capability; 7: a group's small all-reduces fused, which peers must do
 // alike; 8: measured limits, and one size for every later layout; 9: reduce-scatter and reduce
-// as packets, which peers must plan alike): other versions never pair up.
-pub(super) const LAYOUT: u32 = 9;
+// as packets, which peers must plan alike; 10: which communicator a record is of, for children
+// that meet on their parent): other versions never pair up.
+pub(super) const LAYOUT: u32 = 10;
 /// Room for the settings every rank must have alike (`Settings::agreed`), one word each.
 pub(super) const AGREED_SLOTS: usize = 32;
 
@@ -42,16 +43,26 @@ pub(super) struct Record {
     pub(super) ipc: [u8; 64],
     /// The measured limits of this rank's GPU for this many ranks (measured.rs).
     pub(super) measured: [u64; Collective::ALL.len()],
+    /// Which communicator this record sets up, where several meet in one exchange (children of
+    /// ncclCommSplit on their parent): the split's color. 0 in a communicator's own exchange.
+    pub(super) color: i32,
+    /// This rank's rank in that communicator, and its number of ranks (0: no communicator, such
+    /// as a rank whose split gave it none).
+    pub(super) rank: u32,
+    pub(super) nranks: u32,
+    /// Zero.
+    pub(super) padding2: u32,
     /// Zeros: room for what later layouts add, so that every layout's record has one size and
     /// builds of other layouts meet in the exchange and say so (`agree`) instead of passing
-    /// NCCL all-gathers of other sizes.
+    /// NCCL all-gathers of other sizes (where they exchange on the same communicator: builds
+    /// before layout 10 exchange a split child's records on the child).
     pub(super) reserved: [u8; RECORD_BYTES - USED_BYTES],
 }
 
 /// What a record takes on the wire, whatever its layout.
 pub(super) const RECORD_BYTES: usize = 1024;
 /// The bytes before `reserved`.
-pub(super) const USED_BYTES: usize = 472;
+pub(super) const USED_BYTES: usize = 488;
 // No padding the compiler would leave uninitialised: every field ends where the next begins.
 const _: () = assert!(size_of::<Record>() == RECORD_BYTES);
 const _: () = assert!(std::mem::offset_of!(Record, reserved) == USED_BYTES);
@@ -78,6 +89,10 @@ impl Record {
             pci_bus_id: [0; 16],
             ipc: [0; 64],
             measured: [0; Collective::ALL.len()],
+            color: 0,
+            rank: 0,
+            nranks: 0,
+            padding2: 0,
             reserved: [0; RECORD_BYTES - USED_BYTES],
         }
     }

@@ -1,5 +1,6 @@
 //! The communicators being set up by this thread (`Candidate`), and the exchange of their ranks'
-//! records through the real NCCL's all-gather on each communicator itself.
+//! records through the real NCCL's all-gather where their ranks meet: on each communicator
+//! itself, or, for a child of ncclCommSplit, on its parent (`Meeting`).
 
 use std::ffi::c_void;
 
@@ -9,16 +10,29 @@ use crate::core::cuda::{self, Cuda, Device, DeviceBuffer, OwnedStream};
 use crate::ffi::{cudaStream_t, ncclComm_t, ncclInProgress, ncclResult_t, ncclSuccess, ncclUint8};
 use crate::real;
 
-/// One communicator being set up by this thread.
+/// One communicator being set up by this thread (NULL: none, for a rank that takes part in its
+/// parent's exchange without a child of its own).
 pub(super) struct Candidate {
     pub(super) comm: ncclComm_t,
     pub(super) blocking: bool,
     pub(super) rank: usize,
     pub(super) nranks: usize,
+    /// Where its ranks exchange their records.
+    pub(super) meeting: Meeting,
+    /// Which of the meeting's communicators it is (the split's color; 0 on its own).
+    pub(super) color: i32,
     /// Where the exchanges happen; `None` if even that could not be had.
     pub(super) exchange: Option<Exchange>,
     pub(super) parts: Option<Parts>,
     pub(super) why_not: Option<String>,
+}
+
+/// The communicator whose all-gathers carry a set-up's records, and this rank's place in it.
+#[derive(Clone, Copy)]
+pub(super) struct Meeting {
+    pub(super) comm: ncclComm_t,
+    pub(super) rank: usize,
+    pub(super) nranks: usize,
 }
 
 /// Where a rank's records pass through the real NCCL's all-gather; freed when dropped.
@@ -46,8 +60,9 @@ pub(super) fn exchange_space(ordinal: i32, nranks: usize) -> Cuda<Exchange> {
     })
 }
 
-/// One all-gather of `payloads[i]` (equal lengths) per candidate, grouped, through the real
-/// NCCL; the gathered bytes, or `None` where it failed.
+/// One all-gather of `payloads[i]` (equal lengths) per candidate on its meeting, grouped,
+/// through the real NCCL; the gathered bytes (a payload per rank of the meeting), or `None`
+/// where it failed.
 pub(super) fn all_gather(candidates: &[Candidate], payloads: &[Vec<u8>]) -> Vec<Option<Vec<u8>>> {
     let len = payloads.first().map_or(0, Vec::len);
     assert!(len <= RECORD_BYTES && payloads.iter().all(|p| p.len() == len));
@@ -57,7 +72,7 @@ pub(super) fn all_gather(candidates: &[Candidate], payloads: &[Vec<u8>]) -> Vec<
         .map(|(c, payload)| {
             c.exchange.as_ref().is_some_and(|x| {
                 let _context = x.device.enter();
-                let at = x.buffer.pointer + (c.rank * len) as u64;
+                let at = x.buffer.pointer + (c.meeting.rank * len) as u64;
                 x.stream.copy_to_device(at, payload).is_ok()
             })
         })
@@ -76,9 +91,9 @@ pub(super) fn all_gather(candidates: &[Candidate], payloads: &[Vec<u8>]) -> Vec<
             let x = c.exchange.as_ref().unwrap();
             let _context = x.device.enter();
             let recv = x.buffer.pointer as *mut c_void;
-            let send = (x.buffer.pointer + (c.rank * len) as u64) as *const c_void;
+            let send = (x.buffer.pointer + (c.meeting.rank * len) as u64) as *const c_void;
             let stream = x.stream.stream as cudaStream_t;
-            real::ncclAllGather(send, recv, len, ncclUint8, c.comm, stream);
+            real::ncclAllGather(send, recv, len, ncclUint8, c.meeting.comm, stream);
         }
         real::ncclGroupEnd()
     };
@@ -86,7 +101,7 @@ pub(super) fn all_gather(candidates: &[Candidate], payloads: &[Vec<u8>]) -> Vec<
     // communicator, each then free for the program's next operation.
     let launched = if end == ncclInProgress {
         // Every one settled, even past a failure.
-        let states: Vec<ncclResult_t> = issued().map(|c| settle(c.comm)).collect();
+        let states: Vec<ncclResult_t> = issued().map(|c| settle(c.meeting.comm)).collect();
         states.iter().all(|&state| state == ncclSuccess)
     } else {
         end == ncclSuccess
@@ -101,7 +116,7 @@ pub(super) fn all_gather(candidates: &[Candidate], payloads: &[Vec<u8>]) -> Vec<
             }
             let _context = x.device.enter().ok()?;
             x.stream.synchronize().ok()?;
-            let mut all = vec![0u8; c.nranks * len];
+            let mut all = vec![0u8; c.meeting.nranks * len];
             cuda::copy_to_host(&mut all, x.buffer.pointer).ok()?;
             Some(all)
         })

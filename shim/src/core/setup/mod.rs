@@ -1,6 +1,7 @@
 //! Setting up the core of new communicators. What ranks need of each other (host, process,
-//! device, buffer and its CUDA IPC handle) goes through the real NCCL on the communicator
-//! itself, as an all-gather: no bootstrap of our own. Every rank takes part in both exchanges
+//! device, buffer and its CUDA IPC handle) goes through the real NCCL as an all-gather, on the
+//! communicator itself or, for a blocking parent's split children, on the parent: no bootstrap
+//! of our own. Every rank takes part in both exchanges
 //! whatever happened locally (a local failure is a "no"), and the core is enabled only if every
 //! rank's verdict, gathered in the second exchange, is yes: the same decision on every rank.
 //! What a rank says and what the ranks must have alike: `agreement`; the exchange through NCCL:
@@ -31,7 +32,8 @@ use peers::*;
 
 /// Sets up the core for `comms` (all driven by this thread, e.g. those of one group; blocking or
 /// nonblocking ones, as NCCL allows no group of both), after the real NCCL has initialised them
-/// and settled their last operation, outside any group; or leaves them to NCCL.
+/// and settled their last operation, outside any group; or leaves them to NCCL. Each
+/// communicator's ranks exchange their records on it.
 pub fn set_up(comms: &[ncclComm_t], blocking: bool) {
     if comms.is_empty() {
         return;
@@ -46,10 +48,58 @@ pub fn set_up(comms: &[ncclComm_t], blocking: bool) {
     // Stream captures on this thread (a nonblocking communicator's first all-reduce may be
     // captured) must not forbid our allocations and copies: none of it goes on their streams.
     let _relaxed = cuda::RelaxedCapture::new();
-    let mut phases = Phases::start();
-    let mut candidates: Vec<Candidate> =
-        comms.iter().map(|&comm| prepare(comm, blocking)).collect();
+    let phases = Phases::start();
+    let candidates = comms
+        .iter()
+        .map(|&comm| prepare(comm, blocking, None))
+        .collect();
+    agree_and_finish(candidates, phases);
+}
 
+/// A child of ncclCommSplit on a blocking parent, as this rank sees it: `child` NULL where this
+/// rank has no child to set up here (NCCL_SPLIT_NOCOLOR, or a nonblocking child).
+#[derive(Clone, Copy, Debug)]
+pub struct Split {
+    pub parent: ncclComm_t,
+    pub child: ncclComm_t,
+    pub color: i32,
+}
+
+/// Sets up the blocking children of blocking parents' splits (this thread's, in the order it
+/// made them; or leaves them to NCCL), their ranks exchanging their records on the parent, which
+/// its own set-up has connected: the child's NCCL need not connect for the core (a tenth of a
+/// second between processes), and does so only if a call of the child goes to NCCL. Every rank
+/// of the parent takes part, those without a blocking child too (`Split::child` NULL): each
+/// record names its child by the split's color.
+pub fn set_up_children(splits: &[Split]) {
+    if splits.is_empty() {
+        return;
+    }
+    if !cuda_ready() {
+        for split in splits.iter().filter(|s| !s.child.is_null()) {
+            lifecycle::declined(split.child, None, "CUDA cannot be used in this process");
+        }
+        return;
+    }
+    let _keep = cuda::KeepCurrent::new();
+    let _relaxed = cuda::RelaxedCapture::new();
+    let phases = Phases::start();
+    let candidates = splits
+        .iter()
+        .map(|split| match split.child.is_null() {
+            true => childless(split.parent),
+            false => {
+                let mut candidate = prepare(split.child, true, Some(split.parent));
+                candidate.color = split.color;
+                candidate
+            }
+        })
+        .collect();
+    agree_and_finish(candidates, phases);
+}
+
+/// Both exchanges, and each candidate's core on or declined.
+fn agree_and_finish(mut candidates: Vec<Candidate>, mut phases: Phases) {
     let records: Vec<Vec<u8>> = candidates
         .iter()
         .map(|c| own_record(c).to_bytes())
@@ -57,12 +107,20 @@ pub fn set_up(comms: &[ncclComm_t], blocking: bool) {
     phases.own = phases.lap();
     let gathered = all_gather(&candidates, &records);
     phases.exchange = phases.lap();
-    let mapped: Vec<Result<Mapped, String>> = candidates
+    let members: Vec<Result<Members, String>> = candidates
         .iter()
         .zip(&gathered)
         .map(|(candidate, all)| match all {
-            Some(all) => map_peers(candidate, all),
+            Some(all) => members(candidate, all),
             None => Err("the exchange through NCCL failed".into()),
+        })
+        .collect();
+    let mapped: Vec<Result<Mapped, String>> = candidates
+        .iter()
+        .zip(&members)
+        .map(|(candidate, members)| {
+            let members = members.as_ref().map_err(Clone::clone)?;
+            map_peers(candidate, &members.records)
         })
         .collect();
     phases.peers = phases.lap();
@@ -78,11 +136,21 @@ pub fn set_up(comms: &[ncclComm_t], blocking: bool) {
     let gathered = all_gather(&candidates, &verdicts);
     phases.verdicts = phases.lap();
 
-    for ((candidate, mut mapped), verdicts) in candidates.iter_mut().zip(mapped).zip(gathered) {
+    for (((candidate, mut mapped), verdicts), members) in
+        candidates.iter_mut().zip(mapped).zip(gathered).zip(members)
+    {
+        if candidate.comm.is_null() {
+            continue;
+        }
+        // Every member's verdict has `byte` set.
         let everyone = |byte: usize| {
-            verdicts
-                .as_ref()
-                .is_some_and(|v| v.chunks(4).all(|c| c[byte] == 1))
+            let (Some(verdicts), Ok(members)) = (&verdicts, &members) else {
+                return false;
+            };
+            members
+                .positions
+                .iter()
+                .all(|&at| verdicts.get(at * 4 + byte) == Some(&1))
         };
         if let Ok(mapped) = &mut mapped {
             if !everyone(1) {
@@ -113,29 +181,48 @@ fn cuda_ready() -> bool {
     })
 }
 
-/// Asks the real NCCL about the communicator and sets up this rank's side.
-fn prepare(comm: ncclComm_t, blocking: bool) -> Candidate {
+/// This rank's rank, the number of ranks and the GPU of a communicator the real NCCL has
+/// initialised; `None` if NCCL would not say.
+fn describe(comm: ncclComm_t) -> Option<(usize, usize, i32)> {
     let (mut rank, mut nranks, mut ordinal) = (0, 0, 0);
-    // SAFETY: a communicator the real NCCL has just initialised; the ints are written.
+    // SAFETY: a communicator the real NCCL has initialised; the ints are written.
     let asked = unsafe {
         real::ncclCommUserRank(comm, &mut rank) == ncclSuccess
             && real::ncclCommCount(comm, &mut nranks) == ncclSuccess
             && real::ncclCommCuDevice(comm, &mut ordinal) == ncclSuccess
     };
+    asked.then_some((rank as usize, nranks as usize, ordinal))
+}
+
+/// Asks the real NCCL about the communicator (and about `parent`, where its ranks meet there)
+/// and sets up this rank's side.
+fn prepare(comm: ncclComm_t, blocking: bool, parent: Option<ncclComm_t>) -> Candidate {
+    let described = describe(comm);
+    let (rank, nranks, ordinal) = described.unwrap_or_default();
+    let meeting = match parent {
+        None => Some(Meeting { comm, rank, nranks }),
+        Some(parent) => describe(parent).map(|(rank, nranks, _)| Meeting {
+            comm: parent,
+            rank,
+            nranks,
+        }),
+    };
     let mut candidate = Candidate {
         comm,
         blocking,
-        rank: rank as usize,
-        nranks: nranks as usize,
+        rank,
+        nranks,
+        meeting: meeting.unwrap_or(Meeting { comm, rank, nranks }),
+        color: 0,
         exchange: None,
         parts: None,
         why_not: None,
     };
-    if !asked {
+    if described.is_none() || meeting.is_none() {
         candidate.why_not = Some("the real NCCL could not describe the communicator".into());
         return candidate;
     }
-    match exchange_space(ordinal, candidate.nranks) {
+    match exchange_space(ordinal, candidate.meeting.nranks) {
         Ok(exchange) => candidate.exchange = Some(exchange),
         Err(e) => {
             candidate.why_not = Some(e.to_string());
@@ -156,6 +243,32 @@ fn prepare(comm: ncclComm_t, blocking: bool) -> Candidate {
     match own_parts(candidate.exchange.as_ref().unwrap().device) {
         Ok(parts) => candidate.parts = Some(parts),
         Err(e) => candidate.why_not = Some(e),
+    }
+    candidate
+}
+
+/// This rank's side of its parent's exchange where the split gave it no child: no record of a
+/// communicator, a "no" verdict, nothing to set up.
+fn childless(parent: ncclComm_t) -> Candidate {
+    let described = describe(parent);
+    let (rank, nranks, ordinal) = described.unwrap_or_default();
+    let mut candidate = Candidate {
+        comm: std::ptr::null_mut(),
+        blocking: true,
+        rank: 0,
+        nranks: 0,
+        meeting: Meeting {
+            comm: parent,
+            rank,
+            nranks,
+        },
+        color: 0,
+        exchange: None,
+        parts: None,
+        why_not: Some("no child of this rank's".into()),
+    };
+    if described.is_some() {
+        candidate.exchange = exchange_space(ordinal, nranks).ok();
     }
     candidate
 }
@@ -222,7 +335,18 @@ fn early_launch(major: i32) -> bool {
         && cuda::driver_version().is_ok_and(|v| v >= 12030)
 }
 
+/// What this rank tells the others of the candidate, with which communicator it is of.
 fn own_record(candidate: &Candidate) -> Record {
+    Record {
+        color: candidate.color,
+        rank: candidate.rank as u32,
+        nranks: candidate.nranks as u32,
+        ..side_record(candidate)
+    }
+}
+
+/// This rank's side, or a "no".
+fn side_record(candidate: &Candidate) -> Record {
     let (Some(parts), Some(exchange)) = (&candidate.parts, &candidate.exchange) else {
         return Record::not_ready();
     };
@@ -251,8 +375,57 @@ fn own_record(candidate: &Candidate) -> Record {
         pci_bus_id,
         ipc,
         measured: measured::limits(&parts.device.name(), candidate.nranks).map(|n| n as u64),
+        color: 0,
+        rank: 0,
+        nranks: 0,
+        padding2: 0,
         reserved: [0; RECORD_BYTES - USED_BYTES],
     }
+}
+
+/// A communicator's records in its rank order, and each one's place in the meeting's.
+struct Members {
+    records: Vec<u8>,
+    positions: Vec<usize>,
+}
+
+/// The records of `candidate`'s communicator among those its meeting gathered: all of them on
+/// its own; on a parent, those of its color, which must be one per rank of the child.
+fn members(candidate: &Candidate, gathered: &[u8]) -> Result<Members, String> {
+    if candidate.comm == candidate.meeting.comm {
+        return Ok(Members {
+            records: gathered.to_vec(),
+            positions: (0..candidate.nranks).collect(),
+        });
+    }
+    let mut ranks: Vec<(u32, usize)> = gathered
+        .chunks(RECORD_BYTES)
+        .map(Record::from_bytes)
+        .enumerate()
+        .filter(|(_, r)| r.nranks != 0 && r.color == candidate.color)
+        .map(|(at, r)| (r.rank, at))
+        .collect();
+    ranks.sort_unstable();
+    let whole = ranks.len() == candidate.nranks
+        && ranks.iter().enumerate().all(|(i, &(rank, at))| {
+            rank as usize == i
+                && Record::from_bytes(&gathered[at * RECORD_BYTES..][..RECORD_BYTES]).nranks
+                    as usize
+                    == candidate.nranks
+        });
+    if !whole {
+        return Err(format!(
+            "the parent's ranks of color {} do not make its {} ranks",
+            candidate.color, candidate.nranks
+        ));
+    }
+    let positions: Vec<usize> = ranks.into_iter().map(|(_, at)| at).collect();
+    let records = positions
+        .iter()
+        .flat_map(|&at| &gathered[at * RECORD_BYTES..][..RECORD_BYTES])
+        .copied()
+        .collect();
+    Ok(Members { records, positions })
 }
 
 /// Where a set-up's time goes, in seconds: this rank's own parts (kernels, buffers), the
@@ -303,7 +476,7 @@ fn finish(
         (Some(parts), Ok(mapped), true) => {
             let settings = policy::settings();
             log_info!(
-                "core on for comm {:p} rank {}/{} on GPU {}, set up in {:.3} s (own parts {:.3}, records {:.3}, peers {:.3}, verdicts {:.3}) (all-reduce: sentinel for floating-point types up to {} B, low-latency up to {} B, one-shot up to {} B, {} two-shot up to {} B; {})",
+                "core on for comm {:p} rank {}/{} on GPU {}, set up in {:.3} s (own parts {:.3}, records {:.3}{}, peers {:.3}, verdicts {:.3}) (all-reduce: sentinel for floating-point types up to {} B, low-latency up to {} B, one-shot up to {} B, {} two-shot up to {} B; {})",
                 candidate.comm,
                 candidate.rank,
                 candidate.nranks,
@@ -311,6 +484,10 @@ fn finish(
                 phases.started.elapsed().as_secs_f64(),
                 phases.own,
                 phases.exchange,
+                match candidate.meeting.comm == candidate.comm {
+                    true => "",
+                    false => " on its parent",
+                },
                 phases.peers,
                 phases.verdicts,
                 settings.sentinel_max(candidate.nranks),
@@ -378,6 +555,83 @@ mod tests {
             (3, 0xab, 0x7f00_0000_1000, record.pci_bus_id)
         );
         assert_eq!(back.measured, record.measured);
+    }
+
+    /// A split's child, as candidate: its rank and ranks, meeting on a parent of `parent_ranks`.
+    fn child(color: i32, rank: usize, nranks: usize, parent_ranks: usize) -> Candidate {
+        Candidate {
+            comm: 0x10 as ncclComm_t,
+            blocking: true,
+            rank,
+            nranks,
+            meeting: Meeting {
+                comm: 0x20 as ncclComm_t,
+                rank: 0,
+                nranks: parent_ranks,
+            },
+            color,
+            exchange: None,
+            parts: None,
+            why_not: None,
+        }
+    }
+
+    /// The records a parent's ranks gathered: (color, rank, nranks) each, device = parent rank.
+    fn gathered(ranks: &[(i32, u32, u32)]) -> Vec<u8> {
+        ranks
+            .iter()
+            .enumerate()
+            .flat_map(|(at, &(color, rank, nranks))| {
+                Record {
+                    color,
+                    rank,
+                    nranks,
+                    ..ready(at as i32)
+                }
+                .to_bytes()
+            })
+            .collect()
+    }
+
+    /// On a parent of four ranks (one given no child, one alone in its color), a child of two
+    /// finds its ranks' records in its own rank order, wherever they stood in the parent's.
+    #[test]
+    fn children_find_their_records_among_the_parents() {
+        let all = gathered(&[(5, 1, 2), (-1, 0, 0), (5, 0, 2), (7, 0, 1)]);
+        let found = members(&child(5, 1, 2, 4), &all).expect("two of color 5");
+        assert_eq!(found.positions, [2, 0]);
+        let devices: Vec<i32> = found
+            .records
+            .chunks(RECORD_BYTES)
+            .map(|r| Record::from_bytes(r).device)
+            .collect();
+        assert_eq!(devices, [2, 0]);
+        assert_eq!(members(&child(7, 0, 1, 4), &all).unwrap().positions, [3]);
+        // On its own communicator, every record is a member, in place.
+        let mut own = child(0, 1, 4, 4);
+        own.meeting.comm = own.comm;
+        assert_eq!(members(&own, &all).unwrap().positions, [0, 1, 2, 3]);
+    }
+
+    /// Records that do not make the child (a rank missing, twice, or of another size): no.
+    #[test]
+    fn a_child_whose_records_do_not_add_up_is_refused() {
+        let cases: [&[(i32, u32, u32)]; 4] = [
+            &[(5, 1, 2), (-1, 0, 0)],
+            &[(5, 1, 2), (5, 1, 2)],
+            &[(5, 1, 2), (5, 0, 3)],
+            &[(5, 1, 2), (5, 0, 2), (5, 2, 2)],
+        ];
+        for ranks in cases {
+            let verdict = members(&child(5, 1, 2, ranks.len()), &gathered(ranks));
+            assert!(
+                verdict
+                    .as_ref()
+                    .is_err_and(|e| e.contains("do not make its 2 ranks")),
+                "{ranks:?}: {:?}",
+                verdict.map(|m| m.positions)
+            );
+        }
     }
 
     #[test]
