@@ -6,8 +6,9 @@
 # shim/ (the 2.28.9 build and headers) and, optionally, shim-2.27.7/ (the 2.27.7 build and
 # headers). Environment from run.sh: REAL (the real libnccl.so.2), NVCC_GENCODE (optional),
 # NCCL_TESTS_QUICK=1 (fewer runs), NCCL_TESTS_GROUPS (only these groups of runs, e.g. "core
-# coregraph"; the cold start always runs), STEP_TIMEOUT, NCCL_TESTS_GATE_LIMIT (the gate's
-# largest shim / real median time, default 1.05), NCCL_TESTS_GATE_ROUNDS (default 3),
+# coregraph"; the cold start always runs), NCCL_TESTS_BINARIES (only these binaries in the
+# groups that run every binary), STEP_TIMEOUT, NCCL_TESTS_GATE_LIMIT (the gate's largest shim /
+# real median time, default 1.05), NCCL_TESTS_GATE_ROUNDS (default 3),
 # NCCL_TESTS_GATE_SETS (only these of the gate's sets, e.g. "plain -r2 -g -r2g -m2 -m4 -m8 -m4g
 # -m8g").
 # Groups: basic (every binary), reg1, reg2, graph, types, core, coregraph, coretypes, batch,
@@ -124,6 +125,8 @@ cold_start group
 
 # --- Every binary, both headers, both launch modes, results checked (-c 1) ---
 binaries=(all_reduce all_gather reduce_scatter broadcast reduce alltoall alltoallv sendrecv gather scatter hypercube)
+# NCCL_TESTS_BINARIES: only these of them (e.g. "all_gather alltoall").
+[ -n "${NCCL_TESTS_BINARIES:-}" ] && read -ra binaries <<<"$NCCL_TESTS_BINARIES"
 pairs=()
 # Whether NCCL_TESTS_GROUPS asks for this group (empty: every group).
 wanted() {
