@@ -4,7 +4,9 @@
 //! Then the same for operations (`ncclAllGather`, `ncclAllReduce` on a made-up communicator),
 //! which the shim also records (counts and flight recorder), with a stand-in for the real NCCL
 //! whose operations return at once (tests/c/fake_operations_nccl.c): once without and once with
-//! the trace (`NCCLSHIM_TRACE`), each in a process of its own.
+//! the trace (`NCCLSHIM_TRACE`), each in a process of its own; and a group of a send and a
+//! receive (`ncclGroupStart`, `ncclSend`, `ncclRecv`, `ncclGroupEnd`), as PyTorch issues its
+//! point-to-point calls.
 //!   make microbench
 
 use std::ffi::{c_char, c_int, c_void};
@@ -18,6 +20,9 @@ const CALLS: u32 = 20_000_000;
 const ROUNDS: usize = 9;
 
 type GetErrorString = unsafe extern "C" fn(u32) -> *const c_char;
+type Group = unsafe extern "C" fn() -> u32;
+type Send = unsafe extern "C" fn(*const c_void, usize, u32, c_int, *mut c_void, *mut c_void) -> u32;
+type Recv = unsafe extern "C" fn(*mut c_void, usize, u32, c_int, *mut c_void, *mut c_void) -> u32;
 type GetVersion = unsafe extern "C" fn(*mut c_int) -> u32;
 type AllGather =
     unsafe extern "C" fn(*const c_void, *mut c_void, usize, u32, *mut c_void, *mut c_void) -> u32;
@@ -119,6 +124,28 @@ fn operations(fake_path: &std::path::Path) {
         |n| {
             black_box(unsafe { shim_reduce(buffer, buffer, n as usize, 7, 0, comm, buffer) });
         },
+    );
+    let send_and_receive = |library: &Library| {
+        // SAFETY: both libraries export these with NCCL's signatures.
+        let (start, send, recv, end) = unsafe {
+            (
+                *library.get::<Group>("ncclGroupStart").unwrap(),
+                *library.get::<Send>("ncclSend").unwrap(),
+                *library.get::<Recv>("ncclRecv").unwrap(),
+                *library.get::<Group>("ncclGroupEnd").unwrap(),
+            )
+        };
+        move |n: u32| unsafe {
+            start();
+            send(buffer, n as usize, 7, 1, comm, buffer);
+            recv(buffer, n as usize, 7, 1, comm, buffer);
+            black_box(end());
+        }
+    };
+    compare(
+        "group: send, recv",
+        send_and_receive(&fake),
+        send_and_receive(&shim),
     );
 }
 

@@ -196,7 +196,7 @@ pub struct Ended {
 }
 
 thread_local! {
-    static DEPTH: Cell<u32> = const { Cell::new(0) };
+    static LEVEL: Cell<Level> = const { Cell::new(Level { depth: 0, touched: false }) };
     static NEW_COMMS: RefCell<Vec<Deferred>> = const { RefCell::new(Vec::new()) };
     static CHILDREN: RefCell<Vec<Child>> = const { RefCell::new(Vec::new()) };
     static QUEUED: RefCell<Vec<Queued>> = const { RefCell::new(Vec::new()) };
@@ -228,33 +228,76 @@ impl Seen {
     }
 }
 
+/// How deep in groups this thread is, and whether the outermost group holds anything of the
+/// core's (a call it weighed or queued, a communicator to set up): one word, so that a group
+/// whose calls all went to NCCL ends at NCCL's cost (`end_group`).
+#[derive(Clone, Copy)]
+struct Level {
+    depth: u32,
+    touched: bool,
+}
+
 pub fn inside() -> bool {
-    DEPTH.with(Cell::get) > 0
+    LEVEL.with(Cell::get).depth > 0
 }
 
 /// Whether the next `end` leaves the outermost group.
 pub fn ending_outermost() -> bool {
-    DEPTH.with(Cell::get) == 1
+    LEVEL.with(Cell::get).depth == 1
+}
+
+/// Whether the next `end` leaves an outermost group that holds nothing of the core's.
+fn ending_untouched() -> bool {
+    let level = LEVEL.with(Cell::get);
+    level.depth == 1 && !level.touched
+}
+
+/// The group holds something of the core's: its end has work to do.
+fn touch() {
+    LEVEL.with(|l| {
+        l.set(Level {
+            touched: true,
+            ..l.get()
+        })
+    });
 }
 
 pub fn start() {
-    DEPTH.with(|d| d.set(d.get() + 1));
+    LEVEL.with(|l| {
+        let level = l.get();
+        l.set(Level {
+            depth: level.depth + 1,
+            ..level
+        });
+    });
 }
 
 /// Leaves one group level; at the outermost, hands back the communicators to set up (their
 /// queued operations wait for `drain_queued`).
 pub fn end() -> Option<Ended> {
-    let depth = DEPTH.with(|d| {
-        let depth = d.get().saturating_sub(1);
-        d.set(depth);
-        depth
+    let left = LEVEL.with(|l| {
+        let level = l.get();
+        let depth = level.depth.saturating_sub(1);
+        l.set(Level {
+            depth,
+            touched: level.touched && depth > 0,
+        });
+        (depth == 0).then_some(level.touched)
     });
-    if depth == 0 {
+    let touched = left?;
+    // An untouched group left nothing behind to hand back or clear.
+    if touched {
         SEEN.with(|seen| seen.borrow_mut().clear());
     }
-    (depth == 0).then(|| Ended {
-        new_comms: NEW_COMMS.with(|c| c.take()),
-        children: CHILDREN.with(|c| c.take()),
+    Some(Ended {
+        new_comms: match touched {
+            true => NEW_COMMS.with(|c| c.take()),
+            false => Vec::new(),
+        },
+        children: match touched {
+            true => CHILDREN.with(|c| c.take()),
+            false => Vec::new(),
+        },
     })
 }
 
@@ -299,6 +342,7 @@ pub fn known(comm: ncclComm_t) -> Known {
 /// weighed. Each rank's group holds the same calls, and each call's plan is the same on every
 /// rank: every rank decides alike, at the same call.
 pub fn weigh(comm: ncclComm_t, core: &Arc<CoreComm>, plan: &Plan) -> bool {
+    touch();
     let settings = policy::settings();
     let bytes = plan.count * plan.dtype.size();
     let decided = SEEN.with(|seen| {
@@ -381,10 +425,12 @@ fn mixes_capture(mut earlier: impl Iterator<Item = (usize, bool)>, call: (usize,
 }
 
 pub fn defer_setup(comm: ncclComm_t, blocking: bool) {
+    touch();
     NEW_COMMS.with(|c| c.borrow_mut().push(Deferred { comm, blocking }));
 }
 
 pub fn defer_child(child: Child) {
+    touch();
     CHILDREN.with(|c| c.borrow_mut().push(child));
 }
 
@@ -395,6 +441,7 @@ pub fn defer_child(child: Child) {
 /// As NCCL, it asks the driver only where a call comes on a stream its communicator has not
 /// used in the group: calls on one stream are captured alike.
 pub fn queue(mut op: Queued) -> Result<(), ()> {
+    touch();
     QUEUED.with(|q| {
         let mut queued = q.borrow_mut();
         let comm = Arc::as_ptr(&op.core) as usize;
@@ -424,6 +471,12 @@ pub fn queue(mut op: Queued) -> Result<(), ()> {
 /// Ends a group through `real_end` (the real ncclGroupEnd); at the outermost level, sets up the
 /// communicators that wait for the group's end and launches the core operations queued in it.
 pub fn end_group(real_end: impl FnOnce() -> ncclResult_t) -> ncclResult_t {
+    // A group none of whose calls the core took (all went to NCCL): NCCL's end alone.
+    if ending_untouched() {
+        let result = real_end();
+        end();
+        return result;
+    }
     // A nonblocking group's operations are launched by a thread of the real NCCL's after
     // ncclGroupEnd returns, so ours go first: the same order on every rank's streams. A blocking
     // group's are launched before it returns, so ours go after them.

@@ -498,6 +498,31 @@ mod tests {
         lifecycle::forget(blocking_child);
     }
 
+    /// A group whose calls all went to NCCL ends with NCCL's end alone, whatever it returns, and
+    /// leaves no group open; the next group with something of the core's still has its end.
+    #[test]
+    fn a_group_of_forwarded_calls_ends_as_nccls() {
+        group_start();
+        group_start();
+        assert_eq!(group_end(|| ncclSuccess), ncclSuccess);
+        assert!(group::inside());
+        assert_eq!(group_end(|| ncclUnhandledCudaError), ncclUnhandledCudaError);
+        assert!(!group::inside());
+        let mut child: ncclComm_t = std::ptr::null_mut();
+        let slot = &raw mut child;
+        group_start();
+        // SAFETY: the slot outlives the group.
+        unsafe { child_created(PARENT, slot, false, None) };
+        let result = group_end(|| {
+            // SAFETY: as the real NCCL does at a blocking group's end.
+            unsafe { *slot = (CHILD + 80) as ncclComm_t };
+            ncclSuccess
+        });
+        assert_eq!(result, ncclSuccess);
+        assert!(lifecycle::first_all_reduce((CHILD + 80) as ncclComm_t));
+        lifecycle::forget((CHILD + 80) as ncclComm_t);
+    }
+
     /// A nonblocking group's children are made later, by NCCL's own thread: never read, even
     /// where the handle happens to be written when the group's end returns.
     #[test]
