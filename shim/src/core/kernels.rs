@@ -323,14 +323,20 @@ fn compile_each_type(arch: Arch) -> Result<Vec<Vec<u8>>, String> {
     })
 }
 
-fn cached_cubin(dtype: DataType, arch: Arch) -> Result<Vec<u8>, String> {
+/// Where the disk cache keeps the cubin of one type's program for `arch`, compiled at run time
+/// (NVRTC loaded: its version is part of the key); `None` where there is no cache.
+pub fn cached_cubin_path(dtype: DataType, arch: Arch) -> Option<PathBuf> {
     let options = program::options(dtype, arch);
     let key = program::fingerprint([options.as_slice()], program::nvrtc_version());
-    let path = cache_dir().map(|dir| dir.join(format!("all_reduce-{key:016x}.cubin")));
+    cache_dir().map(|dir| dir.join(format!("all_reduce-{key:016x}.cubin")))
+}
+
+fn cached_cubin(dtype: DataType, arch: Arch) -> Result<Vec<u8>, String> {
+    let path = cached_cubin_path(dtype, arch);
     if let Some(cubin) = path.as_ref().and_then(|p| std::fs::read(p).ok()) {
         return Ok(cubin);
     }
-    let cubin = program::compile(&options)?.cubin;
+    let cubin = program::compile(&program::options(dtype, arch))?.cubin;
     if let Some(path) = path {
         program::keep_in_cache(&path, &cubin);
     }
