@@ -286,18 +286,16 @@ pub fn end() -> Option<Ended> {
     });
     let touched = left?;
     // An untouched group left nothing behind to hand back or clear.
-    if touched {
-        SEEN.with(|seen| seen.borrow_mut().clear());
+    if !touched {
+        return Some(Ended {
+            new_comms: Vec::new(),
+            children: Vec::new(),
+        });
     }
+    SEEN.with(|seen| seen.borrow_mut().clear());
     Some(Ended {
-        new_comms: match touched {
-            true => NEW_COMMS.with(|c| c.take()),
-            false => Vec::new(),
-        },
-        children: match touched {
-            true => CHILDREN.with(|c| c.take()),
-            false => Vec::new(),
-        },
+        new_comms: NEW_COMMS.with(|c| c.take()),
+        children: CHILDREN.with(|c| c.take()),
     })
 }
 

@@ -498,6 +498,21 @@ mod tests {
         lifecycle::forget(blocking_child);
     }
 
+    /// A group asking for a child (its config nonblocking) of PARENT, whose end returns `ended`
+    /// with `child` written into the child's slot, as NCCL writes it there.
+    fn group_making_child(child: usize, ended: ncclResult_t) -> ncclResult_t {
+        let mut handle: ncclComm_t = std::ptr::null_mut();
+        let slot = &raw mut handle;
+        group_start();
+        // SAFETY: the slot outlives the group, which ends here.
+        unsafe { child_created(PARENT, slot, false, None) };
+        group_end(|| {
+            // SAFETY: the slot above, still in scope.
+            unsafe { *slot = child as ncclComm_t };
+            ended
+        })
+    }
+
     /// A group whose calls all went to NCCL ends with NCCL's end alone, whatever it returns, and
     /// leaves no group open; the next group with something of the core's still has its end.
     #[test]
@@ -508,17 +523,7 @@ mod tests {
         assert!(group::inside());
         assert_eq!(group_end(|| ncclUnhandledCudaError), ncclUnhandledCudaError);
         assert!(!group::inside());
-        let mut child: ncclComm_t = std::ptr::null_mut();
-        let slot = &raw mut child;
-        group_start();
-        // SAFETY: the slot outlives the group.
-        unsafe { child_created(PARENT, slot, false, None) };
-        let result = group_end(|| {
-            // SAFETY: as the real NCCL does at a blocking group's end.
-            unsafe { *slot = (CHILD + 80) as ncclComm_t };
-            ncclSuccess
-        });
-        assert_eq!(result, ncclSuccess);
+        assert_eq!(group_making_child(CHILD + 80, ncclSuccess), ncclSuccess);
         assert!(lifecycle::first_all_reduce((CHILD + 80) as ncclComm_t));
         lifecycle::forget((CHILD + 80) as ncclComm_t);
     }
@@ -527,17 +532,11 @@ mod tests {
     /// where the handle happens to be written when the group's end returns.
     #[test]
     fn a_nonblocking_groups_children_are_not_read() {
-        let mut child: ncclComm_t = std::ptr::null_mut();
-        let slot = &raw mut child;
-        group_start();
-        // SAFETY: the slot outlives the group.
-        unsafe { child_created(PARENT, slot, false, None) };
-        let result = group_end(|| {
-            // SAFETY: as NCCL's thread might, before the group's end returns.
-            unsafe { *slot = (CHILD + 16) as ncclComm_t };
+        // Written as NCCL's thread might, before the group's end returns.
+        assert_eq!(
+            group_making_child(CHILD + 16, ncclInProgress),
             ncclInProgress
-        });
-        assert_eq!(result, ncclInProgress);
+        );
         assert!(!lifecycle::first_all_reduce((CHILD + 16) as ncclComm_t));
         assert!(matches!(
             lifecycle::lookup((CHILD + 16) as ncclComm_t),

@@ -38,22 +38,12 @@ pub fn set_up(comms: &[ncclComm_t], blocking: bool) {
     if comms.is_empty() {
         return;
     }
-    if !cuda_ready() {
-        for &comm in comms {
-            lifecycle::declined(comm, None, "CUDA cannot be used in this process");
-        }
-        return;
-    }
-    let _keep = cuda::KeepCurrent::new();
-    // Stream captures on this thread (a nonblocking communicator's first all-reduce may be
-    // captured) must not forbid our allocations and copies: none of it goes on their streams.
-    let _relaxed = cuda::RelaxedCapture::new();
-    let phases = Phases::start();
-    let candidates = comms
-        .iter()
-        .map(|&comm| prepare(comm, blocking, None))
-        .collect();
-    agree_and_finish(candidates, phases);
+    with_candidates(comms.iter().copied(), || {
+        comms
+            .iter()
+            .map(|&comm| prepare(comm, blocking, None))
+            .collect()
+    });
 }
 
 /// A child of ncclCommSplit on a blocking parent, as this rank sees it: `child` NULL where this
@@ -75,27 +65,40 @@ pub fn set_up_children(splits: &[Split]) {
     if splits.is_empty() {
         return;
     }
+    let children = splits.iter().map(|s| s.child).filter(|c| !c.is_null());
+    with_candidates(children, || {
+        splits
+            .iter()
+            .map(|split| match split.child.is_null() {
+                true => childless(split.parent),
+                false => {
+                    let mut candidate = prepare(split.child, true, Some(split.parent));
+                    candidate.color = split.color;
+                    candidate
+                }
+            })
+            .collect()
+    });
+}
+
+/// Where this process can use CUDA, this thread's `candidates` (made once the set-up's clock
+/// runs) through both exchanges; else `comms` left to NCCL.
+fn with_candidates(
+    comms: impl Iterator<Item = ncclComm_t>,
+    candidates: impl FnOnce() -> Vec<Candidate>,
+) {
     if !cuda_ready() {
-        for split in splits.iter().filter(|s| !s.child.is_null()) {
-            lifecycle::declined(split.child, None, "CUDA cannot be used in this process");
+        for comm in comms {
+            lifecycle::declined(comm, None, "CUDA cannot be used in this process");
         }
         return;
     }
     let _keep = cuda::KeepCurrent::new();
+    // Stream captures on this thread (a nonblocking communicator's first all-reduce may be
+    // captured) must not forbid our allocations and copies: none of it goes on their streams.
     let _relaxed = cuda::RelaxedCapture::new();
     let phases = Phases::start();
-    let candidates = splits
-        .iter()
-        .map(|split| match split.child.is_null() {
-            true => childless(split.parent),
-            false => {
-                let mut candidate = prepare(split.child, true, Some(split.parent));
-                candidate.color = split.color;
-                candidate
-            }
-        })
-        .collect();
-    agree_and_finish(candidates, phases);
+    agree_and_finish(candidates(), phases);
 }
 
 /// Both exchanges, and each candidate's core on or declined.
@@ -398,20 +401,18 @@ fn members(candidate: &Candidate, gathered: &[u8]) -> Result<Members, String> {
             positions: (0..candidate.nranks).collect(),
         });
     }
-    let mut ranks: Vec<(u32, usize)> = gathered
+    // (rank, ranks, place) of each record of this color.
+    let mut ranks: Vec<(u32, u32, usize)> = gathered
         .chunks(RECORD_BYTES)
         .map(Record::from_bytes)
         .enumerate()
         .filter(|(_, r)| r.nranks != 0 && r.color == candidate.color)
-        .map(|(at, r)| (r.rank, at))
+        .map(|(at, r)| (r.rank, r.nranks, at))
         .collect();
     ranks.sort_unstable();
     let whole = ranks.len() == candidate.nranks
-        && ranks.iter().enumerate().all(|(i, &(rank, at))| {
-            rank as usize == i
-                && Record::from_bytes(&gathered[at * RECORD_BYTES..][..RECORD_BYTES]).nranks
-                    as usize
-                    == candidate.nranks
+        && ranks.iter().enumerate().all(|(i, &(rank, nranks, _))| {
+            rank as usize == i && nranks as usize == candidate.nranks
         });
     if !whole {
         return Err(format!(
@@ -419,7 +420,7 @@ fn members(candidate: &Candidate, gathered: &[u8]) -> Result<Members, String> {
             candidate.color, candidate.nranks
         ));
     }
-    let positions: Vec<usize> = ranks.into_iter().map(|(_, at)| at).collect();
+    let positions: Vec<usize> = ranks.into_iter().map(|(_, _, at)| at).collect();
     let records = positions
         .iter()
         .flat_map(|&at| &gathered[at * RECORD_BYTES..][..RECORD_BYTES])
