@@ -22,9 +22,12 @@ FETCH := $(CURDIR)/gen/fetch-nccl.sh
 FETCH_NVRTC := $(CURDIR)/gen/fetch-nvrtc.sh
 # The GPU architectures the library carries kernels for (empty: shim/src/core/program.rs's).
 KERNEL_ARCHS ?=
-# Runs a cargo command with NVRTC for the build script: `$(WITH_NVRTC) cargo ...`.
-WITH_NVRTC = nvrtc=$$($(FETCH_NVRTC)) && NCCLSHIM_BUILD_NVRTC=$$nvrtc \
+# Runs a cargo command whose build script takes the kernels from shim/kernels/ (committed, this
+# source's) and fetches NVRTC only to compile those it lacks: `$(WITH_KERNELS) cargo ...`.
+WITH_KERNELS = NCCLSHIM_FETCH_NVRTC=$(FETCH_NVRTC) \
   $(if $(KERNEL_ARCHS),NCCLSHIM_KERNEL_ARCHS="$(KERNEL_ARCHS)")
+# The same with NVRTC fetched first (for the tests that compile at run time too).
+WITH_NVRTC = nvrtc=$$($(FETCH_NVRTC)) && NCCLSHIM_BUILD_NVRTC=$$nvrtc $(WITH_KERNELS)
 # Every release with a spec, oldest first. NCCL_VERSION=all exports the union of their APIs and
 # installs the newest one's headers.
 SPEC_VERSIONS := $(shell ls spec | sed -n 's/^nccl-\(.*\)\.rs$$/\1/p' | sort -V)
@@ -52,7 +55,7 @@ BUILT_ABI = $(if $(filter all,$(SPEC_VERSION)),the ABI of every NCCL from $(firs
   $(SPEC_VERSIONS)) to $(NEWEST_SPEC),NCCL $(SPEC_VERSION)'s ABI)
 
 .PHONY: help build install wheel test lint unit-tests integration-tests spec specs spec-diff microbench \
-  deps-test clean readme
+  deps-test clean readme kernels
 PREFIX ?= /usr/local
 
 help:
@@ -63,14 +66,15 @@ help:
 	@echo "make spec NCCL_VERSION=X.Y.Z | NCCL_H=...  a spec from a release's headers; make specs: every one again"
 	@echo "make spec-diff FROM=2.27.7 TO=2.28.9       what changed between two releases' APIs"
 	@echo "make microbench                            the cost of a forwarded call"
+	@echo "make kernels                               shim/kernels/ compiled again, after a change to the kernels' source (commit them)"
 	@echo "make readme                                the README's tables of variables, from shim/src/variables.rs"
 	@echo "make gpu-bundle [NCCL_TESTS_GIT=...]       the GPU suite, to run on a GPU machine (tests/gpu/README.md)"
 	@echo "make clean"
 
 build:
 	@command -v $(CARGO) >/dev/null || { echo "make build needs Rust (cargo): https://rustup.rs"; exit 1; }
-	@echo "building the shim; its CUDA kernels are compiled ahead of time, which takes minutes the first time (cached under $${NCCLSHIM_CACHE:-~/.cache/ncclshim})"
-	$(WITH_NVRTC) NCCL_VERSION=$(SPEC_VERSION) REAL_NCCL_LIB=$(REAL_NCCL_LIB) \
+	@echo "building the shim, with its CUDA kernels from shim/kernels/ (where the kernels' source changed, they are compiled: about 25 minutes on two cores, cached under $${NCCLSHIM_CACHE:-~/.cache/ncclshim})"
+	$(WITH_KERNELS) NCCL_VERSION=$(SPEC_VERSION) REAL_NCCL_LIB=$(REAL_NCCL_LIB) \
 	  $(CARGO) $(CARGO_COMMAND) --release --locked -p ncclshim -p ncclshim-cli
 	@header_dir=$$($(FETCH) $(HEADERS_VERSION) headers)/include && \
 	  rm -rf $(BUILD)/lib $(BUILD)/include $(BUILD)/bin && mkdir -p $(BUILD)/lib $(BUILD)/include $(BUILD)/bin && \
@@ -123,7 +127,7 @@ deps-test:
 
 lint:
 	$(CARGO) fmt --all -- --check
-	$(WITH_NVRTC) $(CARGO) clippy --locked --workspace --all-targets -- -D warnings
+	$(WITH_KERNELS) $(CARGO) clippy --locked --workspace --all-targets -- -D warnings
 
 test: build wheel deps-test lint gpu-check
 	$(WITH_NVRTC) NCCLSHIM_BUILD=$(BUILD) NCCLSHIM_CACHE=$${NCCLSHIM_CACHE:-$$HOME/.cache/ncclshim} \
@@ -151,6 +155,12 @@ spec-diff:
 microbench: build deps-test
 	$(WITH_NVRTC) NCCLSHIM_BUILD=$(BUILD) NCCLSHIM_CACHE=$${NCCLSHIM_CACHE:-$$HOME/.cache/ncclshim} \
 	  $(CARGO) bench --locked -p ncclshim-tests --bench forwarding
+
+# shim/kernels/: this source's kernels compiled for every built-in architecture (and the PTX),
+# to be committed with a change to the kernels' source; the packs of other source go.
+kernels:
+	$(WITH_NVRTC) NCCLSHIM_KERNELS_UPDATE=1 $(CARGO) build --release --locked -p ncclshim
+	@echo "shim/kernels/: $$(ls shim/kernels | tr '\n' ' ')"
 
 # The README's tables of variables, written from shim/src/variables.rs (a test holds them equal).
 readme:

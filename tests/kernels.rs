@@ -118,7 +118,8 @@ fn the_library_carries_ptx_for_gpus_newer_than_its_cubins() {
 /// options with the same NVRTC (`the_library_carries_every_kernel_...` checks them), are put in
 /// the cache from the library's sm_90 cubins beforehand and read from it, as a machine's later
 /// jobs read what its first compiled: all twelve compiling took about 400 s of `make test` on
-/// two cores.
+/// two cores. The two compiled here are the library's own, byte for byte (NVRTC's output depends
+/// on nothing else).
 #[test]
 fn the_kernels_compile_at_run_time() {
     let nvrtc = fetched("gen/fetch-nvrtc.sh", &[]);
@@ -146,6 +147,16 @@ fn the_kernels_compile_at_run_time() {
     }
     let cubins = compile_with_nvrtc(arch).unwrap_or_else(|e| panic!("{e}"));
     check_cubins(&cubins, arch);
+    // The library's own are these, byte for byte: the kernels it carries (shim/kernels/,
+    // committed) are this source as this NVRTC compiles it.
+    for (k, dtype) in DataType::ALL.iter().enumerate() {
+        if compiled_here.contains(dtype) {
+            assert!(
+                cubins[k] == built.images[k],
+                "{dtype:?}: the library's sm_90 kernels are not this source's: `make kernels`"
+            );
+        }
+    }
     // The two compiled here were cached beside the ten put there, one per type.
     let cached = std::fs::read_dir(cache.join("kernels")).unwrap().count();
     assert_eq!(cached, DataType::ALL.len());

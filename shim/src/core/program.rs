@@ -207,9 +207,44 @@ fn output_of(
     }
 }
 
-/// The layout of `pack`'s output: part of the cache's file names, so that a build never takes
+/// The layout of `pack`'s output: part of the packs' file names, so that a build never takes
 /// a pack of another layout.
 pub const PACK_LAYOUT: u32 = 1;
+
+/// The NVRTC release `make build` compiles the kernels with (gen/fetch-nvrtc.sh fetches it), as
+/// `nvrtc_version` reads it: the packs committed in `shim/kernels/` are its.
+pub const BUILD_NVRTC: (i32, i32) = (12, 9);
+
+/// What a pack holds: an architecture's cubins, or its PTX.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PackKind {
+    Cubins,
+    Ptx,
+}
+
+/// The file name of `arch`'s pack of `kind` as NVRTC `nvrtc` compiles it: it names what the
+/// programs are compiled from, so that a build never takes a pack of other source, options,
+/// NVRTC or layout.
+pub fn pack_name(arch: Arch, kind: PackKind, nvrtc: (i32, i32)) -> String {
+    let programs = DataType::ALL.map(|t| options(t, arch));
+    let key = fingerprint(programs.iter().map(Vec::as_slice), nvrtc);
+    let kind = match kind {
+        PackKind::Cubins => "cubins",
+        PackKind::Ptx => "ptx",
+    };
+    format!(
+        "sm_{}{}-{key:016x}.{kind}-{PACK_LAYOUT}.zst",
+        arch.0, arch.1
+    )
+}
+
+/// The packs a library carries by default, as `BUILD_NVRTC` compiles them: every built-in
+/// architecture's cubins and `PTX_ARCH`'s PTX, which `shim/kernels/` holds.
+pub fn default_packs() -> Vec<String> {
+    let cubins = BUILT_IN_ARCHS.map(|arch| pack_name(arch, PackKind::Cubins, BUILD_NVRTC));
+    let ptx = pack_name(PTX_ARCH, PackKind::Ptx, BUILD_NVRTC);
+    cubins.into_iter().chain([ptx]).collect()
+}
 
 /// One architecture's cubins (or PTX: any image per element type, in `DataType::ALL` order) as
 /// the library carries them: each one's length (u64, little-endian) then its bytes, compressed with zstd.
@@ -248,6 +283,40 @@ pub fn unpack(packed: &[u8]) -> Result<Vec<Vec<u8>>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_committed_kernels_are_this_sources() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels");
+        let mut held: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+            .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|name| name.ends_with(".zst"))
+            .collect();
+        let mut wanted = default_packs();
+        held.sort();
+        wanted.sort();
+        assert_eq!(
+            held, wanted,
+            "shim/kernels/ holds packs of other kernels: `make kernels` compiles this source's \
+             (about 25 minutes on two cores) and puts them there, to be committed"
+        );
+    }
+
+    #[test]
+    fn build_nvrtc_is_the_one_make_fetches() {
+        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../gen/fetch-nvrtc.sh");
+        let text = std::fs::read_to_string(&script).unwrap();
+        let fetched = text
+            .lines()
+            .find_map(|line| line.strip_prefix("version=${1:-"))
+            .and_then(|rest| rest.strip_suffix('}'))
+            .expect("fetch-nvrtc.sh sets version=${1:-X.Y.Z}");
+        let (major, minor) = BUILD_NVRTC;
+        assert!(
+            fetched.starts_with(&format!("{major}.{minor}.")),
+            "fetch-nvrtc.sh fetches NVRTC {fetched}, BUILD_NVRTC says {major}.{minor}"
+        );
+    }
 
     #[test]
     fn packed_cubins_come_back_whole_and_in_order() {
