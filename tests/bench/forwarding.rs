@@ -11,13 +11,23 @@
 
 use std::ffi::{c_char, c_int, c_void};
 use std::hint::black_box;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Instant;
 
 use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
 use ncclshim_tests::{calls_client_and_fake_nccl, real_library, scratch, shim_library};
 
-const CALLS: u32 = 20_000_000;
 const ROUNDS: usize = 9;
+
+/// Calls per round: 20 million under `cargo bench` (`make microbench`, which passes `--bench`);
+/// under `cargo test` (`make test`) 100,000, which checks that the benchmark runs in a fraction
+/// of the time and disk (the full run's trace is about 3 GB).
+static CALLS: AtomicU32 = AtomicU32::new(100_000);
+
+/// `CALLS` now.
+fn calls_per_round() -> u32 {
+    CALLS.load(Ordering::Relaxed)
+}
 
 type GetErrorString = unsafe extern "C" fn(u32) -> *const c_char;
 type Group = unsafe extern "C" fn() -> u32;
@@ -46,10 +56,10 @@ fn per_call(mut call: impl FnMut(u32)) -> f64 {
     let mut times: Vec<f64> = (0..ROUNDS)
         .map(|_| {
             let start = Instant::now();
-            for i in 0..CALLS {
+            for i in 0..calls_per_round() {
                 call(black_box(i & 7));
             }
-            start.elapsed().as_nanos() as f64 / CALLS as f64
+            start.elapsed().as_nanos() as f64 / calls_per_round() as f64
         })
         .collect();
     times.sort_by(f64::total_cmp);
@@ -65,6 +75,10 @@ fn compare(name: &str, mut direct: impl FnMut(u32), mut through_shim: impl FnMut
 }
 
 fn main() {
+    let full = std::env::args().any(|a| a == "--bench");
+    if full {
+        CALLS.store(20_000_000, Ordering::Relaxed);
+    }
     if let Some(fake) = std::env::args().nth(1).filter(|a| a != "--bench") {
         return operations(std::path::Path::new(&fake));
     }
@@ -83,6 +97,7 @@ fn main() {
         println!("\noperations, {setting}:");
         let status = std::process::Command::new(std::env::current_exe().unwrap())
             .arg(&fake)
+            .args(full.then_some("--bench"))
             .env("NCCLSHIM_REAL_NCCL", &fake)
             .envs(env)
             .status()
@@ -190,7 +205,8 @@ fn calls() {
         },
     );
     println!(
-        "({ROUNDS} rounds of {CALLS} calls each, medians; real NCCL {})",
+        "({ROUNDS} rounds of {} calls each, medians; real NCCL {})",
+        calls_per_round(),
         real_path.display()
     );
 }
