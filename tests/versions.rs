@@ -11,8 +11,8 @@ use std::process::Command;
 use std::sync::Mutex;
 
 use ncclshim_tests::{
-    compile_c, defined_symbols, link_nccl, real_library, real_nccl, run, scratch, soname,
-    stdout_of, target_dir, workspace,
+    builds_target_dir, clean_command, compile_c, defined_symbols, link_nccl, real_library,
+    real_nccl, run, scratch, small_shim_build, soname, stdout_of, target_dir, workspace,
 };
 
 // The build script's choice of specs, compiled here as it is there.
@@ -397,6 +397,8 @@ fn built_once(key: String, build: impl FnOnce() -> PathBuf) -> PathBuf {
 }
 
 /// `make build NCCL_VERSION=<flavor>` into `<target>/versions/build-<flavor>`; gives that folder.
+/// Its release build neither optimises nor keeps debug information: it exports the same, in a
+/// fraction of the time.
 fn make_build(flavor: &str) -> PathBuf {
     built_once(format!("make {flavor}"), || {
         let build = versions_dir().join(format!("build-{flavor}"));
@@ -404,7 +406,9 @@ fn make_build(flavor: &str) -> PathBuf {
             .args(["--no-print-directory", "build"])
             .arg(format!("NCCL_VERSION={flavor}"))
             .arg(format!("BUILD={}", build.display()))
-            .env("CARGO_TARGET_DIR", versions_dir().join("cargo"))
+            .env("CARGO_TARGET_DIR", builds_target_dir())
+            .env("CARGO_PROFILE_RELEASE_OPT_LEVEL", "0")
+            .env("CARGO_PROFILE_RELEASE_DEBUG", "0")
             .current_dir(workspace())
             .output()
             .expect("make runs");
@@ -413,45 +417,22 @@ fn make_build(flavor: &str) -> PathBuf {
     })
 }
 
-/// The shim for one spec, built with cargo alone (no headers to fetch); gives the library. A
-/// debug build without debug information or kernels: it exports what a release build does, in a
-/// few seconds (each spec's build compiles the shim again) and a third of the space.
+/// The shim for one spec, built with cargo alone (no headers to fetch, `small_shim_build`);
+/// gives the library.
 fn shim_of_spec(version: &str) -> PathBuf {
     built_once(format!("cargo {version}"), || {
-        let target = versions_dir().join("cargo");
-        let out = clean_command(env!("CARGO"))
-            .args(["build", "--locked", "-p", "ncclshim"])
+        let (mut build, built) = small_shim_build();
+        let out = build
             .env("NCCL_VERSION", version)
-            .env("CARGO_PROFILE_DEV_DEBUG", "0")
-            .env("NCCLSHIM_KERNEL_ARCHS", "none")
-            .env("CARGO_TARGET_DIR", &target)
-            .current_dir(workspace())
             .output()
             .expect("cargo runs");
         assert_success(&out, &format!("building the shim for NCCL {version}"));
         let libs = versions_dir().join("libs");
         std::fs::create_dir_all(&libs).unwrap();
         let library = libs.join(format!("libnccl.so.{version}"));
-        std::fs::copy(target.join("debug/libnccl.so"), &library).unwrap();
+        std::fs::copy(built, &library).unwrap();
         library
     })
-}
-
-/// A command without what an outer `make` or `make build` would pass down: its jobserver, and the
-/// variables that choose what the shim is built for.
-fn clean_command(program: &str) -> Command {
-    let mut command = Command::new(program);
-    for var in [
-        "MAKEFLAGS",
-        "MFLAGS",
-        "MAKELEVEL",
-        "CARGO_MAKEFLAGS",
-        "NCCL_VERSION",
-        "REAL_NCCL_LIB",
-    ] {
-        command.env_remove(var);
-    }
-    command
 }
 
 /// `ncclshim-gen`, run by cargo as `tests/spec_regeneration.rs` does.

@@ -71,6 +71,45 @@ pub fn target_dir() -> PathBuf {
         .map_or_else(|| workspace().join("target"), Path::to_path_buf)
 }
 
+/// The cargo target folder of the tests' own builds of the shim (tests/versions.rs and
+/// tests/locating.rs): one, so that what they share compiles once.
+pub fn builds_target_dir() -> PathBuf {
+    target_dir().join("versions/cargo")
+}
+
+/// A command without what an outer `make` or `make build` would pass down: its jobserver, and the
+/// variables that choose what the shim is built for.
+pub fn clean_command(program: &str) -> Command {
+    let mut command = Command::new(program);
+    for var in [
+        "MAKEFLAGS",
+        "MFLAGS",
+        "MAKELEVEL",
+        "CARGO_MAKEFLAGS",
+        "NCCL_VERSION",
+        "REAL_NCCL_LIB",
+    ] {
+        command.env_remove(var);
+    }
+    command
+}
+
+/// `cargo build -p ncclshim` as the tests build the library to look at what it exports or how it
+/// finds NCCL, and where the library will be: a debug build without debug information or
+/// kernels, in `builds_target_dir()`. It exports and searches as a release build does, in a
+/// fraction of the time and space.
+pub fn small_shim_build() -> (Command, PathBuf) {
+    let target = builds_target_dir();
+    let mut command = clean_command(env!("CARGO"));
+    command
+        .args(["build", "--locked", "-p", "ncclshim"])
+        .env("CARGO_PROFILE_DEV_DEBUG", "0")
+        .env("NCCLSHIM_KERNEL_ARCHS", "none")
+        .env("CARGO_TARGET_DIR", &target)
+        .current_dir(workspace());
+    (command, target.join("debug/libnccl.so"))
+}
+
 /// A fresh folder for one test's files, `<target>/tests-scratch/<name>`.
 pub fn scratch(name: &str) -> PathBuf {
     let dir = target_dir().join("tests-scratch").join(name);
