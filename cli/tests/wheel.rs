@@ -13,10 +13,12 @@ use ncclshim_tests::{compile_c, fetched, link_nccl, real_nccl, scratch};
 /// GPU clusters commonly run (NVIDIA's NCCL wheels need 2.17).
 const NEWEST_GLIBC_ALLOWED: [u32; 2] = [2, 28];
 
-/// The newest file in `dir` whose name starts with `prefix` and ends with `.whl`.
-fn wheel_in(dir: &Path, prefix: &str) -> PathBuf {
+/// The files in `dir` whose names start with `prefix` and end with `.whl`, oldest first (none
+/// where `dir` is not there).
+fn wheels_in(dir: &Path, prefix: &str) -> Vec<PathBuf> {
     let mut wheels: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .into_iter()
+        .flatten()
         .map(|e| e.unwrap().path())
         .filter(|p| {
             let name = p.file_name().unwrap().to_string_lossy();
@@ -25,6 +27,11 @@ fn wheel_in(dir: &Path, prefix: &str) -> PathBuf {
         .collect();
     wheels.sort_by_key(|p| std::fs::metadata(p).unwrap().modified().unwrap());
     wheels
+}
+
+/// The newest file in `dir` whose name starts with `prefix` and ends with `.whl`.
+fn wheel_in(dir: &Path, prefix: &str) -> PathBuf {
+    wheels_in(dir, prefix)
         .pop()
         .unwrap_or_else(|| panic!("no {prefix}*.whl in {}", dir.display()))
 }
@@ -49,6 +56,54 @@ fn in_venv(venv: &Path, program: &str, args: &[&str], env: &[(&str, &str)]) -> O
         .output()
         .unwrap()
 }
+
+/// NVIDIA's NCCL wheel of `version`: the one the tests' fetcher kept whole (where PyPI answered
+/// no range requests), else one made in `dir` from the files it fetched from that wheel (all of
+/// `nvidia/nccl/`, laid out as there), with the wheel's name and metadata: pip installs the same
+/// files from it, without the wheel's 300 MB downloaded again.
+fn nvidia_nccl_wheel(version: &str, dir: &Path) -> PathBuf {
+    let nccl = real_nccl(version);
+    let kept = nccl.ancestors().nth(3).unwrap().join("wheels");
+    let prefix = format!("nvidia_nccl_cu12-{version}-");
+    if let Some(wheel) = wheels_in(&kept, &prefix).pop() {
+        return wheel;
+    }
+    let root = nccl.ancestors().nth(2).unwrap();
+    let wheel = dir.join(format!("{prefix}py3-none-manylinux2014_x86_64.whl"));
+    checked(
+        Command::new("python3")
+            .args(["-c", MAKE_WHEEL])
+            .arg(root)
+            .arg(&wheel)
+            .arg(version)
+            .output()
+            .unwrap(),
+        "making NVIDIA's NCCL wheel from its fetched files",
+    );
+    wheel
+}
+
+/// python3 -c MAKE_WHEEL ROOT WHEEL VERSION: `ROOT/nvidia/` and a dist-info into WHEEL, stored
+/// (not compressed: it is installed once, then removed).
+const MAKE_WHEEL: &str = r#"
+import base64, hashlib, os, sys, zipfile
+root, wheel, version = sys.argv[1:4]
+info = f"nvidia_nccl_cu12-{version}.dist-info"
+records = []
+def add(z, name, data):
+    z.writestr(name, data)
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    records.append(f"{name},sha256={digest},{len(data)}")
+with zipfile.ZipFile(wheel, "w", zipfile.ZIP_STORED) as z:
+    for folder, _, files in sorted(os.walk(os.path.join(root, "nvidia"))):
+        for file in sorted(files):
+            path = os.path.join(folder, file)
+            with open(path, "rb") as f:
+                add(z, os.path.relpath(path, root), f.read())
+    add(z, f"{info}/METADATA", f"Metadata-Version: 2.1\nName: nvidia-nccl-cu12\nVersion: {version}\n".encode())
+    add(z, f"{info}/WHEEL", b"Wheel-Version: 1.0\nGenerator: ncclshim-tests\nRoot-Is-Purelib: true\nTag: py3-none-manylinux2014_x86_64\n")
+    z.writestr(f"{info}/RECORD", "\n".join(records + [f"{info}/RECORD,,"]) + "\n")
+"#;
 
 /// The wheel `make wheel` left in NCCLSHIM_WHEEL_DIR.
 fn built_wheel() -> PathBuf {
@@ -187,12 +242,9 @@ fn the_wheel_is_tagged_for_the_old_glibc_its_files_need() {
 #[test]
 fn the_wheel_installs_with_pip_and_finds_nccl_in_its_environment() {
     let ours = built_wheel();
-    // NVIDIA's NCCL 2.28.9 wheel, as the tests' fetcher keeps it.
-    let nccl = real_nccl("2.28.9");
-    let cache = nccl.ancestors().nth(3).unwrap().join("wheels");
-    let nvidia = wheel_in(&cache, "nvidia_nccl_cu12-2.28.9-");
-
     let scratch = scratch("cli-wheel");
+    let nccl = real_nccl("2.28.9");
+    let nvidia = nvidia_nccl_wheel("2.28.9", &scratch);
     let venv = scratch.join("venv");
     let _ = std::fs::remove_dir_all(&venv);
     checked(
@@ -272,7 +324,7 @@ fn the_wheel_installs_with_pip_and_finds_nccl_in_its_environment() {
         )),
         "{out}"
     );
-    // The environment holds a copy of NVIDIA's NCCL (about 450 MB in all): kept only where the
-    // test failed.
-    let _ = std::fs::remove_dir_all(&venv);
+    // The environment holds a copy of NVIDIA's NCCL (about 450 MB in all), as may the wheel
+    // made of it: kept only where the test failed.
+    let _ = std::fs::remove_dir_all(&scratch);
 }
