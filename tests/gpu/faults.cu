@@ -18,9 +18,9 @@
 //                        abort returns, the process exits, and a new pair of processes
 //                        all-reduces right on the same GPUs.
 //   leak-one-process     N create/all-reduce/destroy cycles (ncclCommInitAll) in one process,
-//   leak-procs           and with one process per GPU (ncclCommInitRank): host RSS, GPU memory
-//                        in use, threads, file descriptors and the shim's own device buffers and
-//                        peer mappings (read from its INFO line at each release, in
+//   leak-procs           and with one process per GPU (ncclCommInitRank): host RSS (and the heap
+//                        in use), GPU memory in use, threads, file descriptors and the shim's own
+//                        device buffers and peer mappings (read from its INFO line at each release, in
 //                        NCCL_DEBUG_FILE) printed at cycles 0, 1, 10, 100, 1k, 10k and the last,
 //                        and checked flat from cycle 10 on. --budget ends the cycles early.
 //   leak-split-one-process, leak-split-procs: the same, each communicator split from one made
@@ -30,6 +30,7 @@
 #include <cuda_runtime.h>
 #include <dirent.h>
 #include <dlfcn.h>
+#include <malloc.h>
 #include <nccl.h>
 #include <pthread.h>
 #include <signal.h>
@@ -481,7 +482,7 @@ static int kill_rank() {
 // --- Leaks: cycles of create, all-reduce, destroy ---
 
 struct Stats {
-  long rss_kib, gpu_used_mib, threads, fds, core_buffers, core_mappings;
+  long rss_kib, heap_kib, gpu_used_mib, threads, fds, core_buffers, core_mappings;
 };
 
 static long count_entries(const char* dir) {
@@ -534,6 +535,10 @@ static void memory(int device, long* rss_kib, long* gpu_used_mib) {
 static Stats stats(int device) {
   Stats s;
   memory(device, &s.rss_kib, &s.gpu_used_mib);
+  // What malloc has handed out and not had back: where RSS grows and this does not, the growth
+  // is the heap's fragments, not a leak.
+  struct mallinfo2 heap = mallinfo2();
+  s.heap_kib = (long)((heap.uordblks + heap.hblkhd) / 1024);
   s.threads = count_entries("/proc/self/task");
   s.fds = count_entries("/proc/self/fd");
   core_resources(&s.core_buffers, &s.core_mappings);
@@ -541,9 +546,10 @@ static Stats stats(int device) {
 }
 
 static void print_stats(const char* name, int rank, long cycle, Stats s) {
-  printf("STATS %s rank %d cycle %ld: rss %ld KiB, GPU %d in use %ld MiB, threads %ld, fds %ld, core buffers %ld, "
-         "peer mappings %ld\n",
-         name, rank, cycle, s.rss_kib, rank, s.gpu_used_mib, s.threads, s.fds, s.core_buffers, s.core_mappings);
+  printf("STATS %s rank %d cycle %ld: rss %ld KiB, heap in use %ld KiB, GPU %d in use %ld MiB, threads %ld, fds %ld, "
+         "core buffers %ld, peer mappings %ld\n",
+         name, rank, cycle, s.rss_kib, s.heap_kib, rank, s.gpu_used_mib, s.threads, s.fds, s.core_buffers,
+         s.core_mappings);
   fflush(stdout);
 }
 
