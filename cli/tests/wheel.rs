@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use ncclshim_tests::{compile_c, fetched, link_nccl, real_nccl, scratch};
+use ncclshim_tests::{compile_c, fetched, link_nccl, real_nccl, scratch, workspace};
 
 /// The newest glibc the wheel may need: RHEL 8's and its rebuilds', the oldest of the systems
 /// GPU clusters commonly run (NVIDIA's NCCL wheels need 2.17).
@@ -76,6 +76,7 @@ fn nvidia_nccl_wheel(version: &str, dir: &Path) -> PathBuf {
             .arg(root)
             .arg(&wheel)
             .arg(version)
+            .arg(workspace().join("gen/make-wheel.py"))
             .output()
             .unwrap(),
         "making NVIDIA's NCCL wheel from its fetched files",
@@ -83,17 +84,20 @@ fn nvidia_nccl_wheel(version: &str, dir: &Path) -> PathBuf {
     wheel
 }
 
-/// python3 -c MAKE_WHEEL ROOT WHEEL VERSION: `ROOT/nvidia/` and a dist-info into WHEEL, stored
-/// (not compressed: it is installed once, then removed).
+/// python3 -c MAKE_WHEEL ROOT WHEEL VERSION MAKE_WHEEL_PY: `ROOT/nvidia/` and a dist-info into
+/// WHEEL, stored (not compressed: it is installed once, then removed), its RECORD written as
+/// gen/make-wheel.py (MAKE_WHEEL_PY) writes ours.
 const MAKE_WHEEL: &str = r#"
-import base64, hashlib, os, sys, zipfile
-root, wheel, version = sys.argv[1:4]
+import importlib.util, os, sys, zipfile
+root, wheel, version, make_wheel_py = sys.argv[1:5]
+spec = importlib.util.spec_from_file_location("make_wheel", make_wheel_py)
+make_wheel = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(make_wheel)
 info = f"nvidia_nccl_cu12-{version}.dist-info"
 records = []
 def add(z, name, data):
     z.writestr(name, data)
-    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-    records.append(f"{name},sha256={digest},{len(data)}")
+    records.append(make_wheel.record_line(name, data))
 with zipfile.ZipFile(wheel, "w", zipfile.ZIP_STORED) as z:
     for folder, _, files in sorted(os.walk(os.path.join(root, "nvidia"))):
         for file in sorted(files):
