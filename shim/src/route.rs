@@ -23,18 +23,41 @@ unsafe fn blocking(config: *const ncclConfig_t) -> bool {
     config.is_null() || unsafe { (*config).blocking } != 0
 }
 
+/// The bytes of `ids`, which name a communicator alike on every rank.
+///
+/// # Safety
+/// `ids` points to `count` unique ids (or is NULL).
+unsafe fn id_bytes(ids: *const ncclUniqueId, count: c_int) -> Vec<u8> {
+    match usize::try_from(count) {
+        Ok(count) if !ids.is_null() => {
+            let len = count * size_of::<ncclUniqueId>();
+            // SAFETY: the caller's `count` ids, plain bytes.
+            unsafe { std::slice::from_raw_parts(ids.cast::<u8>(), len) }.to_vec()
+        }
+        _ => Vec::new(),
+    }
+}
+
 /// Hands a communicator that the real NCCL just created (or, nonblocking, is creating) to the
-/// core.
+/// core, with where this rank signed in before NCCL's init (`core::sign_in`; dropped, it
+/// withdraws).
 ///
 /// # Safety
 /// `comm` is NULL or points to the handle the real NCCL wrote.
-unsafe fn created(result: ncclResult_t, comm: *mut ncclComm_t, blocking: bool) -> ncclResult_t {
+unsafe fn created(
+    result: ncclResult_t,
+    comm: *mut ncclComm_t,
+    blocking: bool,
+    arrival: Option<core::Arrival>,
+) -> ncclResult_t {
     if comm.is_null() {
         return result;
     }
     if blocking && result == ncclSuccess {
         // SAFETY: the real NCCL wrote it.
-        core::created(&[unsafe { *comm }]);
+        let comm = unsafe { *comm };
+        core::arrived(comm, arrival);
+        core::created(&[comm]);
     } else if !blocking && (result == ncclSuccess || result == ncclInProgress) {
         // SAFETY: as above (NULL until done for a split).
         core::created_nonblocking(unsafe { *comm });
@@ -116,11 +139,9 @@ impl Route for Router {
     ) -> ncclResult_t {
         // SAFETY: the caller's arguments, unchanged; then the handle NCCL wrote.
         unsafe {
-            created(
-                real::ncclCommInitRank(comm, nranks, comm_id, rank),
-                comm,
-                true,
-            )
+            let arrival = core::sign_in(&id_bytes(&comm_id, 1), nranks, rank);
+            let result = real::ncclCommInitRank(comm, nranks, comm_id, rank);
+            created(result, comm, true, arrival)
         }
     }
 
@@ -133,8 +154,12 @@ impl Route for Router {
     ) -> ncclResult_t {
         // SAFETY: as above; the config NCCL accepted.
         unsafe {
+            let blocking = blocking(config);
+            let arrival = blocking
+                .then(|| core::sign_in(&id_bytes(&comm_id, 1), nranks, rank))
+                .flatten();
             let result = real::ncclCommInitRankConfig(comm, nranks, comm_id, rank, config);
-            created(result, comm, blocking(config))
+            created(result, comm, blocking, arrival)
         }
     }
 
@@ -143,11 +168,20 @@ impl Route for Router {
         ndev: c_int,
         devlist: *const c_int,
     ) -> ncclResult_t {
-        // SAFETY: the caller's arguments; on success NCCL wrote `ndev` handles.
+        // SAFETY: the caller's arguments; on success NCCL wrote `ndev` handles, rank i's at i.
         unsafe {
+            // Its ranks are this process's: they meet in shared memory under a name of their own.
+            let id = core::new_id();
+            let arrivals: Vec<_> = (0..ndev)
+                .map(|rank| core::sign_in(&id, ndev, rank))
+                .collect();
             let result = real::ncclCommInitAll(comms, ndev, devlist);
             if result == ncclSuccess && !comms.is_null() && ndev > 0 {
-                core::created(std::slice::from_raw_parts(comms, ndev as usize));
+                let made = std::slice::from_raw_parts(comms, ndev as usize);
+                made.iter()
+                    .zip(arrivals)
+                    .for_each(|(&c, a)| core::arrived(c, a));
+                core::created(made);
             }
             result
         }
@@ -184,8 +218,12 @@ impl Route for Router {
         ) -> ncclResult_t {
             // SAFETY: as above.
             unsafe {
+                let blocking = blocking(config);
+                let arrival = blocking
+                    .then(|| core::sign_in(&id_bytes(comm_ids, n_id), nranks, myrank))
+                    .flatten();
                 let result = real::ncclCommInitRankScalable(newcomm, nranks, myrank, n_id, comm_ids, config);
-                created(result, newcomm, blocking(config))
+                created(result, newcomm, blocking, arrival)
             }
         }
     });

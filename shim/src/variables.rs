@@ -72,7 +72,7 @@ pub const CORE: &[Variable] = &[
     row(
         "NCCLSHIM_CORE",
         "`1`",
-        "`0`: no core (everything forwards; the ranks still compare settings when a communicator is set up: two small all-gathers through NCCL). `force`: every call the core can take: all-reduces of any size, the other collectives as far as the core's staging holds them (32 MiB)",
+        "`0`: no core (everything forwards; the ranks still compare settings when a communicator is set up: two small exchanges, in shared memory or through NCCL). `force`: every call the core can take: all-reduces of any size, the other collectives as far as the core's staging holds them (32 MiB)",
     ),
     row(
         "NCCLSHIM_MAX_BYTES",

@@ -158,6 +158,10 @@ collectives() {
     [[ $name == *split* ]] && [ "${core%/*}" != $((n + children)) ] && status=1
     [[ $name == *split* && $name != nonblocking* ]] &&
       [ "$(grep -c 'core on for comm.* on its parent' "$log")" != "$children" ] && status=1
+    # Blocking communicators whose ranks are all on this host meet in shared memory, not through
+    # NCCL (nonblocking ones meet through NCCL after their first all-reduce).
+    [[ $name != nonblocking* ]] &&
+      [ "$(grep -c 'core on for comm.* through NCCL' "$log")" != 0 ] && status=1
     # Where NCCL is told not to use peer-to-peer, neither is the core.
     [[ $name == *p2p-disabled* ]] && [ "${core%/*}" != 0 ] && status=1
     # One process per GPU, direct: the peers' buffers were mapped (zero-copy) and used; with

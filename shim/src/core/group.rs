@@ -545,7 +545,10 @@ pub fn end_group(real_end: impl FnOnce() -> ncclResult_t) -> ncclResult_t {
     let (blocking, nonblocking): (Vec<_>, Vec<_>) = deferred.into_iter().partition(|d| d.blocking);
     let comms_of = |d: Vec<Deferred>| d.into_iter().map(|d| d.comm).collect::<Vec<_>>();
     // Whatever is not set up says why.
-    let left = |comm: ncclComm_t, why: String| lifecycle::declined(comm, None, &why);
+    let left = |comm: ncclComm_t, why: String| {
+        setup::abandon(comm);
+        lifecycle::declined(comm, None, &why)
+    };
     if real == ncclSuccess && !blocking.is_empty() {
         setup::set_up(&comms_of(blocking), true);
     } else {

@@ -30,6 +30,7 @@ mod zero_copy;
 pub use cuda::{Reading, Stopwatch};
 use observer::observer;
 pub use observer::{Observer, set_observer};
+pub use setup::Arrival;
 pub use types::Collective;
 mod watch;
 
@@ -58,6 +59,28 @@ pub fn created(comms: &[ncclComm_t]) {
         comms.into_iter().for_each(|c| group::defer_setup(c, true));
     } else {
         setup::set_up(&comms, true);
+    }
+}
+
+/// Signs this rank in where its peers on this host can meet it in shared memory, before the
+/// real NCCL's init of a blocking communicator made with the unique id(s) `id`; handed back with
+/// the communicator (`arrived`), or dropped if the init failed (setup/rendezvous.rs).
+pub fn sign_in(id: &[u8], nranks: i32, rank: i32) -> Option<Arrival> {
+    setup::sign_in(id, nranks, rank)
+}
+
+/// A name to sign in under for the ranks of a communicator that are all this process's.
+pub fn new_id() -> [u8; 8] {
+    setup::new_id()
+}
+
+/// The blocking communicator `comm` was made after this rank signed in with `arrival`: its
+/// set-up meets there. Before `created`.
+pub fn arrived(comm: ncclComm_t, arrival: Option<Arrival>) {
+    if let Some(arrival) = arrival
+        && !comm.is_null()
+    {
+        setup::hold(comm, arrival);
     }
 }
 
@@ -359,6 +382,7 @@ pub fn async_error(comm: ncclComm_t, real: ncclResult_t) -> ncclResult_t {
 /// The communicator is going away (ncclCommDestroy, or ncclCommAbort with `abort`): release its
 /// core, never hanging.
 pub fn destroyed(comm: ncclComm_t, abort: bool) {
+    setup::abandon(comm);
     if let Some(core) = lifecycle::forget(comm) {
         release(comm, core, abort);
     }

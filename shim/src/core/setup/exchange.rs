@@ -1,10 +1,12 @@
 //! The communicators being set up by this thread (`Candidate`), and the exchange of their ranks'
-//! records through the real NCCL's all-gather where their ranks meet: on each communicator
-//! itself, or, for a child of ncclCommSplit, on its parent (`Meeting`).
+//! records: in shared memory where every rank is on this host (`Place`), else through the real
+//! NCCL's all-gather where their ranks meet: on each communicator itself, or, for a child of
+//! ncclCommSplit, on its parent (`Meeting`).
 
 use std::ffi::c_void;
 
 use super::agreement::RECORD_BYTES;
+use super::rendezvous::Place;
 use crate::core::comm::Parts;
 use crate::core::cuda::{self, Cuda, Device, DeviceBuffer, OwnedStream};
 use crate::ffi::{cudaStream_t, ncclComm_t, ncclInProgress, ncclResult_t, ncclSuccess, ncclUint8};
@@ -21,8 +23,10 @@ pub(super) struct Candidate {
     pub(super) meeting: Meeting,
     /// Which of the meeting's communicators it is (the split's color; 0 on its own).
     pub(super) color: i32,
-    /// Where the exchanges happen; `None` if even that could not be had.
+    /// Where the exchanges happen through NCCL; `None` if even that could not be had.
     pub(super) exchange: Option<Exchange>,
+    /// Where they happen instead, in shared memory, if every rank signed in there.
+    pub(super) place: Option<Place>,
     pub(super) parts: Option<Parts>,
     pub(super) why_not: Option<String>,
 }
@@ -60,21 +64,28 @@ pub(super) fn exchange_space(ordinal: i32, nranks: usize) -> Cuda<Exchange> {
     })
 }
 
-/// One all-gather of `payloads[i]` (equal lengths) per candidate on its meeting, grouped,
-/// through the real NCCL; the gathered bytes (a payload per rank of the meeting), or `None`
-/// where it failed.
+/// One all-gather of `payloads[i]` (equal lengths) per candidate on its meeting: in shared
+/// memory where it has a place there, else grouped through the real NCCL; the gathered bytes (a
+/// payload per rank of the meeting), or `None` where it failed.
 pub(super) fn all_gather(candidates: &[Candidate], payloads: &[Vec<u8>]) -> Vec<Option<Vec<u8>>> {
     let len = payloads.first().map_or(0, Vec::len);
     assert!(len <= RECORD_BYTES && payloads.iter().all(|p| p.len() == len));
+    // Published before NCCL's all-gathers, which wait for peers that may be waiting here next.
+    let published: Vec<bool> = candidates
+        .iter()
+        .zip(payloads)
+        .map(|(c, payload)| c.place.as_ref().is_some_and(|p| p.publish(payload)))
+        .collect();
     let staged: Vec<bool> = candidates
         .iter()
         .zip(payloads)
         .map(|(c, payload)| {
-            c.exchange.as_ref().is_some_and(|x| {
-                let _context = x.device.enter();
-                let at = x.buffer.pointer + (c.meeting.rank * len) as u64;
-                x.stream.copy_to_device(at, payload).is_ok()
-            })
+            c.place.is_none()
+                && c.exchange.as_ref().is_some_and(|x| {
+                    let _context = x.device.enter();
+                    let at = x.buffer.pointer + (c.meeting.rank * len) as u64;
+                    x.stream.copy_to_device(at, payload).is_ok()
+                })
         })
         .collect();
     let issued = || {
@@ -109,7 +120,11 @@ pub(super) fn all_gather(candidates: &[Candidate], payloads: &[Vec<u8>]) -> Vec<
     candidates
         .iter()
         .zip(staged)
-        .map(|(c, staged)| {
+        .zip(published)
+        .map(|((c, staged), published)| {
+            if let Some(place) = &c.place {
+                return published.then(|| place.collect(len)).flatten();
+            }
             let x = c.exchange.as_ref()?;
             if !(staged && launched) {
                 return None;

@@ -1,7 +1,8 @@
 //! Setting up the core of new communicators. What ranks need of each other (host, process,
-//! device, buffer and its CUDA IPC handle) goes through the real NCCL as an all-gather, on the
-//! communicator itself or, for a blocking parent's split children, on the parent: no bootstrap
-//! of our own. Every rank takes part in both exchanges
+//! device, buffer and its CUDA IPC handle) goes through shared memory where every rank of a new
+//! communicator is on this host (`rendezvous`), else through the real NCCL as an all-gather, on
+//! the communicator itself or, for a blocking parent's split children, on the parent: no
+//! bootstrap of our own. Every rank takes part in both exchanges
 //! whatever happened locally (a local failure is a "no"), and the core is enabled only if every
 //! rank's verdict, gathered in the second exchange, is yes: the same decision on every rank.
 //! What a rank says and what the ranks must have alike: `agreement`; the exchange through NCCL:
@@ -24,11 +25,24 @@ mod agreement;
 mod exchange;
 mod identity;
 mod peers;
+mod rendezvous;
 
 use agreement::*;
 pub use exchange::settle;
 use exchange::*;
 use peers::*;
+pub use rendezvous::{Arrival, hold, sign_in};
+
+/// A name for a communicator whose ranks are all this process's (ncclCommInitAll), unlike any
+/// other's.
+pub fn new_id() -> [u8; 8] {
+    identity::nonce().to_le_bytes()
+}
+
+/// Lets go of `comm`'s arrival, where it will not be set up (its peers stop waiting for it).
+pub fn abandon(comm: ncclComm_t) {
+    drop(rendezvous::take(comm));
+}
 
 /// Sets up the core for `comms` (all driven by this thread, e.g. those of one group; blocking or
 /// nonblocking ones, as NCCL allows no group of both), after the real NCCL has initialised them
@@ -89,6 +103,7 @@ fn with_candidates(
 ) {
     if !cuda_ready() {
         for comm in comms {
+            abandon(comm);
             lifecycle::declined(comm, None, "CUDA cannot be used in this process");
         }
         return;
@@ -200,6 +215,8 @@ fn describe(comm: ncclComm_t) -> Option<(usize, usize, i32)> {
 /// Asks the real NCCL about the communicator (and about `parent`, where its ranks meet there)
 /// and sets up this rank's side.
 fn prepare(comm: ncclComm_t, blocking: bool, parent: Option<ncclComm_t>) -> Candidate {
+    // Where every rank signed in here, they meet in shared memory whatever happens below.
+    let place = rendezvous::take(comm).and_then(Arrival::meet);
     let described = describe(comm);
     let (rank, nranks, ordinal) = described.unwrap_or_default();
     let meeting = match parent {
@@ -218,9 +235,20 @@ fn prepare(comm: ncclComm_t, blocking: bool, parent: Option<ncclComm_t>) -> Cand
         meeting: meeting.unwrap_or(Meeting { comm, rank, nranks }),
         color: 0,
         exchange: None,
+        place,
         parts: None,
         why_not: None,
     };
+    if let Some(place) = &candidate.place
+        && (place.rank(), place.nranks()) != (rank, nranks)
+    {
+        candidate.why_not = Some(format!(
+            "NCCL made it rank {rank} of {nranks}, not rank {} of {} as asked",
+            place.rank(),
+            place.nranks()
+        ));
+        return candidate;
+    }
     if described.is_none() || meeting.is_none() {
         candidate.why_not = Some("the real NCCL could not describe the communicator".into());
         return candidate;
@@ -267,6 +295,7 @@ fn childless(parent: ncclComm_t) -> Candidate {
         },
         color: 0,
         exchange: None,
+        place: None,
         parts: None,
         why_not: Some("no child of this rank's".into()),
     };
@@ -485,9 +514,13 @@ fn finish(
                 phases.started.elapsed().as_secs_f64(),
                 phases.own,
                 phases.exchange,
-                match candidate.meeting.comm == candidate.comm {
-                    true => "",
-                    false => " on its parent",
+                match (
+                    candidate.place.is_some(),
+                    candidate.meeting.comm == candidate.comm
+                ) {
+                    (true, _) => " in shared memory",
+                    (false, true) => " through NCCL",
+                    (false, false) => " on its parent",
                 },
                 phases.peers,
                 phases.verdicts,
@@ -572,6 +605,7 @@ mod tests {
             },
             color,
             exchange: None,
+            place: None,
             parts: None,
             why_not: None,
         }

@@ -1,0 +1,467 @@
+//! Where every rank of a new communicator runs on this host (and shares its `/dev/shm`), the
+//! ranks exchange their set-up through a small shared-memory segment named after the
+//! communicator's unique id, not through an all-gather of the real NCCL's: that all-gather is
+//! where NCCL connects its ranks (a tenth of a second between processes), which it then does only
+//! if a call of the communicator goes to it, as it would without the shim.
+//!
+//! Each rank signs in (`sign_in`) before the real NCCL's init, and NCCL's init returns on no rank
+//! before every rank has entered it: after it, every rank of this host counts the same signatures
+//! (`Arrival::meet`): all of them where every rank signed in here, fewer where any is elsewhere
+//! (another host, another `/dev/shm`, or a rank that could not sign in), and then every rank
+//! exchanges through NCCL as before. The same choice on every rank, from what every rank sees.
+//! A rank that signed in but whose init failed, or that finds a peer's process gone, withdraws:
+//! its peers stop waiting for it and decline the core.
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::core::fnv::Fnv;
+use crate::core::limits::MAX_RANKS;
+use crate::ffi::ncclComm_t;
+use crate::log::log_info;
+
+/// The most bytes a rank publishes in one exchange.
+pub const PAYLOAD_BYTES: usize = super::agreement::RECORD_BYTES;
+/// How many exchanges a set-up makes: the records, then the verdicts.
+const EXCHANGES: usize = 2;
+
+/// Where a rank's slot stands: signed in, then one more for each exchange published.
+const SIGNED: u32 = 1;
+/// The rank gave up: its peers decline.
+const WITHDRAWN: u32 = u32::MAX;
+
+/// One rank's place in the segment.
+#[repr(C)]
+struct Slot {
+    state: AtomicU32,
+    pid: u32,
+    /// The inode of the rank's pid namespace: a pid means something only in the same one.
+    pid_namespace: u64,
+    payloads: [[u8; PAYLOAD_BYTES]; EXCHANGES],
+}
+
+const SEGMENT_BYTES: usize = MAX_RANKS * size_of::<Slot>();
+
+/// This process's shared mapping of a segment; unmapped when dropped.
+struct Segment {
+    base: *mut Slot,
+}
+
+// SAFETY: the mapping is shared memory; slots are written by their own rank only and published
+// through `state`'s atomics.
+unsafe impl Send for Segment {}
+
+impl Segment {
+    /// Opens (or creates) the segment `name`.
+    fn open(name: &CString) -> Result<Segment, String> {
+        // SAFETY: a NUL-terminated name; the descriptor is closed below.
+        let fd = unsafe {
+            libc::shm_open(
+                name.as_ptr(),
+                libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC,
+                0o600,
+            )
+        };
+        if fd < 0 {
+            return Err(format!("shm_open: {}", std::io::Error::last_os_error()));
+        }
+        // Every rank sizes it alike; a size already set keeps what was written.
+        // SAFETY: our descriptor.
+        let sized = unsafe { libc::ftruncate(fd, SEGMENT_BYTES as libc::off_t) } == 0;
+        let error = std::io::Error::last_os_error();
+        // SAFETY: as above; a shared mapping of the segment's bytes, or MAP_FAILED.
+        let base = match sized {
+            true => unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    SEGMENT_BYTES,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED,
+                    fd,
+                    0,
+                )
+            },
+            false => libc::MAP_FAILED,
+        };
+        let error = if sized {
+            std::io::Error::last_os_error()
+        } else {
+            error
+        };
+        // SAFETY: our descriptor; the mapping outlives it.
+        unsafe { libc::close(fd) };
+        if base == libc::MAP_FAILED {
+            return Err(format!("mapping the segment: {error}"));
+        }
+        Ok(Segment { base: base.cast() })
+    }
+
+    /// `rank`'s slot. Only its own rank writes it, and only through this pointer's places (never
+    /// a reference to the whole slot, which its peers read meanwhile).
+    fn slot(&self, rank: usize) -> *mut Slot {
+        assert!(rank < MAX_RANKS);
+        // SAFETY: within the mapping, which lives as long as `self`.
+        unsafe { self.base.add(rank) }
+    }
+
+    fn state(&self, rank: usize) -> &AtomicU32 {
+        // SAFETY: a slot of the mapping; the state is only ever used atomically.
+        unsafe { &(*self.slot(rank)).state }
+    }
+
+    /// The pid and pid namespace `rank` signed in with (read once its state says so).
+    fn process(&self, rank: usize) -> (u32, u64) {
+        let slot = self.slot(rank);
+        // SAFETY: written before the state that published them.
+        unsafe { ((*slot).pid, (*slot).pid_namespace) }
+    }
+
+    /// `len` bytes of `rank`'s payload of exchange `exchange` (once published).
+    fn payload(&self, rank: usize, exchange: usize, len: usize) -> &[u8] {
+        // SAFETY: within the slot; written before the state that published it, and not after.
+        unsafe {
+            let at = (&raw const (*self.slot(rank)).payloads[exchange]).cast::<u8>();
+            std::slice::from_raw_parts(at, len.min(PAYLOAD_BYTES))
+        }
+    }
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        // SAFETY: the mapping `open` made.
+        unsafe { libc::munmap(self.base.cast(), SEGMENT_BYTES) };
+    }
+}
+
+/// A rank signed in to its communicator's segment, before the real NCCL's init. Dropped before
+/// `meet`, it withdraws.
+pub struct Arrival {
+    segment: Segment,
+    name: CString,
+    rank: usize,
+    nranks: usize,
+    met: bool,
+}
+
+/// Signs rank `rank` of `nranks` in to the segment of the communicator made with `id` (its
+/// unique ids' bytes), before the real NCCL's init; `None` where it could not (it then counts as
+/// elsewhere, and its peers exchange through NCCL) or where the core could not take so many
+/// ranks (then every rank's choice is NCCL's).
+pub fn sign_in(id: &[u8], nranks: i32, rank: i32) -> Option<Arrival> {
+    let nranks = usize::try_from(nranks)
+        .ok()
+        .filter(|n| (2..=MAX_RANKS).contains(n))?;
+    let rank = usize::try_from(rank).ok().filter(|&r| r < nranks)?;
+    let name = segment_name(id, nranks, rank);
+    let segment = Segment::open(&name)
+        .map_err(|e| log_info!("set-up through NCCL: {e}"))
+        .ok()?;
+    if segment.state(rank).load(Ordering::Acquire) != 0 {
+        return None;
+    }
+    let slot = segment.slot(rank);
+    // SAFETY: this rank's own slot, published by the state below.
+    unsafe {
+        (*slot).pid = std::process::id();
+        (*slot).pid_namespace = pid_namespace();
+    }
+    segment.state(rank).store(SIGNED, Ordering::Release);
+    Some(Arrival {
+        segment,
+        name,
+        rank,
+        nranks,
+        met: false,
+    })
+}
+
+/// The segment's name: the ids and the number of ranks, and how many communicators this rank of
+/// this process made before with the same ones (a unique id used again, once the last is done).
+fn segment_name(id: &[u8], nranks: usize, rank: usize) -> CString {
+    static USES: Mutex<Option<HashMap<(u64, usize), u64>>> = Mutex::new(None);
+    let key = Fnv::new().bytes(id).word(nranks as u64).finish();
+    let mut uses = USES.lock().unwrap_or_else(|e| e.into_inner());
+    let count = uses
+        .get_or_insert_with(HashMap::new)
+        .entry((key, rank))
+        .or_insert(0);
+    let name = format!("/ncclshim-{key:016x}-{count}");
+    *count += 1;
+    CString::new(name).unwrap_or_default()
+}
+
+fn pid_namespace() -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self/ns/pid").map_or(0, |m| m.ino())
+}
+
+impl Arrival {
+    /// After the real NCCL's init returned: where every rank signed in here, the place where
+    /// they exchange; else `None` (they exchange through NCCL). The segment's name is freed: every
+    /// rank of this host has it open by now.
+    pub fn meet(mut self) -> Option<Place> {
+        self.met = true;
+        // SAFETY: a NUL-terminated name; gone already is fine.
+        unsafe { libc::shm_unlink(self.name.as_ptr()) };
+        let signed = (0..self.nranks)
+            .filter(|&r| self.segment.state(r).load(Ordering::Acquire) != 0)
+            .count();
+        (signed == self.nranks).then(|| Place {
+            arrival: self,
+            exchanges: Cell::new(0),
+        })
+    }
+
+    fn withdraw(&self) {
+        self.segment
+            .state(self.rank)
+            .store(WITHDRAWN, Ordering::Release);
+    }
+}
+
+impl Drop for Arrival {
+    fn drop(&mut self) {
+        if !self.met {
+            self.withdraw();
+            // SAFETY: as in `meet`.
+            unsafe { libc::shm_unlink(self.name.as_ptr()) };
+        }
+    }
+}
+
+/// Where every rank of a communicator exchanges its set-up in shared memory.
+pub struct Place {
+    arrival: Arrival,
+    /// How many exchanges this rank has published.
+    exchanges: Cell<usize>,
+}
+
+impl Place {
+    pub fn rank(&self) -> usize {
+        self.arrival.rank
+    }
+
+    pub fn nranks(&self) -> usize {
+        self.arrival.nranks
+    }
+
+    /// Publishes this rank's `payload` for the next exchange (at most `PAYLOAD_BYTES`); false if
+    /// the set-up makes no more.
+    pub fn publish(&self, payload: &[u8]) -> bool {
+        let exchange = self.exchanges.get();
+        if exchange >= EXCHANGES || payload.len() > PAYLOAD_BYTES {
+            return false;
+        }
+        let (segment, rank) = (&self.arrival.segment, self.arrival.rank);
+        if segment.state(rank).load(Ordering::Acquire) == WITHDRAWN {
+            return false;
+        }
+        // SAFETY: this rank's own slot; no peer reads this exchange's payload before the state
+        // below publishes it.
+        unsafe {
+            let at = (&raw mut (*segment.slot(rank)).payloads[exchange]).cast::<u8>();
+            std::ptr::copy_nonoverlapping(payload.as_ptr(), at, payload.len());
+        }
+        self.exchanges.set(exchange + 1);
+        let published = SIGNED + (exchange + 1) as u32;
+        segment.state(rank).store(published, Ordering::Release);
+        true
+    }
+
+    /// Every rank's payload of the exchange this rank last published (`len` bytes each, in rank
+    /// order), once all have published it; `None` (this rank withdrawn) where a rank withdrew or
+    /// its process is gone. Waits as long as the ranks are there: as long as NCCL's all-gather
+    /// would.
+    pub fn collect(&self, len: usize) -> Option<Vec<u8>> {
+        let exchange = self.exchanges.get().checked_sub(1)?;
+        if len > PAYLOAD_BYTES {
+            return None;
+        }
+        let wanted = SIGNED + (exchange + 1) as u32;
+        let segment = &self.arrival.segment;
+        let started = Instant::now();
+        let mut said = false;
+        let mut all = Vec::with_capacity(self.nranks() * len);
+        for rank in 0..self.nranks() {
+            let mut checked = Instant::now();
+            loop {
+                let state = segment.state(rank).load(Ordering::Acquire);
+                if state == WITHDRAWN {
+                    self.arrival.withdraw();
+                    return None;
+                }
+                if state >= wanted {
+                    break;
+                }
+                if checked.elapsed() > Duration::from_millis(100) {
+                    checked = Instant::now();
+                    let (pid, namespace) = segment.process(rank);
+                    if gone(pid, namespace) {
+                        log_info!(
+                            "set-up: rank {rank}'s process (pid {pid}) is gone; the core stays off"
+                        );
+                        self.arrival.withdraw();
+                        return None;
+                    }
+                    if !said && started.elapsed() > Duration::from_secs(10) {
+                        said = true;
+                        log_info!("set-up: still waiting for rank {rank} of {}", self.nranks());
+                    }
+                }
+                pause(started.elapsed());
+            }
+            all.extend_from_slice(segment.payload(rank, exchange, len));
+        }
+        Some(all)
+    }
+}
+
+/// Whether process `pid` of pid namespace `namespace` has ended, where this process can tell (in
+/// the same namespace).
+fn gone(pid: u32, namespace: u64) -> bool {
+    if namespace == 0 || namespace != pid_namespace() {
+        return false;
+    }
+    // SAFETY: signal 0 only checks that the process exists.
+    let result = unsafe { libc::kill(pid as libc::pid_t, 0) };
+    result != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+}
+
+/// A short wait: yielding for the first milliseconds (a set-up's peers are at most that far
+/// behind), then sleeping.
+fn pause(waited: Duration) {
+    if waited < Duration::from_millis(20) {
+        std::thread::yield_now();
+    } else {
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+/// The arrivals of communicators made but not yet set up, by handle.
+static ARRIVALS: Mutex<Vec<(usize, Arrival)>> = Mutex::new(Vec::new());
+
+/// Keeps `arrival` until `comm`'s set-up takes it.
+pub fn hold(comm: ncclComm_t, arrival: Arrival) {
+    let mut held = ARRIVALS.lock().unwrap_or_else(|e| e.into_inner());
+    held.retain(|(c, _)| *c != comm as usize);
+    held.push((comm as usize, arrival));
+}
+
+/// `comm`'s arrival, if it has one held.
+pub fn take(comm: ncclComm_t) -> Option<Arrival> {
+    let mut held = ARRIVALS.lock().unwrap_or_else(|e| e.into_inner());
+    let at = held.iter().position(|(c, _)| *c == comm as usize)?;
+    Some(held.swap_remove(at).1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unique_id(tag: &str) -> Vec<u8> {
+        let mut id = format!("{tag}-{}-", std::process::id()).into_bytes();
+        id.extend_from_slice(&crate::core::setup::identity::nonce().to_le_bytes());
+        id
+    }
+
+    /// Ranks that all signed in meet, exchange both payloads in rank order, and leave no name
+    /// behind in /dev/shm.
+    #[test]
+    fn ranks_that_all_signed_in_exchange_in_shared_memory() {
+        let id = unique_id("all");
+        let arrivals: Vec<Arrival> = (0..3).map(|r| sign_in(&id, 3, r).unwrap()).collect();
+        let name = arrivals[0].name.clone();
+        let mut places: Vec<Place> = arrivals.into_iter().map(|a| a.meet().unwrap()).collect();
+        let file = std::path::Path::new("/dev/shm").join(&name.to_str().unwrap()[1..]);
+        assert!(!file.exists(), "the name is freed once met");
+        let threads: Vec<_> = places
+            .drain(..)
+            .map(|place| {
+                std::thread::spawn(move || {
+                    let r = place.rank() as u8;
+                    assert!(place.publish(&[r, r + 10]));
+                    let records = place.collect(2).unwrap();
+                    assert!(place.publish(&[r * 2]));
+                    let verdicts = place.collect(1).unwrap();
+                    assert!(!place.publish(&[0]), "two exchanges only");
+                    (records, verdicts)
+                })
+            })
+            .collect();
+        for thread in threads {
+            let (records, verdicts) = thread.join().unwrap();
+            assert_eq!(records, [0, 10, 1, 11, 2, 12]);
+            assert_eq!(verdicts, [0, 2, 4]);
+        }
+    }
+
+    /// A rank that never signed in (elsewhere) leaves every rank here to NCCL's exchange.
+    #[test]
+    fn a_rank_elsewhere_leaves_everyone_to_nccl() {
+        let id = unique_id("elsewhere");
+        let here: Vec<Arrival> = [0, 2]
+            .iter()
+            .map(|&r| sign_in(&id, 3, r).unwrap())
+            .collect();
+        assert!(here.into_iter().all(|a| a.meet().is_none()));
+    }
+
+    /// A rank whose init failed (dropped unmet) withdraws: its peers stop waiting and fail.
+    #[test]
+    fn a_withdrawn_rank_ends_its_peers_wait() {
+        let id = unique_id("withdrawn");
+        let mut arrivals: Vec<Arrival> = (0..2).map(|r| sign_in(&id, 2, r).unwrap()).collect();
+        let failed = arrivals.pop().unwrap();
+        let place = arrivals.pop().unwrap().meet().unwrap();
+        drop(failed);
+        assert!(place.publish(&[1]));
+        assert!(place.collect(1).is_none());
+    }
+
+    /// A rank whose process ended is given up on, not waited for.
+    #[test]
+    fn a_peer_whose_process_ended_is_not_waited_for() {
+        let id = unique_id("gone");
+        let arrivals: Vec<Arrival> = (0..2).map(|r| sign_in(&id, 2, r).unwrap()).collect();
+        let mut places: Vec<Place> = arrivals.into_iter().map(|a| a.meet().unwrap()).collect();
+        let peer = places.pop().unwrap();
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        child.wait().unwrap();
+        // SAFETY: rank 1's slot, as its own rank would write it.
+        unsafe { (*peer.arrival.segment.slot(1)).pid = child.id() };
+        let started = Instant::now();
+        assert!(places[0].publish(&[1]));
+        assert!(places[0].collect(1).is_none());
+        assert!(started.elapsed() < Duration::from_secs(5));
+    }
+
+    /// The same ids give each rank a new segment each time it makes a communicator with them,
+    /// alike on every rank; other ids or sizes, other segments; too many ranks, none.
+    #[test]
+    fn names_follow_the_ids_and_their_uses() {
+        let id = unique_id("names");
+        let first = segment_name(&id, 2, 0);
+        assert_eq!(segment_name(&id, 2, 1), first, "rank 1's first use");
+        let second = segment_name(&id, 2, 0);
+        assert_ne!(second, first);
+        assert_eq!(segment_name(&id, 2, 1), second);
+        assert_ne!(segment_name(&id, 3, 0), segment_name(&id, 2, 0));
+        assert!(sign_in(&id, MAX_RANKS as i32 + 1, 0).is_none());
+        assert!(sign_in(&id, 2, 2).is_none());
+        assert!(sign_in(&id, 1, 0).is_none());
+    }
+
+    /// The hand-over table gives each communicator's arrival back once.
+    #[test]
+    fn held_arrivals_are_taken_once() {
+        let id = unique_id("held");
+        let comm = 0x5100_0000 as ncclComm_t;
+        hold(comm, sign_in(&id, 2, 0).unwrap());
+        assert!(take(comm).is_some());
+        assert!(take(comm).is_none());
+    }
+}
