@@ -125,7 +125,7 @@ deps-test:
 	@python3 -c 'import ensurepip, venv' 2>/dev/null || { \
 	  echo "installing python3-venv"; apt-get update -qq >/dev/null && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null; }
-	@for v in $(TEST_NCCL_VERSIONS); do $(FETCH) $$v >/dev/null; done
+	@for v in $(TEST_NCCL_VERSIONS); do $(FETCH) $$v host >/dev/null; done
 
 # lint and test keep no incremental state (about 0.5 GB in target/debug): it speeds the rebuild of
 # a crate after a small edit, which cargo's own commands are for.

@@ -47,9 +47,10 @@ pub fn fetched(script: &str, args: &[&str]) -> PathBuf {
 }
 
 /// NVIDIA's NCCL `version` from its PyPI wheel: the folder holding `lib/` and `include/`,
-/// fetched into the cache by `gen/fetch-nccl.sh` if it is not there yet.
+/// fetched into the cache by `gen/fetch-nccl.sh` if it is not there yet; its library without
+/// its GPU code (`host`), which no test here runs.
 pub fn real_nccl(version: &str) -> PathBuf {
-    fetched("gen/fetch-nccl.sh", &[version])
+    fetched("gen/fetch-nccl.sh", &[version, "host"])
 }
 
 /// The real `libnccl.so.2` of `version`.
