@@ -2,7 +2,7 @@
 // a result is wrong, or resources leak. Run through the shim with NCCLSHIM_CORE=force (every
 // all-reduce on the core's kernels) and a wait limit (NCCLSHIM_TIMEOUT) far above the deadlines
 // here, so that what ends a wait is the abort under test, not the limit.
-//   faults CASE [--cycles N] [--budget SECONDS]
+//   faults CASE [--cycles N] [--budget SECONDS] [--parent-all-gathers 0|1]
 // Cases:
 //   abort-while-waiting  rank 0 all-reduces alone (rank 1 never comes); another thread aborts
 //                        rank 0's communicator: the abort returns, the waiting stream finishes,
@@ -26,6 +26,9 @@
 //   leak-split-one-process, leak-split-procs: the same, each communicator split from one made
 //                        first (ncclCommSplit: the core set up and released each cycle, without
 //                        NCCL's whole init, which costs about half a second a cycle).
+//                        --parent-all-gathers 1 (one process): after each split, two grouped
+//                        all-gathers on the parents, as the shim's set-up makes there: a control
+//                        for NCCL alone.
 // Prints "PASS <case> ..." or "FAIL <case> <why>" (leak cases: "STATS" lines); exits 1 on FAIL.
 #include <cuda_runtime.h>
 #include <dirent.h>
@@ -597,7 +600,31 @@ static void flat(const char* name, int rank, Stats base, Stats last, long cycles
   }
 }
 
-static int leak_one_process(const char* name, bool split, long cycles, double budget) {
+// What the shim's set-up of split children sends on their parents: a record (1 KiB) and a
+// verdict (4 bytes) of every rank, each an all-gather grouped over the ranks, on new buffers.
+static void parent_all_gathers(ncclComm_t* parents) {
+  for (size_t bytes : {(size_t)1024, (size_t)4}) {
+    void* bufs[2];
+    cudaStream_t streams[2];
+    for (int r = 0; r < 2; r++) {
+      CUDA_CHECK(cudaSetDevice(r));
+      CUDA_CHECK(cudaMalloc(&bufs[r], 2 * bytes));
+      CUDA_CHECK(cudaStreamCreate(&streams[r]));
+    }
+    NCCL_OK(ncclGroupStart());
+    for (int r = 0; r < 2; r++)
+      NCCL_OK(ncclAllGather((char*)bufs[r] + r * bytes, bufs[r], bytes, ncclUint8, parents[r], streams[r]));
+    NCCL_OK(ncclGroupEnd());
+    for (int r = 0; r < 2; r++) {
+      CUDA_CHECK(cudaSetDevice(r));
+      CUDA_CHECK(cudaStreamSynchronize(streams[r]));
+      CUDA_CHECK(cudaFree(bufs[r]));
+      CUDA_CHECK(cudaStreamDestroy(streams[r]));
+    }
+  }
+}
+
+static int leak_one_process(const char* name, bool split, long cycles, double budget, bool parent_gathers) {
   double start = now();
   ncclComm_t parents[2];
   if (split) NCCL_OK(ncclCommInitAll(parents, 2, kDevices));
@@ -612,6 +639,7 @@ static int leak_one_process(const char* name, bool split, long cycles, double bu
       NCCL_OK(ncclGroupStart());
       for (int r = 0; r < 2; r++) NCCL_OK(ncclCommSplit(parents[r], 0, r, &comms[r], nullptr));
       NCCL_OK(ncclGroupEnd());
+      if (parent_gathers) parent_all_gathers(parents);
     } else {
       NCCL_OK(ncclCommInitAll(comms, 2, kDevices));
     }
@@ -697,14 +725,16 @@ static int leak_procs(const char* name, bool split, long cycles, double budget) 
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    fprintf(stderr, "usage: faults CASE [--cycles N] [--budget SECONDS]\n");
+    fprintf(stderr, "usage: faults CASE [--cycles N] [--budget SECONDS] [--parent-all-gathers 0|1]\n");
     return 2;
   }
   long cycles = 10000;
   double budget = 120;
+  bool parent_gathers = false;
   for (int i = 2; i + 1 < argc; i += 2) {
     if (!strcmp(argv[i], "--cycles")) cycles = atol(argv[i + 1]);
     if (!strcmp(argv[i], "--budget")) budget = atof(argv[i + 1]);
+    if (!strcmp(argv[i], "--parent-all-gathers")) parent_gathers = atoi(argv[i + 1]) != 0;
   }
   const char* c = argv[1];
   print_mapped_nccl("# ");  // no CUDA call: the forks below may still use CUDA
@@ -715,8 +745,8 @@ int main(int argc, char** argv) {
   if (!strcmp(c, "abort-while-waiting")) return abort_while_waiting();
   if (!strcmp(c, "destroy-after-revoke")) return destroy_after_revoke();
   if (!strcmp(c, "two-streams")) return two_streams();
-  if (!strcmp(c, "leak-one-process")) return leak_one_process(c, false, cycles, budget);
-  if (!strcmp(c, "leak-split-one-process")) return leak_one_process(c, true, cycles, budget);
+  if (!strcmp(c, "leak-one-process")) return leak_one_process(c, false, cycles, budget, false);
+  if (!strcmp(c, "leak-split-one-process")) return leak_one_process(c, true, cycles, budget, parent_gathers);
   fprintf(stderr, "unknown case %s\n", c);
   return 2;
 }
