@@ -10,7 +10,7 @@ use nccl::core::kernels::{
 use nccl::core::nvrtc_load;
 use nccl::core::program::{Arch, BUILT_IN_ARCHS, PTX_ARCH, kernel_name};
 use nccl::core::types::{Algorithm, DataType, Op};
-use ncclshim_tests::{fetched, target_dir};
+use ncclshim_tests::{fetched, scratch};
 
 /// One architecture's cubins: one ELF per type, for `arch`, holding exactly the kernels the core
 /// plans for that type.
@@ -126,8 +126,7 @@ fn the_kernels_compile_at_run_time() {
     // SAFETY: set before the core looks for NVRTC; the other tests here read no variable.
     unsafe { std::env::set_var("NCCLSHIM_NVRTC", &nvrtc) };
     // The disk cache must not answer for the compiler here but where this test says so.
-    let cache = target_dir().join("tests-scratch/kernel-cache");
-    let _ = std::fs::remove_dir_all(&cache);
+    let cache = scratch("kernel-cache");
     // SAFETY: as above.
     unsafe { std::env::set_var("NCCLSHIM_CACHE", &cache) };
     nvrtc_load().unwrap_or_else(|e| panic!("{e}"));

@@ -111,12 +111,44 @@ pub fn small_shim_build() -> (Command, PathBuf) {
     (command, target.join("debug/libnccl.so"))
 }
 
-/// A fresh folder for one test's files, `<target>/tests-scratch/<name>`.
-pub fn scratch(name: &str) -> PathBuf {
+/// A fresh folder for one test's files, `<target>/tests-scratch/<name>`, removed when the test
+/// passes (kept where it fails, to look into).
+pub fn scratch(name: &str) -> Scratch {
     let dir = target_dir().join("tests-scratch").join(name);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    dir
+    Scratch(dir)
+}
+
+/// A test's folder, removed when dropped unless the test is failing (panicking).
+pub struct Scratch(PathBuf);
+
+impl std::ops::Deref for Scratch {
+    type Target = PathBuf;
+
+    fn deref(&self) -> &PathBuf {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for Scratch {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<std::ffi::OsStr> for Scratch {
+    fn as_ref(&self) -> &std::ffi::OsStr {
+        self.0.as_os_str()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
 }
 
 /// Compiles the C client `tests/c/<source>` with gcc against `include` into `out`; `link` are
