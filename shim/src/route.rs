@@ -23,13 +23,18 @@ unsafe fn blocking(config: *const ncclConfig_t) -> bool {
     config.is_null() || unsafe { (*config).blocking } != 0
 }
 
-/// The bytes of `ids`, which name a communicator alike on every rank.
+/// The most unique ids whose bytes name a communicator (ncclCommInitRankScalable); more, and the
+/// ranks meet through NCCL.
+const MAX_UNIQUE_IDS: usize = 1 << 16;
+
+/// The bytes of `ids`, which name a communicator alike on every rank (none: not named).
 ///
 /// # Safety
 /// `ids` points to `count` unique ids (or is NULL).
 unsafe fn id_bytes(ids: *const ncclUniqueId, count: c_int) -> Vec<u8> {
+    // No more ids than NCCL takes ranks: NCCL checks the count only after this reads them.
     match usize::try_from(count) {
-        Ok(count) if !ids.is_null() => {
+        Ok(count) if !ids.is_null() && count <= MAX_UNIQUE_IDS => {
             let len = count * size_of::<ncclUniqueId>();
             // SAFETY: the caller's `count` ids, plain bytes.
             unsafe { std::slice::from_raw_parts(ids.cast::<u8>(), len) }.to_vec()

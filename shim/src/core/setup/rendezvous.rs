@@ -10,7 +10,9 @@
 //! (another host, another `/dev/shm`, or a rank that could not sign in), and then every rank
 //! exchanges through NCCL as before. The same choice on every rank, from what every rank sees.
 //! A rank that signed in but whose init failed, or that finds a peer's process gone, withdraws:
-//! its peers stop waiting for it and decline the core.
+//! its peers stop waiting for it and decline the core. A rank that finds its place already taken
+//! when it comes to sign in (a segment left from an id used before) voids the segment, before its
+//! init, and every rank exchanges through NCCL.
 
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -33,6 +35,13 @@ const EXCHANGES: usize = 2;
 const SIGNED: u32 = 1;
 /// The rank gave up: its peers decline.
 const WITHDRAWN: u32 = u32::MAX;
+/// A rank is signing in (its pid not written yet).
+const CLAIMING: u32 = u32::MAX - 2;
+/// A rank found its slot taken when it came to sign in (a stale segment of an id used again):
+/// written before its init, so that every rank sees it and exchanges through NCCL.
+const VOID: u32 = u32::MAX - 1;
+/// How many (ids, rank) uses a process remembers (`segment_name`).
+const REMEMBERED_USES: usize = 4096;
 
 /// One rank's place in the segment.
 #[repr(C)]
@@ -45,6 +54,8 @@ struct Slot {
 }
 
 const SEGMENT_BYTES: usize = MAX_RANKS * size_of::<Slot>();
+/// In the segment's name: builds that lay it out otherwise never open each other's.
+const SEGMENT_LAYOUT: u32 = 1;
 
 /// This process's shared mapping of a segment; unmapped when dropped.
 struct Segment {
@@ -56,7 +67,8 @@ struct Segment {
 unsafe impl Send for Segment {}
 
 impl Segment {
-    /// Opens (or creates) the segment `name`.
+    /// Opens (or creates) the segment `name`, its memory allocated (a full `/dev/shm` is an error
+    /// here, not a SIGBUS at the first touch). A name it made is unlinked again where it fails.
     fn open(name: &CString) -> Result<Segment, String> {
         // SAFETY: a NUL-terminated name; the descriptor is closed below.
         let fd = unsafe {
@@ -69,33 +81,53 @@ impl Segment {
         if fd < 0 {
             return Err(format!("shm_open: {}", std::io::Error::last_os_error()));
         }
-        // Every rank sizes it alike; a size already set keeps what was written.
-        // SAFETY: our descriptor.
-        let sized = unsafe { libc::ftruncate(fd, SEGMENT_BYTES as libc::off_t) } == 0;
-        let error = std::io::Error::last_os_error();
-        // SAFETY: as above; a shared mapping of the segment's bytes, or MAP_FAILED.
-        let base = match sized {
-            true => unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    SEGMENT_BYTES,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_SHARED,
-                    fd,
-                    0,
-                )
-            },
-            false => libc::MAP_FAILED,
-        };
-        let error = if sized {
-            std::io::Error::last_os_error()
-        } else {
-            error
-        };
-        // SAFETY: our descriptor; the mapping outlives it.
+        let mapped = Self::map(fd);
+        // SAFETY: our descriptor; a mapping outlives it.
         unsafe { libc::close(fd) };
+        if mapped.is_err() {
+            // SAFETY: a NUL-terminated name. Ranks that have it open keep it; later ones make
+            // another, and no segment then holds every rank.
+            unsafe { libc::shm_unlink(name.as_ptr()) };
+        }
+        mapped
+    }
+
+    fn map(fd: libc::c_int) -> Result<Segment, String> {
+        // SAFETY: a plain C struct, all zeros a valid value.
+        let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: our descriptor; `stat` is written.
+        if unsafe { libc::fstat(fd, &mut stat) } != 0 {
+            return Err(format!("fstat: {}", std::io::Error::last_os_error()));
+        }
+        // Another build's segment (another size) is never resized under its ranks.
+        if stat.st_size != 0 && stat.st_size != SEGMENT_BYTES as libc::off_t {
+            return Err(format!("a segment of {} bytes", stat.st_size));
+        }
+        // Sizes it (a size already set keeps what was written) and allocates every page now.
+        // SAFETY: our descriptor.
+        let error = unsafe { libc::posix_fallocate(fd, 0, SEGMENT_BYTES as libc::off_t) };
+        if error != 0 {
+            return Err(format!(
+                "allocating the segment: {}",
+                std::io::Error::from_raw_os_error(error)
+            ));
+        }
+        // SAFETY: a shared mapping of the segment's bytes, or MAP_FAILED.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                SEGMENT_BYTES,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        };
         if base == libc::MAP_FAILED {
-            return Err(format!("mapping the segment: {error}"));
+            return Err(format!(
+                "mapping the segment: {}",
+                std::io::Error::last_os_error()
+            ));
         }
         Ok(Segment { base: base.cast() })
     }
@@ -120,12 +152,17 @@ impl Segment {
         unsafe { ((*slot).pid, (*slot).pid_namespace) }
     }
 
-    /// `len` bytes of `rank`'s payload of exchange `exchange` (once published).
-    fn payload(&self, rank: usize, exchange: usize, len: usize) -> &[u8] {
-        // SAFETY: within the slot; written before the state that published it, and not after.
+    /// Appends `len` bytes of `rank`'s payload of exchange `exchange` (once published) to `to`.
+    fn copy_payload(&self, rank: usize, exchange: usize, len: usize, to: &mut Vec<u8>) {
+        let len = len.min(PAYLOAD_BYTES);
+        to.reserve(len);
+        // SAFETY: within the slot, written before the state that published it and not after;
+        // copied (never referenced), so that even a slot written twice is only wrong bytes, which
+        // `agree` refuses.
         unsafe {
             let at = (&raw const (*self.slot(rank)).payloads[exchange]).cast::<u8>();
-            std::slice::from_raw_parts(at, len.min(PAYLOAD_BYTES))
+            std::ptr::copy_nonoverlapping(at, to.as_mut_ptr().add(to.len()), len);
+            to.set_len(to.len() + len);
         }
     }
 }
@@ -156,11 +193,26 @@ pub fn sign_in(id: &[u8], nranks: i32, rank: i32) -> Option<Arrival> {
         .ok()
         .filter(|n| (2..=MAX_RANKS).contains(n))?;
     let rank = usize::try_from(rank).ok().filter(|&r| r < nranks)?;
-    let name = segment_name(id, nranks, rank);
+    if id.is_empty() {
+        return None;
+    }
+    sign_in_as(segment_name(id, nranks, rank), nranks, rank)
+}
+
+/// Signs rank `rank` of `nranks` in to the segment `name`.
+fn sign_in_as(name: CString, nranks: usize, rank: usize) -> Option<Arrival> {
     let segment = Segment::open(&name)
         .map_err(|e| log_info!("set-up through NCCL: {e}"))
         .ok()?;
-    if segment.state(rank).load(Ordering::Acquire) != 0 {
+    let claimed =
+        segment
+            .state(rank)
+            .compare_exchange(0, CLAIMING, Ordering::AcqRel, Ordering::Acquire);
+    if claimed.is_err() {
+        segment.state(rank).store(VOID, Ordering::Release);
+        // SAFETY: a NUL-terminated name: a stale segment goes (ranks that have it see VOID).
+        unsafe { libc::shm_unlink(name.as_ptr()) };
+        log_info!("set-up through NCCL: rank {rank}'s place in {name:?} was taken");
         return None;
     }
     let slot = segment.slot(rank);
@@ -180,18 +232,32 @@ pub fn sign_in(id: &[u8], nranks: i32, rank: i32) -> Option<Arrival> {
 }
 
 /// The segment's name: the ids and the number of ranks, and how many communicators this rank of
-/// this process made before with the same ones (a unique id used again, once the last is done).
+/// this process made before with the same ones (`Uses`).
 fn segment_name(id: &[u8], nranks: usize, rank: usize) -> CString {
-    static USES: Mutex<Option<HashMap<(u64, usize), u64>>> = Mutex::new(None);
-    let key = Fnv::new().bytes(id).word(nranks as u64).finish();
+    static USES: Mutex<Option<Uses>> = Mutex::new(None);
     let mut uses = USES.lock().unwrap_or_else(|e| e.into_inner());
-    let count = uses
-        .get_or_insert_with(HashMap::new)
-        .entry((key, rank))
-        .or_insert(0);
-    let name = format!("/ncclshim-{key:016x}-{count}");
-    *count += 1;
-    CString::new(name).unwrap_or_default()
+    uses.get_or_insert_with(Uses::default)
+        .name(id, nranks, rank)
+}
+
+/// How many times each rank of this process used each ids (a unique id used again, once the
+/// last communicator made with it is done: `NCCL_COMM_ID` gives every communicator the same), for
+/// the last few thousand ids only: where ranks then count differently they meet in different
+/// segments, each sees fewer than all, and all exchange through NCCL.
+#[derive(Default)]
+struct Uses(HashMap<(u64, usize), u64>);
+
+impl Uses {
+    fn name(&mut self, id: &[u8], nranks: usize, rank: usize) -> CString {
+        let key = Fnv::new().bytes(id).word(nranks as u64).finish();
+        if self.0.len() >= REMEMBERED_USES && !self.0.contains_key(&(key, rank)) {
+            self.0.clear();
+        }
+        let count = self.0.entry((key, rank)).or_insert(0);
+        let name = format!("/ncclshim-{SEGMENT_LAYOUT}-{key:016x}-{count}");
+        *count += 1;
+        CString::new(name).unwrap_or_default()
+    }
 }
 
 fn pid_namespace() -> u64 {
@@ -207,10 +273,12 @@ impl Arrival {
         self.met = true;
         // SAFETY: a NUL-terminated name; gone already is fine.
         unsafe { libc::shm_unlink(self.name.as_ptr()) };
-        let signed = (0..self.nranks)
-            .filter(|&r| self.segment.state(r).load(Ordering::Acquire) != 0)
-            .count();
-        (signed == self.nranks).then(|| Place {
+        let states: Vec<u32> = (0..self.nranks)
+            .map(|r| self.segment.state(r).load(Ordering::Acquire))
+            .collect();
+        // A rank withdrawn since it signed in counts: its peers meet here and decline.
+        let signed = states.iter().filter(|&&s| s != 0).count();
+        (signed == self.nranks && !states.contains(&VOID)).then(|| Place {
             arrival: self,
             exchanges: Cell::new(0),
         })
@@ -290,17 +358,21 @@ impl Place {
             let mut checked = Instant::now();
             loop {
                 let state = segment.state(rank).load(Ordering::Acquire);
-                if state == WITHDRAWN {
+                if state == WITHDRAWN || state == VOID {
                     self.arrival.withdraw();
                     return None;
                 }
-                if state >= wanted {
+                if (wanted..CLAIMING).contains(&state) {
                     break;
                 }
                 if checked.elapsed() > Duration::from_millis(100) {
                     checked = Instant::now();
                     let (pid, namespace) = segment.process(rank);
-                    if gone(pid, namespace) {
+                    // Gone after it published (and so finished) is not gone: the loop reads it.
+                    if gone(pid, namespace)
+                        && !(wanted..CLAIMING)
+                            .contains(&segment.state(rank).load(Ordering::Acquire))
+                    {
                         log_info!(
                             "set-up: rank {rank}'s process (pid {pid}) is gone; the core stays off"
                         );
@@ -314,7 +386,7 @@ impl Place {
                 }
                 pause(started.elapsed());
             }
-            all.extend_from_slice(segment.payload(rank, exchange, len));
+            segment.copy_payload(rank, exchange, len, &mut all);
         }
         Some(all)
     }
@@ -453,6 +525,51 @@ mod tests {
         assert!(sign_in(&id, MAX_RANKS as i32 + 1, 0).is_none());
         assert!(sign_in(&id, 2, 2).is_none());
         assert!(sign_in(&id, 1, 0).is_none());
+    }
+
+    /// A rank that finds its place taken (a stale segment) voids the segment before its init:
+    /// every rank, those already signed in too, then exchanges through NCCL.
+    #[test]
+    fn a_place_taken_sends_every_rank_to_nccl() {
+        let id = unique_id("taken");
+        let first = sign_in(&id, 2, 0).unwrap();
+        let peer = sign_in(&id, 2, 1).unwrap();
+        assert!(
+            sign_in_as(first.name.clone(), 2, 0).is_none(),
+            "rank 0's place is taken"
+        );
+        assert!(first.meet().is_none());
+        assert!(peer.meet().is_none());
+    }
+
+    /// A segment of another size (another build's) is refused, not resized under its ranks.
+    #[test]
+    fn a_segment_of_another_size_is_refused() {
+        let name = CString::new(format!("/ncclshim-test-size-{}", std::process::id())).unwrap();
+        // SAFETY: a NUL-terminated name; the descriptor is closed below.
+        let fd = unsafe { libc::shm_open(name.as_ptr(), libc::O_RDWR | libc::O_CREAT, 0o600) };
+        assert!(fd >= 0);
+        // SAFETY: our descriptor.
+        unsafe {
+            assert_eq!(libc::ftruncate(fd, 4096), 0);
+            libc::close(fd);
+        }
+        assert!(Segment::open(&name).is_err());
+        let file = std::path::Path::new("/dev/shm").join(&name.to_str().unwrap()[1..]);
+        assert!(!file.exists(), "a name it could not use is unlinked");
+    }
+
+    /// The uses remembered are bounded, and a forgotten id starts again from its first name.
+    #[test]
+    fn uses_are_forgotten_after_a_few_thousand_ids() {
+        let mut uses = Uses::default();
+        let first = uses.name(b"id", 2, 0);
+        assert_ne!(uses.name(b"id", 2, 0), first);
+        for n in 0..REMEMBERED_USES {
+            uses.name(&n.to_le_bytes(), 2, 0);
+        }
+        assert!(uses.0.len() <= REMEMBERED_USES);
+        assert_eq!(uses.name(b"id", 2, 0), first);
     }
 
     /// The hand-over table gives each communicator's arrival back once.
