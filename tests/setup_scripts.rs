@@ -2,7 +2,8 @@
 //! installs libclang for bindgen, and must not take LLVM's C++ library (`libclang-cpp`, which
 //! comes with llvm without libclang itself) for it; `make install` lays the build out under a
 //! prefix as NCCL's packages do; `make build` checks `NCCL_VERSION` before anything runs and
-//! tells one story about the release it builds.
+//! tells one story about the release it builds; `gen/host-only.py` leaves a library's GPU code
+//! out.
 
 use std::path::Path;
 use std::process::Command;
@@ -229,4 +230,80 @@ fn a_release_with_a_spec_of_its_own_builds_it() {
         "the newest of its minor release"
     );
     assert_eq!(spec_of("all"), "all");
+}
+
+/// `gen/host-only.py` (what the tests' NCCL libraries go through): the device code's sections
+/// become holes that take no disk, every other byte stays, and the library still loads and runs.
+#[test]
+fn host_only_leaves_the_device_code_out_and_the_rest_as_it_was() {
+    let dir = scratch("host-only");
+    let source = dir.join("lib.c");
+    // Non-zero, so that the section takes disk; 4 MiB, in the two sections NVIDIA's use.
+    std::fs::write(
+        &source,
+        "__attribute__((section(\".nv_fatbin\"))) const char fatbin[2 << 20] = {1};\n\
+         __attribute__((section(\"__nv_relfatbin\"))) const char relfatbin[2 << 20] = {2};\n\
+         int answer(void) { return 42 + fatbin[0] * 0; }\n",
+    )
+    .unwrap();
+    let library = dir.join("libhost.so");
+    let built = Command::new("gcc")
+        .args(["-shared", "-fPIC", "-O1", "-o"])
+        .arg(&library)
+        .arg(&source)
+        .status()
+        .unwrap();
+    assert!(built.success());
+    let before = std::fs::read(&library).unwrap();
+    let blocks_before =
+        std::os::unix::fs::MetadataExt::blocks(&std::fs::metadata(&library).unwrap());
+    let out = Command::new("python3")
+        .arg(workspace().join("gen/host-only.py"))
+        .arg(&library)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let after = std::fs::read(&library).unwrap();
+    let blocks_after =
+        std::os::unix::fs::MetadataExt::blocks(&std::fs::metadata(&library).unwrap());
+    assert_eq!(after.len(), before.len(), "the file keeps its size");
+    let changed = before.iter().zip(&after).filter(|(a, b)| a != b).count();
+    // The sections' whole pages, and nothing else: every changed byte was non-zero and is zero.
+    assert!(changed > 0 && before.iter().zip(&after).all(|(a, b)| a == b || *b == 0));
+    assert!(changed <= 4 << 20, "{changed} bytes changed");
+    // Holes, where the file system makes them (tmpfs and ext4 do).
+    assert!(
+        blocks_after * 512 + (3 << 20) <= blocks_before * 512,
+        "{blocks_before} -> {blocks_after} blocks: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Still a library that loads and runs.
+    let main = dir.join("main.c");
+    std::fs::write(
+        &main,
+        "#include <dlfcn.h>\n#include <stdio.h>\n\
+         int main(int c, char** v) { void* h = dlopen(v[1], RTLD_NOW); if (!h) return 1;\n\
+         int (*answer)(void) = (int (*)(void))dlsym(h, \"answer\"); return answer() == 42 ? 0 : 2; }\n",
+    )
+    .unwrap();
+    let runner = dir.join("main");
+    let built = Command::new("gcc")
+        .arg("-o")
+        .arg(&runner)
+        .arg(&main)
+        .arg("-ldl")
+        .status()
+        .unwrap();
+    assert!(built.success());
+    assert!(
+        Command::new(&runner)
+            .arg(&library)
+            .status()
+            .unwrap()
+            .success()
+    );
 }
