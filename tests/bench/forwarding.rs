@@ -104,7 +104,6 @@ fn main() {
             .unwrap();
         assert!(status.success());
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Operations through the shim against the stand-in called directly.
