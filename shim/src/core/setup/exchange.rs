@@ -23,7 +23,10 @@ pub(super) struct Candidate {
     pub(super) meeting: Meeting,
     /// Which of the meeting's communicators it is (the split's color; 0 on its own).
     pub(super) color: i32,
-    /// Where the exchanges happen through NCCL; `None` if even that could not be had.
+    /// This rank's GPU, once opened.
+    pub(super) device: Option<Device>,
+    /// Where the exchanges happen through NCCL (none where they happen in shared memory, or
+    /// where even that could not be had).
     pub(super) exchange: Option<Exchange>,
     /// Where they happen instead, in shared memory, if every rank signed in there.
     pub(super) place: Option<Place>,
@@ -39,15 +42,14 @@ pub(super) struct Meeting {
     pub(super) nranks: usize,
 }
 
-/// Where a rank's records pass through the real NCCL's all-gather; freed when dropped.
+/// Where a rank's records pass through the real NCCL's all-gather, on its GPU; freed when
+/// dropped.
 pub(super) struct Exchange {
-    pub(super) device: Device,
     pub(super) buffer: DeviceBuffer,
     pub(super) stream: OwnedStream,
 }
 
-pub(super) fn exchange_space(ordinal: i32, nranks: usize) -> Cuda<Exchange> {
-    let device = Device::open(ordinal)?;
+pub(super) fn exchange_space(device: Device, nranks: usize) -> Cuda<Exchange> {
     let bytes = nranks.max(1) * RECORD_BYTES;
     let buffer = DeviceBuffer::alloc(device, bytes)?;
     let stream = OwnedStream::create(device)?;
@@ -57,11 +59,7 @@ pub(super) fn exchange_space(ordinal: i32, nranks: usize) -> Cuda<Exchange> {
         let _context = device.enter()?;
         stream.fill(buffer.pointer, 0, bytes)?;
     }
-    Ok(Exchange {
-        device,
-        buffer,
-        stream,
-    })
+    Ok(Exchange { buffer, stream })
 }
 
 /// One all-gather of `payloads[i]` (equal lengths) per candidate on its meeting: in shared
@@ -81,11 +79,13 @@ pub(super) fn all_gather(candidates: &[Candidate], payloads: &[Vec<u8>]) -> Vec<
         .zip(payloads)
         .map(|(c, payload)| {
             c.place.is_none()
-                && c.exchange.as_ref().is_some_and(|x| {
-                    let _context = x.device.enter();
-                    let at = x.buffer.pointer + (c.meeting.rank * len) as u64;
-                    x.stream.copy_to_device(at, payload).is_ok()
-                })
+                && c.device
+                    .zip(c.exchange.as_ref())
+                    .is_some_and(|(device, x)| {
+                        let _context = device.enter();
+                        let at = x.buffer.pointer + (c.meeting.rank * len) as u64;
+                        x.stream.copy_to_device(at, payload).is_ok()
+                    })
         })
         .collect();
     let issued = || {
@@ -99,8 +99,8 @@ pub(super) fn all_gather(candidates: &[Candidate], payloads: &[Vec<u8>]) -> Vec<
     let end = unsafe {
         real::ncclGroupStart();
         for c in issued() {
-            let x = c.exchange.as_ref().unwrap();
-            let _context = x.device.enter();
+            let (device, x) = c.device.zip(c.exchange.as_ref()).unwrap();
+            let _context = device.enter();
             let recv = x.buffer.pointer as *mut c_void;
             let send = (x.buffer.pointer + (c.meeting.rank * len) as u64) as *const c_void;
             let stream = x.stream.stream as cudaStream_t;
@@ -125,11 +125,11 @@ pub(super) fn all_gather(candidates: &[Candidate], payloads: &[Vec<u8>]) -> Vec<
             if let Some(place) = &c.place {
                 return published.then(|| place.collect(len)).flatten();
             }
-            let x = c.exchange.as_ref()?;
+            let (device, x) = c.device.zip(c.exchange.as_ref())?;
             if !(staged && launched) {
                 return None;
             }
-            let _context = x.device.enter().ok()?;
+            let _context = device.enter().ok()?;
             x.stream.synchronize().ok()?;
             let mut all = vec![0u8; c.meeting.nranks * len];
             cuda::copy_to_host(&mut all, x.buffer.pointer).ok()?;

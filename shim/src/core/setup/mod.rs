@@ -234,6 +234,7 @@ fn prepare(comm: ncclComm_t, blocking: bool, parent: Option<ncclComm_t>) -> Cand
         nranks,
         meeting: meeting.unwrap_or(Meeting { comm, rank, nranks }),
         color: 0,
+        device: None,
         exchange: None,
         place,
         parts: None,
@@ -253,11 +254,21 @@ fn prepare(comm: ncclComm_t, blocking: bool, parent: Option<ncclComm_t>) -> Cand
         candidate.why_not = Some("the real NCCL could not describe the communicator".into());
         return candidate;
     }
-    match exchange_space(ordinal, candidate.meeting.nranks) {
-        Ok(exchange) => candidate.exchange = Some(exchange),
+    let device = match Device::open(ordinal) {
+        Ok(device) => candidate.device.insert(device),
         Err(e) => {
             candidate.why_not = Some(e.to_string());
             return candidate;
+        }
+    };
+    // Ranks that meet in shared memory need no room on the GPU for the exchange.
+    if candidate.place.is_none() {
+        match exchange_space(*device, candidate.meeting.nranks) {
+            Ok(exchange) => candidate.exchange = Some(exchange),
+            Err(e) => {
+                candidate.why_not = Some(e.to_string());
+                return candidate;
+            }
         }
     }
     if !policy::settings().enabled {
@@ -271,7 +282,7 @@ fn prepare(comm: ncclComm_t, blocking: bool, parent: Option<ncclComm_t>) -> Cand
         ));
         return candidate;
     }
-    match own_parts(candidate.exchange.as_ref().unwrap().device) {
+    match own_parts(*device) {
         Ok(parts) => candidate.parts = Some(parts),
         Err(e) => candidate.why_not = Some(e),
     }
@@ -294,13 +305,17 @@ fn childless(parent: ncclComm_t) -> Candidate {
             nranks,
         },
         color: 0,
+        device: None,
         exchange: None,
         place: None,
         parts: None,
         why_not: Some("no child of this rank's".into()),
     };
     if described.is_some() {
-        candidate.exchange = exchange_space(ordinal, nranks).ok();
+        candidate.device = Device::open(ordinal).ok();
+        candidate.exchange = candidate
+            .device
+            .and_then(|device| exchange_space(device, nranks).ok());
     }
     candidate
 }
@@ -379,12 +394,12 @@ fn own_record(candidate: &Candidate) -> Record {
 
 /// This rank's side, or a "no".
 fn side_record(candidate: &Candidate) -> Record {
-    let (Some(parts), Some(exchange)) = (&candidate.parts, &candidate.exchange) else {
+    let (Some(parts), Some(device)) = (&candidate.parts, candidate.device) else {
         return Record::not_ready();
     };
-    let pci_bus_id = exchange.device.pci_bus_id();
+    let pci_bus_id = device.pci_bus_id();
     let ipc = {
-        let _context = exchange.device.enter();
+        let _context = device.enter();
         cuda::ipc_handle(parts.buffer.pointer)
     };
     let (Ok(pci_bus_id), Ok(ipc)) = (pci_bus_id, ipc) else {
@@ -400,7 +415,7 @@ fn side_record(candidate: &Candidate) -> Record {
         settings: agreed_settings(),
         buffers: parts.staging.key(),
         buffer: parts.buffer.pointer,
-        device: exchange.device.ordinal,
+        device: device.ordinal,
         resident_blocks: parts.kernels.two_shot_resident_blocks,
         compute_capability: parts.kernels.compute_capability(),
         padding: 0,
@@ -498,7 +513,7 @@ fn finish(
     phases: &Phases,
 ) {
     let parts = candidate.parts.take();
-    let device = candidate.exchange.as_ref().map_or(-1, |x| x.device.ordinal);
+    let device = candidate.device.map_or(-1, |d| d.ordinal);
     let on = parts.is_some() && mapped.is_ok() && everyone;
     let (rank, nranks) = (candidate.rank as i32, candidate.nranks as i32);
     super::observer::observer().core_decided(candidate.comm, on, rank, nranks, device);
@@ -604,6 +619,7 @@ mod tests {
                 nranks: parent_ranks,
             },
             color,
+            device: None,
             exchange: None,
             place: None,
             parts: None,
