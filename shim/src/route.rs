@@ -64,8 +64,11 @@ unsafe fn created(
         core::arrived(comm, arrival);
         core::created(&[comm]);
     } else if !blocking && (result == ncclSuccess || result == ncclInProgress) {
-        // SAFETY: as above (NULL until done for a split).
-        core::created_nonblocking(unsafe { *comm });
+        // SAFETY: as above: NCCL writes a nonblocking communicator's handle before its init goes
+        // on in the background.
+        let comm = unsafe { *comm };
+        core::arrived(comm, arrival);
+        core::created_nonblocking(comm);
     }
     result
 }
@@ -159,12 +162,9 @@ impl Route for Router {
     ) -> ncclResult_t {
         // SAFETY: as above; the config NCCL accepted.
         unsafe {
-            let blocking = blocking(config);
-            let arrival = blocking
-                .then(|| core::sign_in(&id_bytes(&comm_id, 1), nranks, rank))
-                .flatten();
+            let arrival = core::sign_in(&id_bytes(&comm_id, 1), nranks, rank);
             let result = real::ncclCommInitRankConfig(comm, nranks, comm_id, rank, config);
-            created(result, comm, blocking, arrival)
+            created(result, comm, blocking(config), arrival)
         }
     }
 
@@ -223,12 +223,9 @@ impl Route for Router {
         ) -> ncclResult_t {
             // SAFETY: as above.
             unsafe {
-                let blocking = blocking(config);
-                let arrival = blocking
-                    .then(|| core::sign_in(&id_bytes(comm_ids, n_id), nranks, myrank))
-                    .flatten();
+                let arrival = core::sign_in(&id_bytes(comm_ids, n_id), nranks, myrank);
                 let result = real::ncclCommInitRankScalable(newcomm, nranks, myrank, n_id, comm_ids, config);
-                created(result, newcomm, blocking, arrival)
+                created(result, newcomm, blocking(config), arrival)
             }
         }
     });

@@ -2,7 +2,7 @@
 // a result is wrong, or resources leak. Run through the shim with NCCLSHIM_CORE=force (every
 // all-reduce on the core's kernels) and a wait limit (NCCLSHIM_TIMEOUT) far above the deadlines
 // here, so that what ends a wait is the abort under test, not the limit.
-//   faults CASE [--cycles N] [--budget SECONDS] [--parent-all-gathers 0|1]
+//   faults CASE [--cycles N] [--budget SECONDS] [--parent-all-gathers 0|1] [--nonblocking 0|1]
 // Cases:
 //   abort-while-waiting  rank 0 all-reduces alone (rank 1 never comes); another thread aborts
 //                        rank 0's communicator: the abort returns, the waiting stream finishes,
@@ -29,6 +29,8 @@
 //                        --parent-all-gathers 1 (one process): after each split, two grouped
 //                        all-gathers on the parents, as the shim's set-up makes there: a control
 //                        for NCCL alone.
+//                        --nonblocking 1 (leak-procs): each communicator nonblocking (blocking=0,
+//                        waited for with ncclCommGetAsyncError), set up after its first all-reduce.
 // Prints "PASS <case> ..." or "FAIL <case> <why>" (leak cases: "STATS" lines); exits 1 on FAIL.
 #include <cuda_runtime.h>
 #include <dirent.h>
@@ -341,7 +343,13 @@ struct Pair {
   int progress_pipe[2];  // rank 1 -> parent: a byte per round
 };
 
-static ncclComm_t join(Pair* p, int rank) {
+// Waits while a nonblocking communicator is busy; returns its state.
+static ncclResult_t settle(ncclComm_t comm) {
+  double took;
+  return settle(comm, &took);
+}
+
+static ncclComm_t join(Pair* p, int rank, bool nonblocking = false) {
   ncclUniqueId id;
   if (rank == 0) {
     NCCL_OK(ncclGetUniqueId(&id));
@@ -351,7 +359,15 @@ static ncclComm_t join(Pair* p, int rank) {
   }
   CUDA_CHECK(cudaSetDevice(rank));
   ncclComm_t comm;
-  NCCL_OK(ncclCommInitRank(&comm, 2, id, rank));
+  if (!nonblocking) {
+    NCCL_OK(ncclCommInitRank(&comm, 2, id, rank));
+    return comm;
+  }
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclResult_t made = ncclCommInitRankConfig(&comm, 2, id, rank, &config);
+  if (made != ncclInProgress) NCCL_OK(made);
+  NCCL_OK(settle(comm));
   return comm;
 }
 
@@ -660,7 +676,7 @@ static int leak_one_process(const char* name, bool split, long cycles, double bu
                  1e3 * (now() - start) / cycle);
 }
 
-static int leak_procs(const char* name, bool split, long cycles, double budget) {
+static int leak_procs(const char* name, bool split, long cycles, double budget, bool nonblocking) {
   Pair p;
   open_pair(&p);
   // Rank 0 decides when the budget is spent and tells rank 1 through the id it sends (a zeroed
@@ -690,14 +706,21 @@ static int leak_procs(const char* name, bool split, long cycles, double budget) 
         if (split) {
           NCCL_OK(ncclCommSplit(parent, 0, r, &comm, nullptr));
         } else {
-          comm = join(&p, r);
+          comm = join(&p, r, nonblocking);
         }
         cudaStream_t stream;
         CUDA_CHECK(cudaStreamCreate(&stream));
         RankBuf b = rank_buf(r, 1 << 16, (float)(r + 1));
-        NCCL_OK(ncclAllReduce(b.data, b.data, b.count, ncclFloat, ncclSum, comm, stream));
+        ncclResult_t issued = ncclAllReduce(b.data, b.data, b.count, ncclFloat, ncclSum, comm, stream);
+        if (issued != ncclInProgress) NCCL_OK(issued);
+        NCCL_OK(settle(comm));
         CUDA_CHECK(cudaStreamSynchronize(stream));
         if (!holds(b, 3.0f) && !why[0]) snprintf(why, sizeof why, "rank %d cycle %ld all-reduced wrong", r, cycle);
+        if (nonblocking) {
+          ncclResult_t finalized = ncclCommFinalize(comm);
+          if (finalized != ncclInProgress) NCCL_OK(finalized);
+          NCCL_OK(settle(comm));
+        }
         NCCL_OK(ncclCommDestroy(comm));
         CUDA_CHECK(cudaStreamDestroy(stream));
         CUDA_CHECK(cudaFree(b.data));
@@ -725,23 +748,24 @@ static int leak_procs(const char* name, bool split, long cycles, double budget) 
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    fprintf(stderr, "usage: faults CASE [--cycles N] [--budget SECONDS] [--parent-all-gathers 0|1]\n");
+    fprintf(stderr, "usage: faults CASE [--cycles N] [--budget SECONDS] [--parent-all-gathers 0|1] [--nonblocking 0|1]\n");
     return 2;
   }
   long cycles = 10000;
   double budget = 120;
-  bool parent_gathers = false;
+  bool parent_gathers = false, nonblocking = false;
   for (int i = 2; i + 1 < argc; i += 2) {
     if (!strcmp(argv[i], "--cycles")) cycles = atol(argv[i + 1]);
     if (!strcmp(argv[i], "--budget")) budget = atof(argv[i + 1]);
     if (!strcmp(argv[i], "--parent-all-gathers")) parent_gathers = atoi(argv[i + 1]) != 0;
+    if (!strcmp(argv[i], "--nonblocking")) nonblocking = atoi(argv[i + 1]) != 0;
   }
   const char* c = argv[1];
   print_mapped_nccl("# ");  // no CUDA call: the forks below may still use CUDA
   // Multi-process cases fork before this process touches CUDA.
   if (!strcmp(c, "kill-rank")) return kill_rank();
-  if (!strcmp(c, "leak-procs")) return leak_procs(c, false, cycles, budget);
-  if (!strcmp(c, "leak-split-procs")) return leak_procs(c, true, cycles, budget);
+  if (!strcmp(c, "leak-procs")) return leak_procs(c, false, cycles, budget, nonblocking);
+  if (!strcmp(c, "leak-split-procs")) return leak_procs(c, true, cycles, budget, false);
   if (!strcmp(c, "abort-while-waiting")) return abort_while_waiting();
   if (!strcmp(c, "destroy-after-revoke")) return destroy_after_revoke();
   if (!strcmp(c, "two-streams")) return two_streams();

@@ -63,8 +63,8 @@ pub fn created(comms: &[ncclComm_t]) {
 }
 
 /// Signs this rank in where its peers on this host can meet it in shared memory, before the
-/// real NCCL's init of a blocking communicator made with the unique id(s) `id`; handed back with
-/// the communicator (`arrived`), or dropped if the init failed (setup/rendezvous.rs).
+/// real NCCL's init of a communicator made with the unique id(s) `id`; handed back with the
+/// communicator (`arrived`), or dropped if the init failed (setup/rendezvous.rs).
 pub fn sign_in(id: &[u8], nranks: i32, rank: i32) -> Option<Arrival> {
     setup::sign_in(id, nranks, rank)
 }
@@ -74,8 +74,8 @@ pub fn new_id() -> [u8; 8] {
     setup::new_id()
 }
 
-/// The blocking communicator `comm` was made after this rank signed in with `arrival`: its
-/// set-up meets there. Before `created`.
+/// The communicator `comm` was made (or, nonblocking, is being made) after this rank signed in
+/// with `arrival`: its set-up meets there. Before `created` or `created_nonblocking`.
 pub fn arrived(comm: ncclComm_t, arrival: Option<Arrival>) {
     if let Some(arrival) = arrival
         && !comm.is_null()
@@ -361,6 +361,8 @@ fn first_all_reduce(comm: ncclComm_t, forward: impl FnOnce() -> ncclResult_t) ->
     if state == ncclSuccess {
         setup::set_up(&[comm], false);
     } else {
+        // Its peers, meeting in shared memory, stop waiting for it.
+        setup::abandon(comm);
         let why = format!("its first all-reduce ended with result {state}");
         lifecycle::declined(comm, None, &why);
     }
