@@ -80,11 +80,15 @@ pid3=$!
 $nvcc "${flags[@]}" "$here/traffic_floor.cu" -o "$out/bin/traffic_floor" -ldl \
   >"$out/build-traffic_floor.log" 2>&1 &
 pid4=$!
+$nvcc "${flags[@]}" "$here/latency_floor.cu" -o "$out/bin/latency_floor" \
+  >"$out/build-latency_floor.log" 2>&1 &
+pid5=$!
 wait $pid1; s1=$?
 wait $pid2; s2=$?
 wait $pid3; s3=$?
 wait $pid4; s4=$?
-verdict "build (nvcc)" $((s1 | s2 | s3 | s4)) "$((SECONDS - t0)) s; logs build-*.log"
+wait $pid5; s5=$?
+verdict "build (nvcc)" $((s1 | s2 | s3 | s4 | s5)) "$((SECONDS - t0)) s; logs build-*.log"
 cat "$out"/build-*.log
 
 # --- The correctness matrix ---
@@ -452,6 +456,12 @@ floor_suite() {
     ${FLOOR_ARGS:-} >"$log" 2>&1
   verdict "traffic floor $n GPUs" $? "table in traffic-floor-$n.txt"
   grep -v '^NCCL\|\[ncclshim\]' "$log" | sed 's/^/  /' | tee -a "$summary"
+  # The floor under a small call in a CUDA graph, between GPUs 0 and 1.
+  [ "$n" = 2 ] || return 0
+  log=$out/latency-floor.txt
+  timeout "$step_timeout" "$out/bin/latency_floor" >"$log" 2>&1
+  verdict "latency floor" $? "table in latency-floor.txt"
+  sed 's/^/  /' "$log" | tee -a "$summary"
 }
 
 # --- NVIDIA's nccl-tests under the shim and under NCCL alone (nccl_tests.sh) ---

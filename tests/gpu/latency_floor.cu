@@ -1,0 +1,224 @@
+// The floor under a small call in a CUDA graph, between two GPUs linked by NVLink: what no
+// all-reduce of a few bytes can take less than, measured on its own. One process drives GPUs 0
+// and 1 (peer access both ways); every figure is µs per step, the median of BATCHES batches:
+//   latency_floor [--steps 200]
+// - launch:       a graph of STEPS empty kernels on one GPU, back to back (a graph's launch
+//                 floor), and the same launched early (programmatic stream serialization, as the
+//                 core's kernels are on sm_90: the next kernel starts while this one runs, and
+//                 waits for it with griddepcontrol.wait);
+// - round trip:   one kernel on each GPU passing a flag back and forth over NVLink STEPS times
+//                 (a store into the peer's memory, a spin on one's own): the NVLink round trip
+//                 with no launch at all; one way is half of it;
+// - meeting:      a graph of STEPS kernels on each GPU, replayed on both at once, each kernel
+//                 taking the next epoch from a counter in its own GPU's memory, storing it into
+//                 the peer's flag and waiting for the peer's: one exchange with the peer per
+//                 kernel, which is all a small all-reduce needs (its data can ride with the flag),
+//                 plain and launched early. This is the floor for a graph-captured small call.
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "cuda_check.h"
+
+#define BATCHES 21
+#define WARMUP 3
+
+typedef unsigned long long u64;
+
+__device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+__device__ __forceinline__ void wait_for_previous() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
+__global__ void empty_kernel(int early) {
+  if (early) {
+    launch_dependents();
+    wait_for_previous();
+  }
+}
+
+// The starter stores i into the peer's flag and waits for i back; the other waits, then answers.
+__global__ void ping_pong(volatile u64* mine, volatile u64* peer, u64 base, int steps, int starter,
+                          u64* took_ns) {
+  u64 start = 0;
+  for (int i = 1; i <= steps; i++) {
+    // The first tenth warms up (and absorbs when the peer's kernel started).
+    if (i == steps / 10 + 1) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    u64 e = base + i;
+    if (starter) {
+      *peer = e;
+      while (*mine < e) {
+      }
+    } else {
+      while (*mine < e) {
+      }
+      *peer = e;
+    }
+  }
+  u64 end;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(end));
+  if (starter) *took_ns = end - start;
+}
+
+// One exchange with the peer: the next epoch from this GPU's counter into the peer's flag, then
+// this GPU's flag waited for.
+__global__ void meet(u64* counter, volatile u64* mine, volatile u64* peer, int early) {
+  if (early) {
+    launch_dependents();
+    wait_for_previous();
+  }
+  u64 e = *counter + 1;
+  *counter = e;
+  *peer = e;
+  while (*mine < e) {
+  }
+}
+
+struct Gpu {
+  int device;
+  cudaStream_t stream;
+  cudaEvent_t begin, end;
+  u64* flags;  // [0] this GPU's flag (the peer stores into it), [1] its epoch counter, [2] a result
+};
+
+// A kernel launch on `g`'s stream, early where asked (captured as a programmatic edge).
+template <typename... Params, typename... Args>
+static void launch(const Gpu& g, bool early, void (*kernel)(Params...), Args... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(1);
+  config.blockDim = dim3(1);  // one thread: a flag is all these kernels move
+  config.stream = g.stream;
+  cudaLaunchAttribute attribute = {};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = early ? 1 : 0;
+  CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
+}
+
+// A graph of `steps` launches made by `enqueue(gpu)` on each of `gpus`.
+template <typename F>
+static std::vector<cudaGraphExec_t> capture(std::vector<Gpu>& gpus, int steps, F enqueue) {
+  std::vector<cudaGraphExec_t> execs;
+  for (Gpu& g : gpus) {
+    CUDA_CHECK(cudaSetDevice(g.device));
+    cudaGraph_t graph;
+    CUDA_CHECK(cudaStreamBeginCapture(g.stream, cudaStreamCaptureModeThreadLocal));
+    for (int s = 0; s < steps; s++) enqueue(g);
+    CUDA_CHECK(cudaStreamEndCapture(g.stream, &graph));
+    cudaGraphExec_t exec;
+    CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    CUDA_CHECK(cudaGraphDestroy(graph));
+    execs.push_back(exec);
+  }
+  return execs;
+}
+
+// µs per step of replaying `execs` (one per GPU, all at once): the slowest GPU's replay / steps,
+// the median of BATCHES replays after WARMUP.
+static double replay_us(std::vector<Gpu>& gpus, std::vector<cudaGraphExec_t>& execs, int steps) {
+  std::vector<double> times;
+  for (int b = 0; b < WARMUP + BATCHES; b++) {
+    for (size_t i = 0; i < gpus.size(); i++) {
+      CUDA_CHECK(cudaSetDevice(gpus[i].device));
+      CUDA_CHECK(cudaEventRecord(gpus[i].begin, gpus[i].stream));
+      CUDA_CHECK(cudaGraphLaunch(execs[i], gpus[i].stream));
+      CUDA_CHECK(cudaEventRecord(gpus[i].end, gpus[i].stream));
+    }
+    float slowest = 0;
+    for (Gpu& g : gpus) {
+      CUDA_CHECK(cudaEventSynchronize(g.end));
+      float ms;
+      CUDA_CHECK(cudaEventElapsedTime(&ms, g.begin, g.end));
+      slowest = std::max(slowest, ms);
+    }
+    if (b >= WARMUP) times.push_back(slowest * 1000.0 / steps);
+  }
+  for (size_t i = 0; i < gpus.size(); i++) {
+    CUDA_CHECK(cudaSetDevice(gpus[i].device));
+    CUDA_CHECK(cudaGraphExecDestroy(execs[i]));
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+int main(int argc, char** argv) {
+  int steps = 200;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!strcmp(argv[i], "--steps")) steps = atoi(argv[i + 1]);
+  }
+  int count = 0;
+  CUDA_CHECK(cudaGetDeviceCount(&count));
+  if (count < 2 || steps < 10) {
+    fprintf(stderr, "latency_floor needs 2 GPUs and at least 10 steps\n");
+    return 2;
+  }
+  std::vector<Gpu> gpus(2);
+  for (int d = 0; d < 2; d++) {
+    Gpu& g = gpus[d];
+    g.device = d;
+    CUDA_CHECK(cudaSetDevice(d));
+    CUDA_CHECK(cudaDeviceEnablePeerAccess(1 - d, 0));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&g.stream, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaEventCreate(&g.begin));
+    CUDA_CHECK(cudaEventCreate(&g.end));
+    CUDA_CHECK(cudaMalloc(&g.flags, 3 * sizeof(u64)));
+    CUDA_CHECK(cudaMemset(g.flags, 0, 3 * sizeof(u64)));
+  }
+  CUDA_CHECK(cudaDeviceSynchronize());
+  cudaDeviceProp prop;
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  printf("# latency_floor: 2 x %s, %d steps, median of %d batches\n", prop.name, steps, BATCHES);
+  printf("%-58s %8s\n", "# what", "us/step");
+
+  std::vector<Gpu> one(gpus.begin(), gpus.begin() + 1);
+  for (int early = 0; early < 2; early++) {
+    auto execs = capture(one, steps, [&](Gpu& g) { launch(g, early, empty_kernel, early); });
+    printf("%-58s %8.3f\n", early ? "launch: empty kernel in a graph, launched early"
+                                  : "launch: empty kernel in a graph",
+           replay_us(one, execs, steps));
+  }
+
+  // The flag round trip, no launch: both kernels run at once (the non-starter first).
+  std::vector<double> trips;
+  for (int b = 0; b < WARMUP + BATCHES; b++) {
+    u64 base = (u64)b * (steps + 1) + (1ull << 40);
+    for (int d = 1; d >= 0; d--) {
+      Gpu& g = gpus[d];
+      CUDA_CHECK(cudaSetDevice(d));
+      launch(g, false, ping_pong, (volatile u64*)g.flags, (volatile u64*)gpus[1 - d].flags, base,
+             steps, d == 0 ? 1 : 0, g.flags + 2);
+    }
+    for (Gpu& g : gpus) {
+      CUDA_CHECK(cudaSetDevice(g.device));
+      CUDA_CHECK(cudaStreamSynchronize(g.stream));
+    }
+    u64 ns;
+    CUDA_CHECK(cudaSetDevice(0));
+    CUDA_CHECK(cudaMemcpy(&ns, gpus[0].flags + 2, sizeof ns, cudaMemcpyDeviceToHost));
+    if (b >= WARMUP) trips.push_back(ns / 1000.0 / (steps - steps / 10));
+  }
+  std::sort(trips.begin(), trips.end());
+  double trip = trips[trips.size() / 2];
+  printf("%-58s %8.3f\n", "round trip: NVLink flag there and back, no launch", trip);
+  printf("%-58s %8.3f\n", "one way: half the round trip", trip / 2);
+
+  // The meetings count epochs from where the round trips left the flags.
+  for (Gpu& g : gpus) {
+    CUDA_CHECK(cudaSetDevice(g.device));
+    CUDA_CHECK(cudaMemset(g.flags, 0, 3 * sizeof(u64)));
+    CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  for (int early = 0; early < 2; early++) {
+    auto execs = capture(gpus, steps, [&](Gpu& g) {
+      launch(g, early, meet, g.flags + 1, (volatile u64*)g.flags,
+             (volatile u64*)gpus[1 - g.device].flags, early);
+    });
+    printf("%-58s %8.3f\n", early ? "meeting: one exchange per kernel in a graph, launched early"
+                                  : "meeting: one exchange per kernel in a graph",
+           replay_us(gpus, execs, steps));
+  }
+  return 0;
+}
