@@ -14,9 +14,10 @@
 //! A communicator is known from the moment the shim sees it made (or, made where the shim could
 //! not see its handle, from its first all-reduce), so that each gets one set-up only.
 //! Nonblocking ones wait for their first all-reduce: their creation returns before the real NCCL
-//! is ready, and the set-up's exchange is an operation on the communicator, which NCCL refuses
-//! until the previous one has settled; that first all-reduce is the same point in every rank's
-//! sequence of operations, whatever the timing. Every communicator that does not get the core
+//! is ready, and the set-up needs every rank's init complete (to count who met in shared memory)
+//! or, through NCCL, makes an operation on the communicator, which NCCL refuses until the
+//! previous one has settled; that first all-reduce is the same point in every rank's sequence of
+//! operations, whatever the timing. Every communicator that does not get the core
 //! says why, once (`declined`). Calls on unknown handles while none is known check one atomic.
 
 use std::collections::HashMap;

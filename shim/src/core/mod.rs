@@ -346,10 +346,14 @@ fn collective_of_core(
 
 /// The first all-reduce of a communicator whose core waits for it: the real NCCL's
 /// (`forward`), then the set-up, now or at the end of the group. A rank whose call fails sets
-/// nothing up (its peers' calls fail alike, or wait for it in NCCL).
+/// nothing up and withdraws (its peers' calls fail alike, or their set-up meets without it and
+/// declines; through NCCL they wait for it there, as for any call it skipped).
 fn first_all_reduce(comm: ncclComm_t, forward: impl FnOnce() -> ncclResult_t) -> ncclResult_t {
     let result = forward();
     if result != ncclSuccess && result != ncclInProgress {
+        setup::abandon(comm);
+        let why = format!("its first all-reduce failed with result {result}");
+        lifecycle::declined(comm, None, &why);
         return result;
     }
     if group::inside() {
@@ -391,8 +395,9 @@ pub fn destroyed(comm: ncclComm_t, abort: bool) {
 }
 
 /// The communicator was revoked (ncclCommRevoke): its core goes, as at an abort, and its later
-/// calls go to NCCL, which refuses them.
+/// calls go to NCCL, which refuses them. Not set up yet, it withdraws from its set-up.
 pub fn revoked(comm: ncclComm_t) {
+    setup::abandon(comm);
     if let Some(core) = lifecycle::revoked(comm) {
         release(comm, core, true);
     }

@@ -39,9 +39,10 @@ pub fn new_id() -> [u8; 8] {
     identity::nonce().to_le_bytes()
 }
 
-/// Lets go of `comm`'s arrival, where it will not be set up (its peers stop waiting for it).
+/// `comm` will not be set up, or stops being set up (destroyed, aborted or revoked meanwhile):
+/// its rank withdraws from its meeting in shared memory, and its peers stop waiting for it.
 pub fn abandon(comm: ncclComm_t) {
-    drop(rendezvous::take(comm));
+    rendezvous::withdraw(comm);
 }
 
 /// Sets up the core for `comms` (all driven by this thread, e.g. those of one group; blocking or
@@ -216,7 +217,7 @@ fn describe(comm: ncclComm_t) -> Option<(usize, usize, i32)> {
 /// and sets up this rank's side.
 fn prepare(comm: ncclComm_t, blocking: bool, parent: Option<ncclComm_t>) -> Candidate {
     // Where every rank signed in here, they meet in shared memory whatever happens below.
-    let place = rendezvous::take(comm).and_then(Arrival::meet);
+    let place = rendezvous::meet(comm);
     let described = describe(comm);
     let (rank, nranks, ordinal) = described.unwrap_or_default();
     let meeting = match parent {

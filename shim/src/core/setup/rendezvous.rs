@@ -4,15 +4,17 @@
 //! where NCCL connects its ranks (a tenth of a second between processes), which it then does only
 //! if a call of the communicator goes to it, as it would without the shim.
 //!
-//! Each rank signs in (`sign_in`) before the real NCCL's init, and NCCL's init returns on no rank
-//! before every rank has entered it: after it, every rank of this host counts the same signatures
-//! (`Arrival::meet`): all of them where every rank signed in here, fewer where any is elsewhere
-//! (another host, another `/dev/shm`, or a rank that could not sign in), and then every rank
-//! exchanges through NCCL as before. The same choice on every rank, from what every rank sees.
-//! A rank that signed in but whose init failed, or that finds a peer's process gone, withdraws:
-//! its peers stop waiting for it and decline the core. A rank that finds its place already taken
-//! when it comes to sign in (a segment left from an id used before) voids the segment, before its
-//! init, and every rank exchanges through NCCL.
+//! Each rank signs in (`sign_in`) before the real NCCL's init, and NCCL's init completes on no
+//! rank before every rank has entered it: after it (a nonblocking communicator's at its first
+//! all-reduce, which NCCL takes only once the init is complete), every rank of this host counts
+//! the same signatures (`meet`): all of them where every rank signed in here, fewer where any is
+//! elsewhere (another host, another `/dev/shm`, or a rank that could not sign in), and then
+//! every rank exchanges through NCCL as before. The same choice on every rank, from what every
+//! rank sees. A rank withdraws where its init or first all-reduce failed, where it finds a peer's
+//! process gone, or where its communicator is destroyed, aborted or revoked before or during its
+//! set-up (`withdraw`): its peers stop waiting for it and decline the core. A rank that finds its
+//! place already taken when it comes to sign in (a segment left from an id used before) voids the
+//! segment, before its init, and every rank exchanges through NCCL.
 
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -266,10 +268,10 @@ fn pid_namespace() -> u64 {
 }
 
 impl Arrival {
-    /// After the real NCCL's init returned: where every rank signed in here, the place where
+    /// After the real NCCL's init completed: where every rank signed in here, the place where
     /// they exchange; else `None` (they exchange through NCCL). The segment's name is freed: every
     /// rank of this host has it open by now.
-    pub fn meet(mut self) -> Option<Place> {
+    fn meet(mut self) -> Option<Place> {
         self.met = true;
         // SAFETY: a NUL-terminated name; gone already is fine.
         unsafe { libc::shm_unlink(self.name.as_ptr()) };
@@ -281,6 +283,7 @@ impl Arrival {
         (signed == self.nranks && !states.contains(&VOID)).then(|| Place {
             arrival: self,
             exchanges: Cell::new(0),
+            comm: 0,
         })
     }
 
@@ -306,6 +309,8 @@ pub struct Place {
     arrival: Arrival,
     /// How many exchanges this rank has published.
     exchanges: Cell<usize>,
+    /// The communicator whose set-up meets here (listed in `MEETINGS`; 0: none).
+    comm: usize,
 }
 
 impl Place {
@@ -357,6 +362,10 @@ impl Place {
         for rank in 0..self.nranks() {
             let mut checked = Instant::now();
             loop {
+                // Withdrawn by another thread (its communicator destroyed, aborted or revoked).
+                if segment.state(self.rank()).load(Ordering::Acquire) == WITHDRAWN {
+                    return None;
+                }
                 let state = segment.state(rank).load(Ordering::Acquire);
                 if state == WITHDRAWN || state == VOID {
                     self.arrival.withdraw();
@@ -413,8 +422,56 @@ fn pause(waited: Duration) {
     }
 }
 
+impl Drop for Place {
+    fn drop(&mut self) {
+        if self.comm != 0 {
+            let mut meetings = MEETINGS.lock().unwrap_or_else(|e| e.into_inner());
+            meetings.retain(|m| m.comm != self.comm);
+        }
+    }
+}
+
 /// The arrivals of communicators made but not yet set up, by handle.
 static ARRIVALS: Mutex<Vec<(usize, Arrival)>> = Mutex::new(Vec::new());
+
+/// A set-up meeting now: the communicator, and its rank's state in the segment.
+struct Meeting {
+    comm: usize,
+    state: *const AtomicU32,
+}
+
+// SAFETY: the state is shared memory used only atomically; the entry goes (under the lock)
+// before the mapping does (`Place`'s drop).
+unsafe impl Send for Meeting {}
+
+/// The set-ups meeting in shared memory now, so that `withdraw` reaches a rank whose set-up
+/// waits for its peers on another thread.
+static MEETINGS: Mutex<Vec<Meeting>> = Mutex::new(Vec::new());
+
+/// Where `comm`'s rank meets its peers for its set-up: the place where every rank signed in, or
+/// `None` (they exchange through NCCL). After the real NCCL's init completed.
+pub fn meet(comm: ncclComm_t) -> Option<Place> {
+    let mut place = take(comm)?.meet()?;
+    place.comm = comm as usize;
+    let state = place.arrival.segment.state(place.rank()) as *const AtomicU32;
+    let mut meetings = MEETINGS.lock().unwrap_or_else(|e| e.into_inner());
+    meetings.push(Meeting {
+        comm: place.comm,
+        state,
+    });
+    Some(place)
+}
+
+/// `comm`'s rank withdraws, where its communicator will not be set up or stops being set up:
+/// its arrival is let go, and a set-up meeting for it gives up. Its peers stop waiting for it.
+pub fn withdraw(comm: ncclComm_t) {
+    drop(take(comm));
+    let meetings = MEETINGS.lock().unwrap_or_else(|e| e.into_inner());
+    for meeting in meetings.iter().filter(|m| m.comm == comm as usize) {
+        // SAFETY: listed, so still mapped (see `Meeting`).
+        unsafe { &*meeting.state }.store(WITHDRAWN, Ordering::Release);
+    }
+}
 
 /// Keeps `arrival` until `comm`'s set-up takes it.
 pub fn hold(comm: ncclComm_t, arrival: Arrival) {
@@ -424,7 +481,7 @@ pub fn hold(comm: ncclComm_t, arrival: Arrival) {
 }
 
 /// `comm`'s arrival, if it has one held.
-pub fn take(comm: ncclComm_t) -> Option<Arrival> {
+fn take(comm: ncclComm_t) -> Option<Arrival> {
     let mut held = ARRIVALS.lock().unwrap_or_else(|e| e.into_inner());
     let at = held.iter().position(|(c, _)| *c == comm as usize)?;
     Some(held.swap_remove(at).1)
@@ -540,6 +597,48 @@ mod tests {
         );
         assert!(first.meet().is_none());
         assert!(peer.meet().is_none());
+    }
+
+    /// A killed job's rank left its slot signed: the next job's rank that comes to it finds its
+    /// place taken, and both ranks of the new job exchange through NCCL, whichever signs in
+    /// first.
+    #[test]
+    fn a_stale_slot_sends_the_next_job_to_nccl() {
+        let id = unique_id("stale");
+        let killed = sign_in(&id, 2, 0).unwrap();
+        let name = killed.name.clone();
+        // Its process is gone without withdrawing (its mapping stays: nothing else frees it).
+        std::mem::forget(killed);
+        let peer = sign_in_as(name.clone(), 2, 1).unwrap();
+        assert!(sign_in_as(name, 2, 0).is_none(), "rank 0's place is taken");
+        assert!(peer.meet().is_none());
+    }
+
+    /// A rank whose set-up waits for a peer in shared memory gives up once its communicator is
+    /// withdrawn from another thread (destroyed, aborted, revoked), and its peers see it gone.
+    #[test]
+    fn withdrawing_ends_a_meeting_in_progress() {
+        let id = unique_id("meeting");
+        let comm = 0x5200_0000 as ncclComm_t;
+        hold(comm, sign_in(&id, 2, 0).unwrap());
+        let silent_peer = sign_in(&id, 2, 1).unwrap().meet().unwrap();
+        let place = meet(comm).expect("both signed in");
+        let (done, result) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            assert!(place.publish(&[1]));
+            done.send(place.collect(1)).unwrap();
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        withdraw(comm);
+        let collected = result.recv_timeout(Duration::from_secs(10));
+        assert!(collected.expect("the wait ended").is_none());
+        assert!(silent_peer.publish(&[2]));
+        assert!(
+            silent_peer.collect(1).is_none(),
+            "the peer sees it withdrawn"
+        );
+        let meetings = MEETINGS.lock().unwrap();
+        assert!(meetings.iter().all(|m| m.comm != comm as usize), "unlisted");
     }
 
     /// A segment of another size (another build's) is refused, not resized under its ranks.
