@@ -13,7 +13,15 @@
 //                 taking the next epoch from a counter in its own GPU's memory, storing it into
 //                 the peer's flag and waiting for the peer's: one exchange with the peer per
 //                 kernel, which is all a small all-reduce needs (its data can ride with the flag),
-//                 plain and launched early. This is the floor for a graph-captured small call.
+//                 plain and launched early. This is the floor for a graph-captured small call;
+// - toward a kernel of the core's shape, one thing added at a time, each launched early: the
+//                 previous kernel waited for before the next one may start (as the core's
+//                 kernels do: griddepcontrol.wait, then launch_dependents), 64 threads a block
+//                 (the sentinel kernel's block at small sizes), 400 bytes of parameters (its
+//                 argument struct), then 16 bytes of data in place of the flag, sent and waited
+//                 for as the sentinel kernel does (an inbox word that still holds the sentinel,
+//                 every bit set, has not arrived; the receiver sets it back), with the input
+//                 loaded from and the sum stored into GPU memory.
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -76,19 +84,122 @@ __global__ void meet(u64* counter, volatile u64* mine, volatile u64* peer, int e
   }
 }
 
+// One step of the kernels of the core's shape: `data` 0, the flag of `meet`; 1, 16 bytes through
+// the inboxes (two, by epoch parity) as the sentinel kernel sends them.
+struct Step {
+  u64* counter;
+  volatile u64* mine;
+  volatile u64* peer;
+  const uint4* in;
+  uint4* out;
+  uint4* inbox_mine;
+  uint4* inbox_peer;
+  int data;
+};
+template <int BYTES> struct Padded {
+  Step step;
+  char pad[BYTES - sizeof(Step)];
+};
+
+#define SENTINEL 0xffffffffu
+
+template <int BYTES, bool WAIT_FIRST>
+__global__ void shaped(Padded<BYTES> p) {
+  if (WAIT_FIRST) {
+    wait_for_previous();
+    launch_dependents();
+  } else {
+    launch_dependents();
+    wait_for_previous();
+  }
+  if (threadIdx.x != 0) return;  // the others only take their place in the block
+  const Step& s = p.step;
+  if (!s.data) {
+    u64 e = *s.counter + 1;
+    *s.counter = e;
+    *s.peer = e;
+    while (*s.mine < e) {
+    }
+    return;
+  }
+  uint4 own = *s.in;
+  u64 e = *s.counter + 1;
+  int parity = (int)(e & 1);
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(s.inbox_peer + parity), "r"(own.x),
+               "r"(own.y), "r"(own.z), "r"(own.w)
+               : "memory");
+  uint4 got;
+  do {
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(got.x), "=r"(got.y), "=r"(got.z), "=r"(got.w)
+                 : "l"(s.inbox_mine + parity)
+                 : "memory");
+  } while (got.x == SENTINEL || got.y == SENTINEL || got.z == SENTINEL || got.w == SENTINEL);
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %1, %1, %1};" ::"l"(s.inbox_mine + parity), "r"(SENTINEL)
+               : "memory");
+  *s.out = make_uint4(own.x + got.x, own.y + got.y, own.z + got.z, own.w + got.w);
+  *s.counter = e;
+}
+
+// The data step again, with its parameters laid out and read as the core's kernels read theirs:
+// pointers to every rank's memory in tables indexed by rank at run time, the rank and the inbox's
+// offset from other lines of the parameters, 400 bytes in all.
+struct CoreLike {
+  uint4* inboxes[8];  // every rank's inboxes, by rank
+  u64* counters[8];   // every rank's epoch counter, by rank
+  u64 inbox_offset;   // in uint4s, from an inbox's start
+  u64 unused[5];
+  const uint4* in;
+  uint4* out;
+  int rank;
+  int nranks;
+  int ncalls;
+  int unused2;
+  char pad[400 - 8 * 8 * 2 - 8 * 6 - 8 * 2 - 4 * 4];
+};
+static_assert(sizeof(CoreLike) == 400, "CoreLike is 400 bytes");
+
+__global__ void core_like(CoreLike p) {
+  wait_for_previous();
+  launch_dependents();
+  if (threadIdx.x != 0) return;  // the others only take their place in the block
+  const int rank = p.rank, peer = (p.rank + 1) % p.nranks;
+  uint4 own = *p.in;
+  u64* counter = p.counters[rank];
+  u64 e = *counter + 1;
+  int parity = (int)(e & 1);
+  uint4* to = p.inboxes[peer] + p.inbox_offset + parity;
+  uint4* mine = p.inboxes[rank] + p.inbox_offset + parity;
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(to), "r"(own.x), "r"(own.y), "r"(own.z),
+               "r"(own.w)
+               : "memory");
+  uint4 got;
+  do {
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(got.x), "=r"(got.y), "=r"(got.z), "=r"(got.w)
+                 : "l"(mine)
+                 : "memory");
+  } while (got.x == SENTINEL || got.y == SENTINEL || got.z == SENTINEL || got.w == SENTINEL);
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %1, %1, %1};" ::"l"(mine), "r"(SENTINEL) : "memory");
+  *p.out = make_uint4(own.x + got.x, own.y + got.y, own.z + got.z, own.w + got.w);
+  *counter = e;
+}
+
 struct Gpu {
   int device;
   cudaStream_t stream;
   cudaEvent_t begin, end;
   u64* flags;  // [0] this GPU's flag (the peer stores into it), [1] its epoch counter, [2] a result
+  uint4* data;  // [0] input, [1] output, [2..3] inbox (by epoch parity): every bit set when empty
 };
 
-// A kernel launch on `g`'s stream, early where asked (captured as a programmatic edge).
+// A kernel launch of `threads` threads on `g`'s stream, early where asked (captured as a
+// programmatic edge).
 template <typename... Params, typename... Args>
-static void launch(const Gpu& g, bool early, void (*kernel)(Params...), Args... args) {
+static void launch_threads(const Gpu& g, bool early, int threads, void (*kernel)(Params...), Args... args) {
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(1);
-  config.blockDim = dim3(1);  // one thread: a flag is all these kernels move
+  config.blockDim = dim3(threads);
   config.stream = g.stream;
   cudaLaunchAttribute attribute = {};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -97,6 +208,13 @@ static void launch(const Gpu& g, bool early, void (*kernel)(Params...), Args... 
   config.numAttrs = early ? 1 : 0;
   CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
 }
+
+// A one-thread launch: a flag is all these kernels move.
+template <typename... Params, typename... Args>
+static void launch(const Gpu& g, bool early, void (*kernel)(Params...), Args... args) {
+  launch_threads(g, early, 1, kernel, args...);
+}
+
 
 // A graph of `steps` launches made by `enqueue(gpu)` on each of `gpus`.
 template <typename F>
@@ -144,6 +262,48 @@ static double replay_us(std::vector<Gpu>& gpus, std::vector<cudaGraphExec_t>& ex
   return times[times.size() / 2];
 }
 
+// The step of a kernel of the core's shape, for `g` (`data`: 16 bytes through the inboxes).
+static Step step_of(std::vector<Gpu>& gpus, const Gpu& g, int data) {
+  const Gpu& peer = gpus[1 - g.device];
+  return Step{g.flags + 1, (volatile u64*)g.flags, (volatile u64*)peer.flags, g.data, g.data + 1, g.data + 2,
+              peer.data + 2, data};
+}
+
+// Its graph of `steps` kernels on each GPU, replayed: µs per step.
+template <int BYTES>
+static double shaped_us(std::vector<Gpu>& gpus, int steps, bool wait_first, int threads, int data) {
+  auto execs = capture(gpus, steps, [&](Gpu& g) {
+    Padded<BYTES> p = {};
+    p.step = step_of(gpus, g, data);
+    if (wait_first) {
+      launch_threads(g, true, threads, shaped<BYTES, true>, p);
+    } else {
+      launch_threads(g, true, threads, shaped<BYTES, false>, p);
+    }
+  });
+  return replay_us(gpus, execs, steps);
+}
+
+// The core-like step's graph on each GPU, replayed: µs per step.
+static double core_like_us(std::vector<Gpu>& gpus, int steps) {
+  CoreLike p = {};
+  for (Gpu& g : gpus) {
+    p.inboxes[g.device] = g.data;
+    p.counters[g.device] = g.flags + 1;
+  }
+  p.inbox_offset = 2;
+  p.nranks = 2;
+  p.ncalls = 1;
+  auto execs = capture(gpus, steps, [&](Gpu& g) {
+    CoreLike mine = p;
+    mine.rank = g.device;
+    mine.in = g.data;
+    mine.out = g.data + 1;
+    launch_threads(g, true, 64, core_like, mine);
+  });
+  return replay_us(gpus, execs, steps);
+}
+
 int main(int argc, char** argv) {
   int steps = 200;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -166,6 +326,9 @@ int main(int argc, char** argv) {
     CUDA_CHECK(cudaEventCreate(&g.end));
     CUDA_CHECK(cudaMalloc(&g.flags, 3 * sizeof(u64)));
     CUDA_CHECK(cudaMemset(g.flags, 0, 3 * sizeof(u64)));
+    CUDA_CHECK(cudaMalloc(&g.data, 4 * sizeof(uint4)));
+    CUDA_CHECK(cudaMemset(g.data, 0x01, 2 * sizeof(uint4)));  // no word of the input is the sentinel
+    CUDA_CHECK(cudaMemset(g.data + 2, 0xff, 2 * sizeof(uint4)));
   }
   CUDA_CHECK(cudaDeviceSynchronize());
   cudaDeviceProp prop;
@@ -219,6 +382,27 @@ int main(int argc, char** argv) {
     printf("%-58s %8.3f\n", early ? "meeting: one exchange per kernel in a graph, launched early"
                                   : "meeting: one exchange per kernel in a graph",
            replay_us(gpus, execs, steps));
+  }
+
+  // Toward the core's kernel, one thing at a time (every one launched early).
+  printf("%-58s %8.3f\n", "shaped: the meeting, launched early (as above)",
+         shaped_us<80>(gpus, steps, false, 1, 0));
+  printf("%-58s %8.3f\n", "shaped: + the previous kernel waited for first",
+         shaped_us<80>(gpus, steps, true, 1, 0));
+  printf("%-58s %8.3f\n", "shaped: + 64 threads", shaped_us<80>(gpus, steps, true, 64, 0));
+  printf("%-58s %8.3f\n", "shaped: + 400 bytes of parameters", shaped_us<400>(gpus, steps, true, 64, 0));
+  printf("%-58s %8.3f\n", "shaped: + 16 bytes of data, sentinel-style, memory in/out",
+         shaped_us<400>(gpus, steps, true, 64, 1));
+  printf("%-58s %8.3f\n", "shaped: the same, the next kernel started first",
+         shaped_us<400>(gpus, steps, false, 64, 1));
+  printf("%-58s %8.3f\n", "shaped: data, parameters read as the core's kernels do",
+         core_like_us(gpus, steps));
+  uint4 out;
+  CUDA_CHECK(cudaSetDevice(0));
+  CUDA_CHECK(cudaMemcpy(&out, gpus[0].data + 1, sizeof out, cudaMemcpyDeviceToHost));
+  if (out.x != 0x02020202u) {
+    fprintf(stderr, "latency_floor: the data steps summed %08x, not 02020202\n", out.x);
+    return 1;
   }
   return 0;
 }
