@@ -21,7 +21,10 @@
 //                 argument struct), then 16 bytes of data in place of the flag, sent and waited
 //                 for as the sentinel kernel does (an inbox word that still holds the sentinel,
 //                 every bit set, has not arrived; the receiver sets it back), with the input
-//                 loaded from and the sum stored into GPU memory.
+//                 loaded from and the sum stored into GPU memory; that kernel with its
+//                 parameters read as the core's are (through tables indexed by rank), and with
+//                 its path jumping over 24 KiB of code it does not run, as a long kernel's path
+//                 runs past the cases it does not take (the instruction cache then misses).
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -185,6 +188,48 @@ __global__ void core_like(CoreLike p) {
   *counter = e;
 }
 
+// A block of 32 instructions the path jumps over (512 bytes of code; `skip` is never 0), and
+// eight of them, labelled by `tag`.
+#define ADD1 "add.u32 %0, %0, %2; "
+#define ADD8 ADD1 ADD1 ADD1 ADD1 ADD1 ADD1 ADD1 ADD1
+#define SKIPPED(label) \
+  asm volatile("{ .reg .pred p; setp.ne.u32 p, %1, 0; @p bra " #label "; " ADD8 ADD8 ADD8 ADD8 #label ": }" \
+               : "+r"(x)                                                                                 \
+               : "r"(skip), "r"(x));
+#define SKIPPED8(tag)                                                                    \
+  SKIPPED(tag##0) SKIPPED(tag##1) SKIPPED(tag##2) SKIPPED(tag##3) SKIPPED(tag##4) SKIPPED(tag##5) \
+  SKIPPED(tag##6) SKIPPED(tag##7)
+
+// The data step whose code is spread out as the core's kernels' is: between reading the epoch
+// and sending, the path jumps over 48 blocks of code it does not run (512 bytes each), as a
+// kernel's one path runs past the code of the cases it does not take. The instruction cache
+// then misses where the small kernels above never do.
+__global__ void spread(Padded<80> p, unsigned skip) {
+  wait_for_previous();
+  launch_dependents();
+  if (threadIdx.x != 0) return;  // the others only take their place in the block
+  const Step& s = p.step;
+  uint4 own = *s.in;
+  u64 e = *s.counter + 1;
+  unsigned x = (unsigned)e;
+  SKIPPED8(A) SKIPPED8(B) SKIPPED8(C) SKIPPED8(D) SKIPPED8(E) SKIPPED8(F)
+  int parity = (int)(x & 1);
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(s.inbox_peer + parity), "r"(own.x),
+               "r"(own.y), "r"(own.z), "r"(own.w)
+               : "memory");
+  uint4 got;
+  do {
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(got.x), "=r"(got.y), "=r"(got.z), "=r"(got.w)
+                 : "l"(s.inbox_mine + parity)
+                 : "memory");
+  } while (got.x == SENTINEL || got.y == SENTINEL || got.z == SENTINEL || got.w == SENTINEL);
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %1, %1, %1};" ::"l"(s.inbox_mine + parity), "r"(SENTINEL)
+               : "memory");
+  *s.out = make_uint4(own.x + got.x, own.y + got.y, own.z + got.z, own.w + got.w);
+  *s.counter = e;
+}
+
 struct Gpu {
   int device;
   cudaStream_t stream;
@@ -304,6 +349,16 @@ static double core_like_us(std::vector<Gpu>& gpus, int steps) {
   return replay_us(gpus, execs, steps);
 }
 
+// The spread-out step's graph on each GPU, replayed: µs per step.
+static double spread_us(std::vector<Gpu>& gpus, int steps) {
+  auto execs = capture(gpus, steps, [&](Gpu& g) {
+    Padded<80> p = {};
+    p.step = step_of(gpus, g, 1);
+    launch_threads(g, true, 64, spread, p, 1u);
+  });
+  return replay_us(gpus, execs, steps);
+}
+
 int main(int argc, char** argv) {
   int steps = 200;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -397,6 +452,8 @@ int main(int argc, char** argv) {
          shaped_us<400>(gpus, steps, false, 64, 1));
   printf("%-58s %8.3f\n", "shaped: data, parameters read as the core's kernels do",
          core_like_us(gpus, steps));
+  printf("%-58s %8.3f\n", "shaped: data, its path jumping over 24 KiB of code",
+         spread_us(gpus, steps));
   uint4 out;
   CUDA_CHECK(cudaSetDevice(0));
   CUDA_CHECK(cudaMemcpy(&out, gpus[0].data + 1, sizeof out, cudaMemcpyDeviceToHost));
