@@ -451,10 +451,12 @@ static MEETINGS: Mutex<Vec<Meeting>> = Mutex::new(Vec::new());
 /// Where `comm`'s rank meets its peers for its set-up: the place where every rank signed in, or
 /// `None` (they exchange through NCCL). After the real NCCL's init completed.
 pub fn meet(comm: ncclComm_t) -> Option<Place> {
+    // Held from taking the arrival to listing the meeting: a `withdraw` meanwhile finds one or
+    // the other. (No `Place` of a listed meeting drops while it is held.)
+    let mut meetings = MEETINGS.lock().unwrap_or_else(|e| e.into_inner());
     let mut place = take(comm)?.meet()?;
     place.comm = comm as usize;
     let state = place.arrival.segment.state(place.rank()) as *const AtomicU32;
-    let mut meetings = MEETINGS.lock().unwrap_or_else(|e| e.into_inner());
     meetings.push(Meeting {
         comm: place.comm,
         state,
@@ -465,8 +467,9 @@ pub fn meet(comm: ncclComm_t) -> Option<Place> {
 /// `comm`'s rank withdraws, where its communicator will not be set up or stops being set up:
 /// its arrival is let go, and a set-up meeting for it gives up. Its peers stop waiting for it.
 pub fn withdraw(comm: ncclComm_t) {
-    drop(take(comm));
+    // In `meet`'s order: the meetings, then the arrivals.
     let meetings = MEETINGS.lock().unwrap_or_else(|e| e.into_inner());
+    drop(take(comm));
     for meeting in meetings.iter().filter(|m| m.comm == comm as usize) {
         // SAFETY: listed, so still mapped (see `Meeting`).
         unsafe { &*meeting.state }.store(WITHDRAWN, Ordering::Release);
