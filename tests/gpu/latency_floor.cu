@@ -40,8 +40,17 @@
 
 typedef unsigned long long u64;
 
-__device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
-__device__ __forceinline__ void wait_for_previous() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+// Programmatic launch exists from sm_90 on (main runs nothing on older GPUs).
+__device__ __forceinline__ void launch_dependents() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wait_for_previous() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
 
 __global__ void empty_kernel(int early) {
   if (early) {
@@ -388,6 +397,11 @@ int main(int argc, char** argv) {
   CUDA_CHECK(cudaDeviceSynchronize());
   cudaDeviceProp prop;
   CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  if (prop.major < 9) {
+    printf("# latency_floor: %s is sm_%d%d; the floor is measured on sm_90 or newer\n", prop.name, prop.major,
+           prop.minor);
+    return 0;
+  }
   printf("# latency_floor: 2 x %s, %d steps, median of %d batches\n", prop.name, steps, BATCHES);
   printf("%-58s %8s\n", "# what", "us/step");
 
