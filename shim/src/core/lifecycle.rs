@@ -6,7 +6,7 @@
 //!   unknown --made--------------------> Made ------\
 //!   unknown --awaits_first_all_reduce--> AwaitsFirstAllReduce --first_all_reduce--> SettingUp
 //!   unknown --met_at_first_all_reduce------------------------------------------> SettingUp
-//!   Made, SettingUp --came_on--> Core --revoked--> Declined
+//!   Made, SettingUp --came_on--> Core --revoked--> Declined (revoked: from any state)
 //!   Made, SettingUp, AwaitsFirstAllReduce --declined--> Declined
 //!   any --forget (destroyed, aborted)--> unknown
 //! ```
@@ -109,25 +109,23 @@ pub fn first_all_reduce(comm: ncclComm_t) -> bool {
     })
 }
 
-/// Made or SettingUp (or unknown, for tests that set a core up by hand) -> Core.
-pub fn came_on(comm: ncclComm_t, core: Arc<CoreComm>) {
-    with_table(|table| {
-        let blocking = core.blocking;
-        let entry = table.entry(comm as usize).or_insert_with(|| {
-            ENTRIES.fetch_add(1, Ordering::Release);
-            Entry {
-                state: State::Made,
-                blocking,
-            }
-        });
-        entry.state = State::Core(core);
-    });
+/// Made or SettingUp -> Core; the core handed back (not taken) where `comm` was destroyed,
+/// aborted or revoked meanwhile, from another thread.
+pub fn came_on(comm: ncclComm_t, core: Arc<CoreComm>) -> Result<(), Arc<CoreComm>> {
+    with_table(|table| match table.get_mut(&(comm as usize)) {
+        Some(entry) if matches!(entry.state, State::Made | State::SettingUp) => {
+            entry.state = State::Core(core);
+            Ok(())
+        }
+        _ => Err(core),
+    })?;
     // Each second, every core whose kernel gave up waiting says so (`CoreComm::failed`).
     super::watch::start(|| {
         for (comm, core) in cores() {
             core.failed(comm);
         }
     });
+    Ok(())
 }
 
 /// A nonblocking communicator was created (the real NCCL may still be initialising it): its
@@ -180,17 +178,14 @@ pub fn blocking(comm: ncclComm_t) -> bool {
         .is_some_and(|entry| entry.blocking)
 }
 
-/// Core -> Declined (ncclCommRevoke): takes `comm`'s core away, if it has one; its calls go to
-/// NCCL from then on.
+/// any -> Declined (ncclCommRevoke): takes `comm`'s core away, if it has one, and never sets one
+/// up after; its calls go to NCCL from then on.
 pub fn revoked(comm: ncclComm_t) -> Option<Arc<CoreComm>> {
     with_table(|table| {
         let entry = table.get_mut(&(comm as usize))?;
         match std::mem::replace(&mut entry.state, State::Declined) {
             State::Core(core) => Some(core),
-            other => {
-                entry.state = other;
-                None
-            }
+            _ => None,
         }
     })
 }

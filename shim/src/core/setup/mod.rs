@@ -562,7 +562,14 @@ fn finish(
                 parts,
                 mapped.reach,
             );
-            lifecycle::came_on(candidate.comm, Arc::new(core));
+            if let Err(core) = lifecycle::came_on(candidate.comm, Arc::new(core)) {
+                log_info!(
+                    "core off for comm {:p}: destroyed, aborted or revoked during its set-up",
+                    candidate.comm
+                );
+                // Its buffers and the peers' mappings are freed (no kernel of it ever ran).
+                drop(core);
+            }
         }
         (parts, mapped, _) => {
             let why = match (&mapped, &candidate.why_not) {

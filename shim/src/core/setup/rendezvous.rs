@@ -19,8 +19,9 @@
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::ffi::CString;
+use std::sync::Arc;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::core::fnv::Fnv;
@@ -283,7 +284,8 @@ impl Arrival {
         (signed == self.nranks && !states.contains(&VOID)).then(|| Place {
             arrival: self,
             exchanges: Cell::new(0),
-            comm: 0,
+            stop: Arc::new(AtomicBool::new(false)),
+            listed: false,
         })
     }
 
@@ -309,8 +311,10 @@ pub struct Place {
     arrival: Arrival,
     /// How many exchanges this rank has published.
     exchanges: Cell<usize>,
-    /// The communicator whose set-up meets here (listed in `MEETINGS`; 0: none).
-    comm: usize,
+    /// Raised by `withdraw` (another thread): this rank's waits end.
+    stop: Arc<AtomicBool>,
+    /// Whether `MEETINGS` lists it.
+    listed: bool,
 }
 
 impl Place {
@@ -323,14 +327,17 @@ impl Place {
     }
 
     /// Publishes this rank's `payload` for the next exchange (at most `PAYLOAD_BYTES`); false if
-    /// the set-up makes no more.
+    /// the set-up makes no more, or this rank has withdrawn.
     pub fn publish(&self, payload: &[u8]) -> bool {
         let exchange = self.exchanges.get();
         if exchange >= EXCHANGES || payload.len() > PAYLOAD_BYTES {
             return false;
         }
         let (segment, rank) = (&self.arrival.segment, self.arrival.rank);
-        if segment.state(rank).load(Ordering::Acquire) == WITHDRAWN {
+        let before = SIGNED + exchange as u32;
+        if self.stop.load(Ordering::Acquire)
+            || segment.state(rank).load(Ordering::Acquire) != before
+        {
             return false;
         }
         // SAFETY: this rank's own slot; no peer reads this exchange's payload before the state
@@ -339,16 +346,26 @@ impl Place {
             let at = (&raw mut (*segment.slot(rank)).payloads[exchange]).cast::<u8>();
             std::ptr::copy_nonoverlapping(payload.as_ptr(), at, payload.len());
         }
+        // From the state read above only: a withdrawal meanwhile (`withdraw`, another thread)
+        // stands.
+        let published = before + 1;
+        let stored = segment.state(rank).compare_exchange(
+            before,
+            published,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+        if stored.is_err() {
+            return false;
+        }
         self.exchanges.set(exchange + 1);
-        let published = SIGNED + (exchange + 1) as u32;
-        segment.state(rank).store(published, Ordering::Release);
         true
     }
 
     /// Every rank's payload of the exchange this rank last published (`len` bytes each, in rank
     /// order), once all have published it; `None` (this rank withdrawn) where a rank withdrew or
-    /// its process is gone. Waits as long as the ranks are there: as long as NCCL's all-gather
-    /// would.
+    /// its process is gone, or where this rank was withdrawn from another thread (`withdraw`).
+    /// Waits as long as the ranks are there: as long as NCCL's all-gather would.
     pub fn collect(&self, len: usize) -> Option<Vec<u8>> {
         let exchange = self.exchanges.get().checked_sub(1)?;
         if len > PAYLOAD_BYTES {
@@ -363,7 +380,7 @@ impl Place {
             let mut checked = Instant::now();
             loop {
                 // Withdrawn by another thread (its communicator destroyed, aborted or revoked).
-                if segment.state(self.rank()).load(Ordering::Acquire) == WITHDRAWN {
+                if self.stop.load(Ordering::Acquire) {
                     return None;
                 }
                 let state = segment.state(rank).load(Ordering::Acquire);
@@ -424,9 +441,9 @@ fn pause(waited: Duration) {
 
 impl Drop for Place {
     fn drop(&mut self) {
-        if self.comm != 0 {
+        if self.listed {
             let mut meetings = MEETINGS.lock().unwrap_or_else(|e| e.into_inner());
-            meetings.retain(|m| m.comm != self.comm);
+            meetings.retain(|m| !Arc::ptr_eq(&m.stop, &self.stop));
         }
     }
 }
@@ -434,10 +451,12 @@ impl Drop for Place {
 /// The arrivals of communicators made but not yet set up, by handle.
 static ARRIVALS: Mutex<Vec<(usize, Arrival)>> = Mutex::new(Vec::new());
 
-/// A set-up meeting now: the communicator, and its rank's state in the segment.
+/// A set-up meeting now: the communicator, its rank's state in the segment, and what ends the
+/// rank's waits.
 struct Meeting {
     comm: usize,
     state: *const AtomicU32,
+    stop: Arc<AtomicBool>,
 }
 
 // SAFETY: the state is shared memory used only atomically; the entry goes (under the lock)
@@ -455,11 +474,11 @@ pub fn meet(comm: ncclComm_t) -> Option<Place> {
     // the other. (No `Place` of a listed meeting drops while it is held.)
     let mut meetings = MEETINGS.lock().unwrap_or_else(|e| e.into_inner());
     let mut place = take(comm)?.meet()?;
-    place.comm = comm as usize;
-    let state = place.arrival.segment.state(place.rank()) as *const AtomicU32;
+    place.listed = true;
     meetings.push(Meeting {
-        comm: place.comm,
-        state,
+        comm: comm as usize,
+        state: place.arrival.segment.state(place.rank()),
+        stop: place.stop.clone(),
     });
     Some(place)
 }
@@ -471,8 +490,15 @@ pub fn withdraw(comm: ncclComm_t) {
     let meetings = MEETINGS.lock().unwrap_or_else(|e| e.into_inner());
     drop(take(comm));
     for meeting in meetings.iter().filter(|m| m.comm == comm as usize) {
+        meeting.stop.store(true, Ordering::Release);
+        // Peers see it withdrawn only before it published its last exchange: after, some may
+        // already have decided with its verdict, and the others must decide alike.
         // SAFETY: listed, so still mapped (see `Meeting`).
-        unsafe { &*meeting.state }.store(WITHDRAWN, Ordering::Release);
+        let state = unsafe { &*meeting.state };
+        let last = SIGNED + EXCHANGES as u32;
+        let _ = state.fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
+            (s < last).then_some(WITHDRAWN)
+        });
     }
 }
 
@@ -629,7 +655,9 @@ mod tests {
         let (done, result) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             assert!(place.publish(&[1]));
-            done.send(place.collect(1)).unwrap();
+            let collected = place.collect(1);
+            drop(place);
+            done.send(collected).unwrap();
         });
         std::thread::sleep(Duration::from_millis(50));
         withdraw(comm);
@@ -642,6 +670,48 @@ mod tests {
         );
         let meetings = MEETINGS.lock().unwrap();
         assert!(meetings.iter().all(|m| m.comm != comm as usize), "unlisted");
+    }
+
+    /// A rank withdrawn before it publishes publishes nothing, and its peer sees it withdrawn.
+    #[test]
+    fn a_withdrawn_rank_publishes_nothing() {
+        let id = unique_id("no-publish");
+        let comm = 0x5300_0000 as ncclComm_t;
+        hold(comm, sign_in(&id, 2, 0).unwrap());
+        let peer = sign_in(&id, 2, 1).unwrap().meet().unwrap();
+        let place = meet(comm).expect("both signed in");
+        withdraw(comm);
+        assert!(!place.publish(&[1]));
+        assert!(peer.publish(&[2]));
+        assert!(peer.collect(1).is_none());
+    }
+
+    /// A rank withdrawn once it has published its last exchange stops waiting, but its peers,
+    /// some of which may have decided with its verdict already, all decide with it.
+    #[test]
+    fn a_late_withdrawal_leaves_the_peers_decision_alone() {
+        let id = unique_id("late");
+        let comm = 0x5400_0000 as ncclComm_t;
+        hold(comm, sign_in(&id, 3, 0).unwrap());
+        let arrivals: Vec<Arrival> = (1..3).map(|r| sign_in(&id, 3, r).unwrap()).collect();
+        let peers: Vec<Place> = arrivals.into_iter().map(|a| a.meet().unwrap()).collect();
+        let place = meet(comm).expect("all signed in");
+        for exchange in 0..EXCHANGES {
+            assert!(place.publish(&[exchange as u8]));
+            peers
+                .iter()
+                .for_each(|p| assert!(p.publish(&[exchange as u8])));
+            if exchange + 1 < EXCHANGES {
+                assert!(place.collect(1).is_some());
+                peers.iter().for_each(|p| assert!(p.collect(1).is_some()));
+            }
+        }
+        assert!(
+            peers[0].collect(1).is_some(),
+            "decided before the withdrawal"
+        );
+        withdraw(comm);
+        assert!(peers[1].collect(1).is_some(), "decided after it, alike");
     }
 
     /// A segment of another size (another build's) is refused, not resized under its ranks.

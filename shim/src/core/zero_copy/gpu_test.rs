@@ -361,7 +361,9 @@ fn core_role(rank: usize, dir: &Path, processes: Vec<u64>) {
     // Through the routed path under a made-up handle, traced and timed (NCCLSHIM_TRACE and
     // NCCLSHIM_TRACE_TIMING=1 come from the parent): each call's GPU time is in the trace.
     let comm = (0x7e57_0000 + 0x100 * rank) as crate::ffi::ncclComm_t;
-    super::super::lifecycle::came_on(comm, std::sync::Arc::new(core));
+    super::super::lifecycle::made(comm, true);
+    let taken = super::super::lifecycle::came_on(comm, std::sync::Arc::new(core));
+    assert!(taken.is_ok(), "a communicator made just now takes its core");
     super::super::observer::observer().core_decided(comm, true, rank as i32, 2, device.ordinal);
     let kind = crate::ffi::OPERATIONS
         .iter()
