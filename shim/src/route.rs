@@ -55,20 +55,17 @@ unsafe fn created(
     blocking: bool,
     arrival: Option<core::Arrival>,
 ) -> ncclResult_t {
-    if comm.is_null() {
+    // A nonblocking init goes on in the background once it returns ncclInProgress.
+    let made = result == ncclSuccess || (!blocking && result == ncclInProgress);
+    if comm.is_null() || !made {
         return result;
     }
-    if blocking && result == ncclSuccess {
-        // SAFETY: the real NCCL wrote it.
-        let comm = unsafe { *comm };
-        core::arrived(comm, arrival);
-        core::created(&[comm]);
-    } else if !blocking && (result == ncclSuccess || result == ncclInProgress) {
-        // SAFETY: as above: NCCL writes a nonblocking communicator's handle before its init goes
-        // on in the background.
-        let comm = unsafe { *comm };
-        core::arrived(comm, arrival);
-        core::created_nonblocking(comm);
+    // SAFETY: the real NCCL wrote it (a nonblocking communicator's before its init goes on).
+    let comm = unsafe { *comm };
+    core::arrived(comm, arrival);
+    match blocking {
+        true => core::created(&[comm]),
+        false => core::created_nonblocking(comm),
     }
     result
 }
