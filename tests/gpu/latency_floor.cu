@@ -115,6 +115,23 @@ template <int BYTES> struct Padded {
 
 #define SENTINEL 0xffffffffu
 
+// Sends `own` into the peer's inbox `to` and waits for the peer's in `mine`, as the sentinel
+// kernel does: a word that still holds the sentinel has not arrived; set back once read.
+__device__ __forceinline__ uint4 exchange_16(uint4 own, uint4* to, uint4* mine) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(to), "r"(own.x), "r"(own.y), "r"(own.z),
+               "r"(own.w)
+               : "memory");
+  uint4 got;
+  do {
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(got.x), "=r"(got.y), "=r"(got.z), "=r"(got.w)
+                 : "l"(mine)
+                 : "memory");
+  } while (got.x == SENTINEL || got.y == SENTINEL || got.z == SENTINEL || got.w == SENTINEL);
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %1, %1, %1};" ::"l"(mine), "r"(SENTINEL) : "memory");
+  return got;
+}
+
 template <int BYTES, bool WAIT_FIRST>
 __global__ void shaped(Padded<BYTES> p) {
   if (WAIT_FIRST) {
@@ -137,18 +154,7 @@ __global__ void shaped(Padded<BYTES> p) {
   uint4 own = *s.in;
   u64 e = *s.counter + 1;
   int parity = (int)(e & 1);
-  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(s.inbox_peer + parity), "r"(own.x),
-               "r"(own.y), "r"(own.z), "r"(own.w)
-               : "memory");
-  uint4 got;
-  do {
-    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(got.x), "=r"(got.y), "=r"(got.z), "=r"(got.w)
-                 : "l"(s.inbox_mine + parity)
-                 : "memory");
-  } while (got.x == SENTINEL || got.y == SENTINEL || got.z == SENTINEL || got.w == SENTINEL);
-  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %1, %1, %1};" ::"l"(s.inbox_mine + parity), "r"(SENTINEL)
-               : "memory");
+  uint4 got = exchange_16(own, s.inbox_peer + parity, s.inbox_mine + parity);
   *s.out = make_uint4(own.x + got.x, own.y + got.y, own.z + got.z, own.w + got.w);
   *s.counter = e;
 }
@@ -182,17 +188,7 @@ __global__ void core_like(CoreLike p) {
   int parity = (int)(e & 1);
   uint4* to = p.inboxes[peer] + p.inbox_offset + parity;
   uint4* mine = p.inboxes[rank] + p.inbox_offset + parity;
-  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(to), "r"(own.x), "r"(own.y), "r"(own.z),
-               "r"(own.w)
-               : "memory");
-  uint4 got;
-  do {
-    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(got.x), "=r"(got.y), "=r"(got.z), "=r"(got.w)
-                 : "l"(mine)
-                 : "memory");
-  } while (got.x == SENTINEL || got.y == SENTINEL || got.z == SENTINEL || got.w == SENTINEL);
-  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %1, %1, %1};" ::"l"(mine), "r"(SENTINEL) : "memory");
+  uint4 got = exchange_16(own, to, mine);
   *p.out = make_uint4(own.x + got.x, own.y + got.y, own.z + got.z, own.w + got.w);
   *counter = e;
 }
@@ -223,18 +219,7 @@ __global__ void spread(Padded<80> p, unsigned skip) {
   unsigned x = (unsigned)e;
   SKIPPED8(A) SKIPPED8(B) SKIPPED8(C) SKIPPED8(D) SKIPPED8(E) SKIPPED8(F)
   int parity = (int)(x & 1);
-  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(s.inbox_peer + parity), "r"(own.x),
-               "r"(own.y), "r"(own.z), "r"(own.w)
-               : "memory");
-  uint4 got;
-  do {
-    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(got.x), "=r"(got.y), "=r"(got.z), "=r"(got.w)
-                 : "l"(s.inbox_mine + parity)
-                 : "memory");
-  } while (got.x == SENTINEL || got.y == SENTINEL || got.z == SENTINEL || got.w == SENTINEL);
-  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %1, %1, %1};" ::"l"(s.inbox_mine + parity), "r"(SENTINEL)
-               : "memory");
+  uint4 got = exchange_16(own, s.inbox_peer + parity, s.inbox_mine + parity);
   *s.out = make_uint4(own.x + got.x, own.y + got.y, own.z + got.z, own.w + got.w);
   *s.counter = e;
 }

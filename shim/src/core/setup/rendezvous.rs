@@ -526,6 +526,18 @@ mod tests {
         id
     }
 
+    /// A meeting of `nranks` ranks, all signed in: rank 0's through `meet` as a set-up's (its
+    /// arrival held for `comm`, so that `withdraw(comm)` reaches it), the others' directly.
+    fn meeting_of(tag: &str, comm: ncclComm_t, nranks: i32) -> (Place, Vec<Place>) {
+        let id = unique_id(tag);
+        hold(comm, sign_in(&id, nranks, 0).unwrap());
+        let arrivals: Vec<Arrival> = (1..nranks)
+            .map(|r| sign_in(&id, nranks, r).unwrap())
+            .collect();
+        let peers = arrivals.into_iter().map(|a| a.meet().unwrap()).collect();
+        (meet(comm).expect("all signed in"), peers)
+    }
+
     /// Ranks that all signed in meet, exchange both payloads in rank order, and leave no name
     /// behind in /dev/shm.
     #[test]
@@ -647,11 +659,9 @@ mod tests {
     /// withdrawn from another thread (destroyed, aborted, revoked), and its peers see it gone.
     #[test]
     fn withdrawing_ends_a_meeting_in_progress() {
-        let id = unique_id("meeting");
         let comm = 0x5200_0000 as ncclComm_t;
-        hold(comm, sign_in(&id, 2, 0).unwrap());
-        let silent_peer = sign_in(&id, 2, 1).unwrap().meet().unwrap();
-        let place = meet(comm).expect("both signed in");
+        let (place, mut peers) = meeting_of("meeting", comm, 2);
+        let silent_peer = peers.remove(0);
         let (done, result) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             assert!(place.publish(&[1]));
@@ -675,11 +685,9 @@ mod tests {
     /// A rank withdrawn before it publishes publishes nothing, and its peer sees it withdrawn.
     #[test]
     fn a_withdrawn_rank_publishes_nothing() {
-        let id = unique_id("no-publish");
         let comm = 0x5300_0000 as ncclComm_t;
-        hold(comm, sign_in(&id, 2, 0).unwrap());
-        let peer = sign_in(&id, 2, 1).unwrap().meet().unwrap();
-        let place = meet(comm).expect("both signed in");
+        let (place, peers) = meeting_of("no-publish", comm, 2);
+        let peer = &peers[0];
         withdraw(comm);
         assert!(!place.publish(&[1]));
         assert!(peer.publish(&[2]));
@@ -690,12 +698,8 @@ mod tests {
     /// some of which may have decided with its verdict already, all decide with it.
     #[test]
     fn a_late_withdrawal_leaves_the_peers_decision_alone() {
-        let id = unique_id("late");
         let comm = 0x5400_0000 as ncclComm_t;
-        hold(comm, sign_in(&id, 3, 0).unwrap());
-        let arrivals: Vec<Arrival> = (1..3).map(|r| sign_in(&id, 3, r).unwrap()).collect();
-        let peers: Vec<Place> = arrivals.into_iter().map(|a| a.meet().unwrap()).collect();
-        let place = meet(comm).expect("all signed in");
+        let (place, peers) = meeting_of("late", comm, 3);
         for exchange in 0..EXCHANGES {
             assert!(place.publish(&[exchange as u8]));
             peers
