@@ -198,7 +198,7 @@ __global__ void core_like(CoreLike p) {
 #define ADD1 "add.u32 %0, %0, %2; "
 #define ADD8 ADD1 ADD1 ADD1 ADD1 ADD1 ADD1 ADD1 ADD1
 #define SKIPPED(label) \
-  asm volatile("{ .reg .pred p; setp.ne.u32 p, %1, 0; @p bra " #label "; " ADD8 ADD8 ADD8 ADD8 #label ": }" \
+  asm volatile("{ .reg .pred p; setp.ne.u32 p, %1, 0; @p bra skip_" #label "; " ADD8 ADD8 ADD8 ADD8 "skip_" #label ": }" \
                : "+r"(x)                                                                                 \
                : "r"(skip), "r"(x));
 #define SKIPPED8(tag)                                                                    \
