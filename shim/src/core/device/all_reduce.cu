@@ -133,8 +133,9 @@ __device__ void direct(Peers peers, int rank, int nranks, const T* in, T* out, u
 // a rank writes a parity again only two calls later, and to finish the call in between it must
 // have received every peer's packets of that call, which each peer sends only once done with
 // the call before.
-template <typename T, int OP>
-__device__ void ll_one_shot(const FusedArgs& args) {
+// NR: as the sentinel kernel's (sentinel_of).
+template <typename T, int OP, int NR>
+__device__ void ll_one_shot_of(const FusedArgs& args) {
   const int E = 8 / sizeof(T);  // elements in one 8-byte unit
   const int rank = args.rank, nranks = args.nranks;
   u32 epoch = begin_call(args.peers, rank);
@@ -148,18 +149,28 @@ __device__ void ll_one_shot(const FusedArgs& args) {
     const T* in = (const T*)c.in;
     Unit<T, E> mine = load_unit<T, E>(in, c.count, piece.unit, ((u64)in & 7) == 0);
     // Starting with the next rank: the ranks' first stores go to different GPUs.
-    for (int i = 1; i < nranks; i++) {
-      int p = (rank + i) % nranks;
-      ll_store(ll_slot(args.peers.staging[p], inbox, parity, rank) + 2 * u, mine.w[0], mine.w[1], epoch);
+#pragma unroll
+    for (int i = 1; i < NR; i++) {
+      if (i < nranks) {
+        const int p = rank + i < nranks ? rank + i : rank + i - nranks;
+        ll_store(ll_slot(args.peers.staging[p], inbox, parity, rank) + 2 * u, mine.w[0], mine.w[1], epoch);
+      }
     }
   }
   for (u64 u = thread_index(); u < units; u += grid_threads()) {
     const Piece piece = piece_of<T, 8>(args, u);
     const FusedCall& c = args.calls[piece.call];
-    ll_reduce_unit<T, OP>(args.peers, rank, nranks, inbox, epoch, args.abort, u, (const T*)c.in, (T*)c.out, c.count,
-                          piece.unit);
+    ll_reduce_unit<T, OP, NR>(args.peers, rank, nranks, inbox, epoch, args.abort, u, (const T*)c.in, (T*)c.out,
+                              c.count, piece.unit);
   }
   end_call(args.peers, rank, epoch);
+}
+
+template <typename T, int OP>
+__device__ void ll_one_shot(const FusedArgs& args) {
+  if (args.nranks <= 2) return ll_one_shot_of<T, OP, 2>(args);
+  if (args.nranks <= 4) return ll_one_shot_of<T, OP, 4>(args);
+  ll_one_shot_of<T, OP, MAX_RANKS>(args);
 }
 
 // Sentinel (small messages of floating-point types): as low-latency, but the data signals its
@@ -214,30 +225,42 @@ template <typename W> __device__ __forceinline__ void sentinel_store(Pack* addre
   }
 }
 
+// Loads the 16 bytes at `address` into `p`: whether no word of them is the sentinel.
+template <typename W>
+__device__ __forceinline__ bool sentinel_poll(const Pack* address, Pack& p) {
+  if constexpr (sizeof(W) == 8) {
+    u64 lo, hi;
+    asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(lo), "=l"(hi) : "l"(address) : "memory");
+    p.w[0] = (u32)lo, p.w[1] = (u32)(lo >> 32), p.w[2] = (u32)hi, p.w[3] = (u32)(hi >> 32);
+    return lo != ~0ull && hi != ~0ull;
+  } else {
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(p.w[0]), "=r"(p.w[1]), "=r"(p.w[2]), "=r"(p.w[3])
+                 : "l"(address)
+                 : "memory");
+    return p.w[0] != SENTINEL && p.w[1] != SENTINEL && p.w[2] != SENTINEL && p.w[3] != SENTINEL;
+  }
+}
+
+// Polls back to back before the loop that may give up or pause (poll_pause's first polls): in
+// step, a peer's data comes within them, and that loop's bookkeeping cost 0.1 us a call (2 H100).
+#define SENTINEL_FAST_POLLS 32
+
 // Waits until no word at `address` is the sentinel, puts the sentinel back, returns the words.
 template <typename W>
 __device__ __forceinline__ Pack sentinel_take(Pack* address, const volatile int* abort, int peer) {
   Pack p;
-  bool arrived;
-  unsigned spins = 0;
-  u64 since = 0;
-  do {
-    if constexpr (sizeof(W) == 8) {
-      u64 lo, hi;
-      asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(lo), "=l"(hi) : "l"(address) : "memory");
-      p.w[0] = (u32)lo, p.w[1] = (u32)(lo >> 32), p.w[2] = (u32)hi, p.w[3] = (u32)(hi >> 32);
-      arrived = lo != ~0ull && hi != ~0ull;
-    } else {
-      asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                   : "=r"(p.w[0]), "=r"(p.w[1]), "=r"(p.w[2]), "=r"(p.w[3])
-                   : "l"(address)
-                   : "memory");
-      arrived = p.w[0] != SENTINEL && p.w[1] != SENTINEL && p.w[2] != SENTINEL && p.w[3] != SENTINEL;
+  bool arrived = false;
+#pragma unroll 1
+  for (int i = 0; i < SENTINEL_FAST_POLLS && !arrived; i++) arrived = sentinel_poll<W>(address, p);
+  if (!arrived) {
+    unsigned spins = SENTINEL_FAST_POLLS;
+    u64 since = 0;
+    while (!sentinel_poll<W>(address, p)) {
+      if ((++spins & 1023u) == 0 && give_up(abort, since, peer)) break;
+      poll_pause(spins);
     }
-    if (arrived) break;
-    if ((++spins & 1023u) == 0 && give_up(abort, since, peer)) break;
-    poll_pause(spins);
-  } while (true);
+  }
   sentinel_store<W>(address, Pack{{SENTINEL, SENTINEL, SENTINEL, SENTINEL}});
   return p;
 }
@@ -257,48 +280,49 @@ __device__ __forceinline__ Pack load_padded_pack(const T* src, u64 count, u64 j,
   return p.pack;
 }
 
-// Pack `j` of the launch's calls as one (see "fused launches"), sentinels cleared; zeros past the
-// end, with no access.
-template <typename T, typename W>
-__device__ __forceinline__ Pack own_pack(const FusedArgs& args, u64 j) {
-  const Piece piece = piece_of<T, 16>(args, j);
+// Pack `piece` of the launch's calls as its input holds it; zeros past the end, with no access.
+template <typename T>
+__device__ __forceinline__ Pack input_pack(const FusedArgs& args, Piece piece) {
   const FusedCall& c = args.calls[piece.call];
-  return clear_sentinels<W>(load_padded_pack((const T*)c.in, c.count, piece.unit, aligned16(c.in)));
+  return load_padded_pack((const T*)c.in, c.count, piece.unit, aligned16(c.in));
 }
 
-template <typename T, int OP>
-__device__ void sentinel(const FusedArgs& args) {
+// The sentinel kernel for up to NR ranks (the fewest of 2, 4 and 8 that hold the
+// communicator's), so that the loops over peers unroll to what is there; ONE: the launch carries
+// one call. A small call is one exchange over NVLink, where every instruction shows.
+template <typename T, int OP, int NR, bool ONE>
+__device__ void sentinel_of(const FusedArgs& args) {
   typedef typename SentinelWord<T>::W W;
   const int N = PackOf<T>::N;
   const int rank = args.rank, nranks = args.nranks;
-  const u64 packs = fused_units<T, 16>(args);
-  // Each pack is loaded one turn ahead (past the end: zeros, no access), the first one before
-  // the epoch is read, so that the two loads overlap (2 - 7 % faster on 2 and 4 H200; the same
-  // in the low-latency kernel measured 0.1 us slower, so it is not there). The policy gives a
-  // thread one pack, so only the first load counts there; the loop takes any grid.
-  Pack next = own_pack<T, W>(args, thread_index());
-  u32 epoch = begin_call(args.peers, rank);
+  const u64 packs = launch_units<T, 16, ONE>(args);
+  // The policy gives a thread one pack (the loop takes any grid). Its load is issued before the
+  // epoch's, and nothing looks at it until the epoch is read, so that the two loads overlap:
+  // with its sentinels cleared at once, the epoch's load waited for it (0.2 - 0.25 us a call on
+  // 2 H100, timed inside the kernel).
+  u64 j = thread_index();
+  Piece piece = launch_piece<T, 16, ONE>(args, j);
+  Pack loaded = input_pack<T>(args, piece);
+  const u32 epoch = begin_call(args.peers, rank);
   const u64 inbox = args.staging.sentinel_inbox;
   const u64 parity = epoch & 1;
-  for (u64 j = thread_index(); j < packs; j += grid_threads()) {
-    Pack mine = next;
-    next = own_pack<T, W>(args, j + grid_threads());
-    // Starting with the next rank: the ranks' first stores go to different GPUs.
-    for (int i = 1; i < nranks; i++) {
-      int p = (rank + i) % nranks;
-      sentinel_store<W>(sentinel_slot(args.peers.staging[p], inbox, parity, rank) + j, mine);
+  for (; j < packs; j += grid_threads()) {
+    if (j != thread_index()) {
+      piece = launch_piece<T, 16, ONE>(args, j);
+      loaded = input_pack<T>(args, piece);
     }
-  }
-  for (u64 j = thread_index(); j < packs; j += grid_threads()) {
-    // Not yet overwritten in place: only this thread writes these elements, below. Loaded
-    // before the waits, so that its round trip overlaps theirs.
-    Pack own = own_pack<T, W>(args, j);
-    const Piece piece = piece_of<T, 16>(args, j);
-    const FusedCall& c = args.calls[piece.call];
-    T* out = (T*)c.out;
-    typename PackOf<T>::U from[MAX_RANKS];
+    const Pack own = clear_sentinels<W>(loaded);
+    // Starting with the next rank: the ranks' first stores go to different GPUs.
 #pragma unroll
-    for (int p = 0; p < MAX_RANKS; p++) {
+    for (int i = 1; i < NR; i++) {
+      if (i < nranks) {
+        const int p = rank + i < nranks ? rank + i : rank + i - nranks;
+        sentinel_store<W>(sentinel_slot(args.peers.staging[p], inbox, parity, rank) + j, own);
+      }
+    }
+    typename PackOf<T>::U from[NR];
+#pragma unroll
+    for (int p = 0; p < NR; p++) {
       if (p == rank) {
         from[p].pack = own;
       } else if (p < nranks) {
@@ -307,7 +331,10 @@ __device__ void sentinel(const FusedArgs& args) {
     }
     typename PackOf<T>::U result;
 #pragma unroll
-    for (int k = 0; k < N; k++) result.v[k] = reduce_element<T, OP>(from, nranks, k);
+    for (int k = 0; k < N; k++) result.v[k] = reduce_element<T, OP, NR>(from, nranks, k);
+    // In place, the output is the input: this thread alone reads and writes these elements.
+    const FusedCall& c = args.calls[piece.call];
+    T* out = (T*)c.out;
     const u64 at = piece.unit;
     if (aligned16(out) && (at + 1) * N <= c.count) {
       ((Pack*)out)[at] = result.pack;
@@ -319,4 +346,17 @@ __device__ void sentinel(const FusedArgs& args) {
     }
   }
   end_call(args.peers, rank, epoch);
+}
+
+template <typename T, int OP, int NR>
+__device__ void sentinel_for(const FusedArgs& args) {
+  if (args.ncalls == 1) return sentinel_of<T, OP, NR, true>(args);
+  sentinel_of<T, OP, NR, false>(args);
+}
+
+template <typename T, int OP>
+__device__ void sentinel(const FusedArgs& args) {
+  if (args.nranks <= 2) return sentinel_for<T, OP, 2>(args);
+  if (args.nranks <= 4) return sentinel_for<T, OP, 4>(args);
+  sentinel_for<T, OP, MAX_RANKS>(args);
 }
