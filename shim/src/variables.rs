@@ -99,6 +99,11 @@ pub const TUNE: &[Variable] = &[
         "largest floating-point all-reduce done by the sentinel kernel (512 KiB for 2–4 ranks, none above; at most 512 KiB; `0`: none, for the low-latency kernel's exact bits where a NaN's sign matters)",
     ),
     row(
+        "sentinel_block",
+        "`0`",
+        "largest sentinel all-reduce (or fused group of them) run in one block of one thread per 16 bytes (at most 8 KiB, 512 threads); larger ones run in blocks of 64 threads, as all do by default",
+    ),
+    row(
         "ll_max",
         "by ranks",
         "largest all-reduce done by the low-latency kernel, past the sentinel kernel's, and largest chunk (what one rank sends another) of the other collectives sent as packets (128 KiB for 2 ranks, 32 KiB above; at most 128 KiB)",

@@ -203,7 +203,11 @@ fn launch_shape(
     let two_shot_blocks = settings.two_shot_blocks(nranks);
     match algorithm {
         Algorithm::LowLatency => (128, MAX_BLOCKS),
-        // No per-block flags: as many blocks as one pack per thread takes.
+        // No per-block flags: as many blocks as one pack per thread takes; up to
+        // `sentinel_block`, one (a lone block's call ends with no count of blocks done).
+        Algorithm::Sentinel if bytes <= settings.sentinel_block() => {
+            (bytes.div_ceil(16).next_multiple_of(64).max(64) as u32, 1)
+        }
         Algorithm::Sentinel => (64, SENTINEL_BLOCKS),
         Algorithm::OneShot if bytes <= 256 << 10 => (128, MAX_BLOCKS),
         Algorithm::OneShot => (256, 128),
@@ -700,6 +704,22 @@ mod tests {
         assert_eq!(sentinel(8, 2), (Sentinel, 64, 1), "{per_pack}");
         assert_eq!(sentinel(64 << 10, 4), (Sentinel, 64, 64), "{per_pack}");
         assert_eq!(sentinel(512 << 10, 2), (Sentinel, 64, 512), "{per_pack}");
+        let one_block = with(&[("NCCLSHIM_TUNE", "sentinel_block:4K")]);
+        let blocks = |bytes: usize| {
+            let plan = plan_all_reduce(&one_block, bytes / 4, 7, 0, &procs(2)).unwrap();
+            (plan.threads, plan.blocks)
+        };
+        let single = "sentinel_block: up to its size, one block of a thread per pack";
+        assert_eq!(blocks(8), (64, 1), "{single}");
+        assert_eq!(blocks(2 << 10), (128, 1), "{single}");
+        assert_eq!(blocks(4 << 10), (256, 1), "{single}");
+        assert_eq!(blocks(8 << 10), (64, 8), "past it, blocks of 64");
+        let most = with(&[("NCCLSHIM_TUNE", "sentinel_block:1M")]).sentinel_block();
+        assert_eq!(
+            most,
+            MAX_THREADS as usize * 16,
+            "one block holds 512 threads"
+        );
         assert_eq!(
             shape(16 << 20, 2),
             (TwoShot, MAX_THREADS, 128),

@@ -34,6 +34,8 @@ pub struct Settings {
     pub force_core: bool,
     /// `None`: by the number of ranks (see `sentinel_max`).
     pub sentinel_max_bytes: Option<usize>,
+    /// Sentinel calls of up to this many bytes run in one block (`None`: see `sentinel_block`).
+    pub sentinel_block_bytes: Option<usize>,
     /// `None`: by the number of ranks (see `ll_max`).
     pub ll_max_bytes: Option<usize>,
     /// `None`: by the number of ranks (see `one_shot_max`).
@@ -70,6 +72,7 @@ impl Settings {
             enabled: true,
             force_core: false,
             sentinel_max_bytes: None,
+            sentinel_block_bytes: None,
             ll_max_bytes: None,
             one_shot_max_bytes: None,
             all_reduce_max_bytes: None,
@@ -132,6 +135,7 @@ impl Settings {
             enabled,
             force_core,
             sentinel_max_bytes,
+            sentinel_block_bytes,
             ll_max_bytes,
             one_shot_max_bytes,
             all_reduce_max_bytes,
@@ -174,6 +178,10 @@ impl Settings {
                     .word(group_core_bytes.1 as u64)
                     .finish(),
             ),
+            (
+                "NCCLSHIM_TUNE (sentinel_block)",
+                given(sentinel_block_bytes),
+            ),
         ]
         .map(|(name, value)| (name.to_string(), value))
         .into();
@@ -185,6 +193,14 @@ impl Settings {
             all.push((name, given(max_bytes[collective as usize])));
         }
         all
+    }
+
+    /// The largest sentinel call that runs in one block (of one thread per 16 bytes, at most
+    /// MAX_THREADS); larger ones run in blocks of 64 threads.
+    pub fn sentinel_block(&self) -> usize {
+        self.sentinel_block_bytes
+            .unwrap_or(0)
+            .min(super::limits::MAX_THREADS as usize * 16)
     }
 
     /// The sentinel kernel sends nothing but data and meets no one: on 2 and 4 H200 it was as
@@ -311,6 +327,7 @@ impl Settings {
         let bytes = || size(value).map(Some);
         match key {
             "sentinel_max" => put(&mut self.sentinel_max_bytes, bytes()),
+            "sentinel_block" => put(&mut self.sentinel_block_bytes, bytes()),
             "ll_max" => put(&mut self.ll_max_bytes, bytes()),
             "one_shot_max" => put(&mut self.one_shot_max_bytes, bytes()),
             "two_shot_blocks" => put(
