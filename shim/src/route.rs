@@ -63,9 +63,10 @@ unsafe fn created(
     // SAFETY: the real NCCL wrote it (a nonblocking communicator's before its init goes on).
     let comm = unsafe { *comm };
     core::arrived(comm, arrival);
-    match blocking {
-        true => core::created(&[comm]),
-        false => core::created_nonblocking(comm),
+    if blocking {
+        core::created(&[comm]);
+    } else {
+        core::created_nonblocking(comm);
     }
     result
 }

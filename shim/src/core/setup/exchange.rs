@@ -34,6 +34,13 @@ pub(super) struct Candidate {
     pub(super) why_not: Option<String>,
 }
 
+impl Candidate {
+    /// Its GPU and its room there for the exchanges through NCCL, where it has both.
+    fn through_nccl(&self) -> Option<(Device, &Exchange)> {
+        self.device.zip(self.exchange.as_ref())
+    }
+}
+
 /// The communicator whose all-gathers carry a set-up's records, and this rank's place in it.
 #[derive(Clone, Copy)]
 pub(super) struct Meeting {
@@ -79,13 +86,11 @@ pub(super) fn all_gather(candidates: &[Candidate], payloads: &[Vec<u8>]) -> Vec<
         .zip(payloads)
         .map(|(c, payload)| {
             c.place.is_none()
-                && c.device
-                    .zip(c.exchange.as_ref())
-                    .is_some_and(|(device, x)| {
-                        let _context = device.enter();
-                        let at = x.buffer.pointer + (c.meeting.rank * len) as u64;
-                        x.stream.copy_to_device(at, payload).is_ok()
-                    })
+                && c.through_nccl().is_some_and(|(device, x)| {
+                    let _context = device.enter();
+                    let at = x.buffer.pointer + (c.meeting.rank * len) as u64;
+                    x.stream.copy_to_device(at, payload).is_ok()
+                })
         })
         .collect();
     let issued = || {
@@ -99,7 +104,7 @@ pub(super) fn all_gather(candidates: &[Candidate], payloads: &[Vec<u8>]) -> Vec<
     let end = unsafe {
         real::ncclGroupStart();
         for c in issued() {
-            let (device, x) = c.device.zip(c.exchange.as_ref()).unwrap();
+            let (device, x) = c.through_nccl().unwrap();
             let _context = device.enter();
             let recv = x.buffer.pointer as *mut c_void;
             let send = (x.buffer.pointer + (c.meeting.rank * len) as u64) as *const c_void;
@@ -125,7 +130,7 @@ pub(super) fn all_gather(candidates: &[Candidate], payloads: &[Vec<u8>]) -> Vec<
             if let Some(place) = &c.place {
                 return published.then(|| place.collect(len)).flatten();
             }
-            let (device, x) = c.device.zip(c.exchange.as_ref())?;
+            let (device, x) = c.through_nccl()?;
             if !(staged && launched) {
                 return None;
             }
