@@ -100,8 +100,8 @@ pub const TUNE: &[Variable] = &[
     ),
     row(
         "sentinel_block",
-        "`0`",
-        "largest sentinel all-reduce (or fused group of them) run in one block of one thread per 16 bytes (at most 8 KiB, 512 threads); larger ones run in blocks of 64 threads, as all do by default",
+        "by ranks",
+        "largest sentinel all-reduce (or fused group of them) run in one block of one thread per 16 bytes (8 KiB for 2 ranks, none above; at most 8 KiB, 512 threads); larger ones run in blocks of 64 threads",
     ),
     row(
         "ll_max",

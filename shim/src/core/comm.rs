@@ -381,9 +381,9 @@ impl CoreComm {
                 ),
             });
         }
-        let blocks = match calls.len() {
-            1 => first.blocks,
-            _ => policy::fused_blocks(
+        let (blocks, threads) = match calls.len() {
+            1 => (first.blocks, first.threads),
+            _ => policy::fused_shape(
                 policy::settings(),
                 first.algorithm,
                 bytes,
@@ -407,7 +407,7 @@ impl CoreComm {
         }
         self.order.before_launch(stream)?;
         // SAFETY: `FusedArgs`, the kernel's one parameter.
-        unsafe { self.launch_with(function, blocks, first.threads, stream, &mut args) }?;
+        unsafe { self.launch_with(function, blocks, threads, stream, &mut args) }?;
         // The kernel is queued (the peers count on it): a stream that cannot wait for it is said,
         // not an error of the launch.
         for &other in others.iter().flatten() {

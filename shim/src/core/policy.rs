@@ -157,7 +157,7 @@ pub struct Plan {
 
 impl Plan {
     /// Whether calls of this plan and `other` may share a launch: the same kernel, and the same
-    /// grid unless the kernel fuses its calls (its grid is then the launch's, `fused_blocks`).
+    /// grid unless the kernel fuses its calls (its grid is then the launch's, `fused_shape`).
     /// Their counts and roots may differ.
     pub fn same_launch(&self, other: &Plan) -> bool {
         let fuses = self.fused_bytes().is_some();
@@ -171,16 +171,22 @@ impl Plan {
     }
 }
 
-/// The blocks of a fused launch of `algorithm` whose calls' data takes `bytes` of the inboxes: as
-/// for one call of that size.
-pub fn fused_blocks(settings: &Settings, algorithm: Algorithm, bytes: usize, nranks: usize) -> u32 {
+/// The blocks and threads per block of a fused launch of `algorithm` whose calls' data takes
+/// `bytes` of the inboxes: as for one call of that size (not its first call's block, which
+/// `sentinel_block` may make too small for the rest).
+pub fn fused_shape(
+    settings: &Settings,
+    algorithm: Algorithm,
+    bytes: usize,
+    nranks: usize,
+) -> (u32, u32) {
     let (threads, max_blocks) = launch_shape(settings, algorithm, bytes, nranks);
     let unit = if algorithm == Algorithm::Sentinel {
         16
     } else {
         8
     };
-    blocks_for(bytes, unit, threads, max_blocks)
+    (blocks_for(bytes, unit, threads, max_blocks), threads)
 }
 
 /// Blocks of `threads` for one `unit` of `bytes` per thread, at least one and at most `max_blocks`.
@@ -205,7 +211,7 @@ fn launch_shape(
         Algorithm::LowLatency => (128, MAX_BLOCKS),
         // No per-block flags: as many blocks as one pack per thread takes; up to
         // `sentinel_block`, one (a lone block's call ends with no count of blocks done).
-        Algorithm::Sentinel if bytes <= settings.sentinel_block() => {
+        Algorithm::Sentinel if bytes <= settings.sentinel_block(nranks) => {
             (bytes.div_ceil(16).next_multiple_of(64).max(64) as u32, 1)
         }
         Algorithm::Sentinel => (64, SENTINEL_BLOCKS),
@@ -556,8 +562,14 @@ mod tests {
         let large = plan_all_reduce(&s, 64 << 10, 7, 0, &facts).unwrap();
         assert!(small.same_launch(&large) && small.blocks < large.blocks);
         let both = small.fused_bytes().unwrap() + large.fused_bytes().unwrap();
-        assert!(fused_blocks(&s, Algorithm::Sentinel, both, 2) >= large.blocks);
-        assert_eq!(fused_blocks(&s, Algorithm::Sentinel, 64, 2), small.blocks);
+        assert!(fused_shape(&s, Algorithm::Sentinel, both, 2).0 >= large.blocks);
+        assert_eq!(
+            fused_shape(&s, Algorithm::Sentinel, 64, 2),
+            (small.blocks, small.threads)
+        );
+        // Eight calls of 512 bytes on 2 ranks: one block of a thread for each of their 256 packs,
+        // not the first call's block of 64.
+        assert_eq!(fused_shape(&s, Algorithm::Sentinel, 8 * 512, 2), (1, 256));
         // 256 and 512 KiB of i32: one-shot, with other grids.
         let one_shot = plan_all_reduce(&s, 64 << 10, 2, 0, &facts).unwrap();
         let bigger = plan_all_reduce(&s, 128 << 10, 2, 0, &facts).unwrap();
@@ -701,20 +713,29 @@ mod tests {
             (plan.algorithm, plan.threads, plan.blocks)
         };
         let per_pack = "sentinel: a thread per 16 bytes, in blocks of 64, as many as that takes";
-        assert_eq!(sentinel(8, 2), (Sentinel, 64, 1), "{per_pack}");
+        assert_eq!(sentinel(8, 4), (Sentinel, 64, 1), "{per_pack}");
+        assert_eq!(sentinel(2 << 10, 4), (Sentinel, 64, 2), "{per_pack}");
         assert_eq!(sentinel(64 << 10, 4), (Sentinel, 64, 64), "{per_pack}");
         assert_eq!(sentinel(512 << 10, 2), (Sentinel, 64, 512), "{per_pack}");
+        let on_two = "2 ranks: up to 8 KiB, one block of a thread per pack";
+        assert_eq!(sentinel(8, 2), (Sentinel, 64, 1), "{on_two}");
+        assert_eq!(sentinel(2 << 10, 2), (Sentinel, 128, 1), "{on_two}");
+        assert_eq!(sentinel(8 << 10, 2), (Sentinel, MAX_THREADS, 1), "{on_two}");
+        assert_eq!(sentinel(16 << 10, 2), (Sentinel, 64, 16), "{on_two}");
         let one_block = with(&[("NCCLSHIM_TUNE", "sentinel_block:4K")]);
-        let blocks = |bytes: usize| {
-            let plan = plan_all_reduce(&one_block, bytes / 4, 7, 0, &procs(2)).unwrap();
+        let blocks = |bytes: usize, nranks| {
+            let plan = plan_all_reduce(&one_block, bytes / 4, 7, 0, &procs(nranks)).unwrap();
             (plan.threads, plan.blocks)
         };
         let single = "sentinel_block: up to its size, one block of a thread per pack";
-        assert_eq!(blocks(8), (64, 1), "{single}");
-        assert_eq!(blocks(2 << 10), (128, 1), "{single}");
-        assert_eq!(blocks(4 << 10), (256, 1), "{single}");
-        assert_eq!(blocks(8 << 10), (64, 8), "past it, blocks of 64");
-        let most = with(&[("NCCLSHIM_TUNE", "sentinel_block:1M")]).sentinel_block();
+        assert_eq!(blocks(8, 2), (64, 1), "{single}");
+        assert_eq!(blocks(2 << 10, 4), (128, 1), "{single}");
+        assert_eq!(blocks(4 << 10, 2), (256, 1), "{single}");
+        assert_eq!(blocks(8 << 10, 2), (64, 8), "past it, blocks of 64");
+        let none = with(&[("NCCLSHIM_TUNE", "sentinel_block:0")]);
+        let plan = plan_all_reduce(&none, 512, 7, 0, &procs(2)).unwrap();
+        assert_eq!((plan.threads, plan.blocks), (64, 2), "0: blocks of 64");
+        let most = with(&[("NCCLSHIM_TUNE", "sentinel_block:1M")]).sentinel_block(2);
         assert_eq!(
             most,
             MAX_THREADS as usize * 16,
