@@ -101,7 +101,7 @@ pub const TUNE: &[Variable] = &[
     row(
         "sentinel_block",
         "by ranks",
-        "largest sentinel all-reduce (or fused group of them) run in one block of one thread per 16 bytes (8 KiB for 2 ranks, none above; at most 8 KiB, 512 threads); larger ones run in blocks of 64 threads",
+        "largest sentinel all-reduce (or fused group of them) run in one block of one thread per 16 bytes (8 KiB for 2 ranks, 2 KiB for 4, none for others; at most 8 KiB, 512 threads); larger ones run in blocks of 64 threads",
     ),
     row(
         "ll_max",

@@ -713,8 +713,9 @@ mod tests {
             (plan.algorithm, plan.threads, plan.blocks)
         };
         let per_pack = "sentinel: a thread per 16 bytes, in blocks of 64, as many as that takes";
-        assert_eq!(sentinel(8, 4), (Sentinel, 64, 1), "{per_pack}");
-        assert_eq!(sentinel(2 << 10, 4), (Sentinel, 64, 2), "{per_pack}");
+        assert_eq!(sentinel(8, 3), (Sentinel, 64, 1), "{per_pack}");
+        assert_eq!(sentinel(2 << 10, 3), (Sentinel, 64, 2), "{per_pack}");
+        assert_eq!(sentinel(8 << 10, 4), (Sentinel, 64, 8), "{per_pack}");
         assert_eq!(sentinel(64 << 10, 4), (Sentinel, 64, 64), "{per_pack}");
         assert_eq!(sentinel(512 << 10, 2), (Sentinel, 64, 512), "{per_pack}");
         let on_two = "2 ranks: up to 8 KiB, one block of a thread per pack";
@@ -722,6 +723,11 @@ mod tests {
         assert_eq!(sentinel(2 << 10, 2), (Sentinel, 128, 1), "{on_two}");
         assert_eq!(sentinel(8 << 10, 2), (Sentinel, MAX_THREADS, 1), "{on_two}");
         assert_eq!(sentinel(16 << 10, 2), (Sentinel, 64, 16), "{on_two}");
+        assert_eq!(
+            sentinel(2 << 10, 4),
+            (Sentinel, 128, 1),
+            "4 ranks: up to 2 KiB"
+        );
         let one_block = with(&[("NCCLSHIM_TUNE", "sentinel_block:4K")]);
         let blocks = |bytes: usize, nranks| {
             let plan = plan_all_reduce(&one_block, bytes / 4, 7, 0, &procs(nranks)).unwrap();

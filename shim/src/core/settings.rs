@@ -196,13 +196,17 @@ impl Settings {
     }
 
     /// The largest sentinel call (or fused group of them) that runs in one block of one thread
-    /// per 16 bytes, at most MAX_THREADS; larger ones run in blocks of 64 threads. On 2 H100
-    /// (nccl-tests in CUDA graphs) one block took a 2 KiB call in 2.10 us against 2.41 in two
-    /// blocks, and 8 KiB in 2.34 against 2.44; so all it holds on 2 ranks. More ranks: not
-    /// measured, so none.
+    /// per 16 bytes, at most MAX_THREADS; larger ones run in blocks of 64 threads. On H100
+    /// (nccl-tests in CUDA graphs) one block took a 2 KiB call in 2.10 us against 2.40 in two
+    /// blocks on 2 ranks, 8 KiB in 2.35 against 2.43; on 4 ranks 2 KiB in 2.85 against 3.10,
+    /// but 8 KiB in 3.40 against 3.23. Other numbers of ranks: not measured, so none.
     pub fn sentinel_block(&self, nranks: usize) -> usize {
         let most = super::limits::MAX_THREADS as usize * 16;
-        let by_ranks = if nranks == 2 { most } else { 0 };
+        let by_ranks = match nranks {
+            2 => most,
+            4 => 2 << 10,
+            _ => 0,
+        };
         self.sentinel_block_bytes.unwrap_or(by_ranks).min(most)
     }
 
