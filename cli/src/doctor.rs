@@ -303,8 +303,9 @@ fn check_routing(report: &mut Report, machine: Option<&Machine>) {
         b => format!("{b} B"),
     };
     report.note(format!(
-        "all-reduce: sentinel up to {} (floating point), low-latency up to {}, one-shot up to {}",
+        "all-reduce: sentinel up to {} (floating point; in one block up to {}), low-latency up to {}, one-shot up to {}",
         size(settings.sentinel_max(nranks)),
+        size(settings.sentinel_block(nranks)),
         size(settings.ll_max(nranks)),
         size(settings.one_shot_max(nranks))
     ));
