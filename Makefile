@@ -232,6 +232,12 @@ gpu-check:
 	@# the best round, a shim 1.3 x slower at 32 MiB fails.
 	python3 tests/gpu/nccl_tests_report.py --gate 1.05 tests/gpu/testdata gate-ok >/dev/null
 	! python3 tests/gpu/nccl_tests_report.py --gate 1.05 tests/gpu/testdata gate-slow >/dev/null
+	@# Settings weighed on made-up rounds: the one faster than the shim as built at 2 KiB is
+	@# named there, the slower one nowhere.
+	python3 tests/gpu/nccl_tests_report.py --tune tests/gpu/testdata tune-e \
+	  | grep -qx 'sentinel_block:8K: faster than as built (below 0.98 of its time) at tune-e 2 KiB'
+	python3 tests/gpu/nccl_tests_report.py --tune tests/gpu/testdata tune-e \
+	  | grep -qx 'sentinel_block:0: faster than as built (below 0.98 of its time) nowhere'
 	@# trace_check.py on made-up traces: a timed one passes (and fails untimed), a gap fails.
 	python3 tests/gpu/trace_check.py --timed tests/gpu/testdata/trace-timed.jsonl
 	! python3 tests/gpu/trace_check.py tests/gpu/testdata/trace-timed.jsonl >/dev/null

@@ -10,9 +10,11 @@
 # groups that run every binary), STEP_TIMEOUT, NCCL_TESTS_GATE_LIMIT (the gate's largest shim /
 # real median time, default 1.05), NCCL_TESTS_GATE_ROUNDS (default 3),
 # NCCL_TESTS_GATE_SETS (only these of the gate's sets, e.g. "plain -r2 -g -r2g -m2 -m4 -m8 -m4g
-# -m8g").
+# -m8g"); for the tune group NCCL_TESTS_TUNES (the settings to weigh), NCCL_TESTS_TUNE_SETS,
+# NCCL_TESTS_TUNE_MODES ("mpi group"), NCCL_TESTS_TUNE_ROUNDS and NCCL_TESTS_TUNE_MAX (below).
 # Groups: basic (every binary), reg1, reg2, graph, types, core, coregraph, coretypes, batch,
-# batchgraph, large, and gate (all_reduce's speed per size, shim and NCCL alone taking turns).
+# batchgraph, large, gate (all_reduce's speed per size, shim and NCCL alone taking turns), tune
+# (the shim under other settings beside it) and limits.
 # Writes OUTDIR/nccl-tests/ (one log per run), OUTDIR/nccl-tests-ratios.md (shim / real per
 # size), OUTDIR/nccl-tests-gate.md (the gate's best times) and one line per group of runs on
 # stdout: "VERDICT <name> <0|1> <details>".
@@ -261,6 +263,49 @@ if wanted gate && [ -x "$dir/src-2.28.9/build/all_reduce_perf" ]; then
   gate_status=$? last=$(tail -n 1 "$out/nccl-tests-gate.md")
   verdict gate $gate_status "${last#\# }; nccl-tests-gate.md"
   [ $status = 0 ] || verdict gate-runs 1 "$runs runs; failed:$problems"
+fi
+
+# --- Settings weighed: all_reduce per size under NCCL alone, the shim as built and the shim
+# under each of NCCL_TESTS_TUNES (NCCLSHIM_TUNE values, a space between them), taking turns,
+# NCCL_TESTS_TUNE_ROUNDS rounds (default 2) of each set (NCCL_TESTS_TUNE_SETS: only these, by
+# suffix, e.g. "r2g m4g") in each mode of NCCL_TESTS_TUNE_MODES, timing only (-c 0), 8 B to
+# NCCL_TESTS_TUNE_MAX (default 128K). Each set, mode and round is 2 + (settings) runs of about
+# 5 s: choose a few. nccl_tests_report.py --tune puts them side by side: nccl-tests-tune.md ---
+tune_sets=("r2g:-R 2 -G 20" "g:-G 20" "m2g:-m 2 -G 20" "m4g:-m 4 -G 20" "m8g:-m 8 -G 20" "e:" "m4:-m 4"
+  "m8:-m 8")
+# Only when NCCL_TESTS_GROUPS names it: it weighs settings, it checks nothing of the shim's own.
+if [[ " ${NCCL_TESTS_GROUPS:-} " == *" tune "* ]] && [ -x "$dir/src-2.28.9/build/all_reduce_perf" ]; then
+  read -ra tunes <<<"${NCCL_TESTS_TUNES:-sentinel_block:0}"
+  : >"$dir/tune-configs.txt"
+  for k in "${!tunes[@]}"; do echo "t$k ${tunes[k]}" >>"$dir/tune-configs.txt"; done
+  tune_names=() status=0 problems="" runs=0
+  tune_args=(-b 8 -e "${NCCL_TESTS_TUNE_MAX:-128K}" -f 4 -w 20 -n 100 -c 0)
+  for mode in ${NCCL_TESTS_TUNE_MODES:-mpi group}; do
+    for set in "${tune_sets[@]}"; do
+      IFS=: read -r suffix args <<<"$set"
+      [ -z "${NCCL_TESTS_TUNE_SETS:-}" ] || [[ " $NCCL_TESTS_TUNE_SETS " == *" $suffix "* ]] || continue
+      name=tune-$mode-$suffix
+      tune_names+=("$name")
+      for round in $(seq "${NCCL_TESTS_TUNE_ROUNDS:-2}"); do
+        # $args unquoted: the set's flags, one word each.
+        run_one "$name-real-r$round" real 2.28.9 "$mode" all_reduce "${tune_args[@]}" $args
+        run_one "$name-shim-r$round" shim 2.28.9 "$mode" all_reduce "${tune_args[@]}" $args
+        for k in "${!tunes[@]}"; do
+          shim_env=("NCCLSHIM_TUNE=${tunes[k]}")
+          run_one "$name-t$k-r$round" shim 2.28.9 "$mode" all_reduce "${tune_args[@]}" $args
+          shim_env=()
+        done
+        for lib in real shim $(seq -f 't%g' 0 $((${#tunes[@]} - 1))); do
+          kind=shim
+          [ "$lib" = real ] && kind=real
+          p=$(check_run "$name-$lib-r$round" $kind) || { status=1; problems="$problems $p;"; }
+          runs=$((runs + 1))
+        done
+      done
+    done
+  done
+  python3 "$here/nccl_tests_report.py" --tune "$dir" "${tune_names[@]}" >"$out/nccl-tests-tune.md" || status=1
+  verdict tune $status "$runs runs${problems:+; failed:$problems}; nccl-tests-tune.md"
 fi
 
 # --- Limits: where each collective but all-reduce beats NCCL on these GPUs ---

@@ -22,6 +22,12 @@ the run started):
                               and last the row of the measured-limits table for GPU: per
                               collective the largest size up to which every size, placement, mode
                               and set came out at most LIMIT_RATIO x NCCL's time
+  --tune DIR NAME...          markdown: per size, the best (least) out-of-place time of the
+                              rounds DIR/NAME-real-r*.log (NCCL alone), DIR/NAME-shim-r*.log
+                              (the shim as built) and DIR/NAME-tK-r*.log (the shim under the
+                              settings DIR/tune-configs.txt names tK), with their ratios to
+                              NCCL's, and per setting the sizes where it beat the shim as built
+                              by more than TUNE_MARGIN; exit 1 if a run has no rows
 A result row: size count type redop root, then time algbw busbw #wrong out of place, then the
 same in place.
 """
@@ -291,6 +297,53 @@ def limits(gpu, nranks, directory, names):
     return 1 if problems else 0
 
 
+# A setting is said to beat the shim as built where its best time is below this share of the
+# built one's: the best of a few rounds still varies by a percent or two.
+TUNE_MARGIN = 0.98
+
+
+def tune_configs(directory):
+    """[(label, NCCLSHIM_TUNE value)] from DIR/tune-configs.txt ("tK VALUE" a line)."""
+    with open(f"{directory}/tune-configs.txt") as f:
+        return [tuple(line.split(None, 1)) for line in f.read().splitlines() if line.strip()]
+
+
+def tune(directory, names):
+    configs = tune_configs(directory)
+    print("# Settings weighed: best out-of-place time of the rounds, us (ratio to NCCL alone's)\n")
+    problems, faster = [], {value: set() for _, value in configs}
+    for name in names:
+        runs = [("NCCL", "real"), ("as built", "shim")] + [(value, label) for label, value in configs]
+        best = {title: best_times(directory, name, lib) for title, lib in runs}
+        empty = [title for title, times in best.items() if not times]
+        if empty:
+            problems.append(f"{name}: no rows for {', '.join(empty)}")
+            continue
+        rounds = len(glob.glob(f"{directory}/{name}-real-r*.log"))
+        print(f"## {name} ({rounds} round{'' if rounds == 1 else 's'} each)\n")
+        print("| size | " + " | ".join(title for title, _ in runs) + " |")
+        print("|---" * (len(runs) + 1) + "|")
+        sizes = sorted(set.intersection(*(set(times) for times in best.values())))
+        for size in filter(None, sizes):
+            real = best["NCCL"][size][0]
+            built = best["as built"][size][0]
+            cells = [f"{real:.2f}"]
+            for title, _ in runs[1:]:
+                t = best[title][size][0]
+                cells.append(f"{t:.2f} ({t / real:.2f})" if real > 0 else f"{t:.2f}")
+                if title != "as built" and t < TUNE_MARGIN * built:
+                    faster[title].add((size, name))
+            print(f"| {human(size)} | " + " | ".join(cells) + " |")
+        print()
+    for value, where in faster.items():
+        listed = ", ".join(f"{name} {human(size)}" for size, name in sorted(where))
+        print(f"{value}: faster than as built (below {TUNE_MARGIN} of its time) "
+              f"{'at ' + listed if listed else 'nowhere'}")
+    for problem in problems:
+        print(f"problem: {problem}")
+    return 1 if problems else 0
+
+
 def main(argv):
     if len(argv) >= 2 and argv[0] == "--check":
         return max(check(p) for p in argv[1:])
@@ -305,6 +358,8 @@ def main(argv):
         return 0
     if len(argv) >= 4 and argv[0] == "--gate":
         return gate(float(argv[1]), argv[2], argv[3:])
+    if len(argv) >= 3 and argv[0] == "--tune":
+        return tune(argv[1], argv[2:])
     if len(argv) >= 5 and argv[0] == "--limits":
         return limits(argv[1], int(argv[2]), argv[3], argv[4:])
     print(__doc__, file=sys.stderr)
