@@ -231,16 +231,23 @@ fi
 # at most NCCL_TESTS_GATE_LIMIT x NCCL's.
 gate_sets=(":" "-r2:-R 2" "-g:-G 1" "-r2g:-R 2 -G 1" "-m2:-m 2" "-m4:-m 4" "-m8:-m 8" "-m4g:-m 4 -G 1"
   "-m8g:-m 8 -G 1")
+# One run, checked: NAME LIB(shim|real) MODE BINARY ARGS... (the 2.28.9 build). Counts it in
+# runs, and a failure in status and problems.
+run_checked() {
+  local name=$1 lib=$2 p
+  shift 2
+  run_one "$name" "$lib" 2.28.9 "$@"
+  p=$(check_run "$name" "$lib") || { status=1; problems="$problems $p;"; }
+  runs=$((runs + 1))
+}
 # Rounds of one set: NAME MODE BINARY ROUNDS ARGS...; the shim and NCCL alone take turns, each
-# run sweeping 8 B to 32 MiB twice (-N 2). Counts in runs, and failures in status and problems.
+# run sweeping 8 B to 32 MiB twice (-N 2).
 take_turns() {
-  local name=$1 mode=$2 binary=$3 rounds=$4 round lib p
+  local name=$1 mode=$2 binary=$3 rounds=$4 round lib
   shift 4
   for round in $(seq "$rounds"); do
     for lib in shim real; do
-      run_one "$name-$lib-r$round" "$lib" 2.28.9 "$mode" "$binary" -b 8 -e 32M -f 4 -w 5 -n 20 -c 1 -N 2 "$@"
-      p=$(check_run "$name-$lib-r$round" "$lib") || { status=1; problems="$problems $p;"; }
-      runs=$((runs + 1))
+      run_checked "$name-$lib-r$round" "$lib" "$mode" "$binary" -b 8 -e 32M -f 4 -w 5 -n 20 -c 1 -N 2 "$@"
     done
   done
 }
@@ -288,18 +295,12 @@ if [[ " ${NCCL_TESTS_GROUPS:-} " == *" tune "* ]] && [ -x "$dir/src-2.28.9/build
       tune_names+=("$name")
       for round in $(seq "${NCCL_TESTS_TUNE_ROUNDS:-2}"); do
         # $args unquoted: the set's flags, one word each.
-        run_one "$name-real-r$round" real 2.28.9 "$mode" all_reduce "${tune_args[@]}" $args
-        run_one "$name-shim-r$round" shim 2.28.9 "$mode" all_reduce "${tune_args[@]}" $args
+        run_checked "$name-real-r$round" real "$mode" all_reduce "${tune_args[@]}" $args
+        run_checked "$name-shim-r$round" shim "$mode" all_reduce "${tune_args[@]}" $args
         for k in "${!tunes[@]}"; do
           shim_env=("NCCLSHIM_TUNE=${tunes[k]}")
-          run_one "$name-t$k-r$round" shim 2.28.9 "$mode" all_reduce "${tune_args[@]}" $args
+          run_checked "$name-t$k-r$round" shim "$mode" all_reduce "${tune_args[@]}" $args
           shim_env=()
-        done
-        for lib in real shim $(seq -f 't%g' 0 $((${#tunes[@]} - 1))); do
-          kind=shim
-          [ "$lib" = real ] && kind=real
-          p=$(check_run "$name-$lib-r$round" $kind) || { status=1; problems="$problems $p;"; }
-          runs=$((runs + 1))
         done
       done
     done
