@@ -133,44 +133,50 @@ __device__ void direct(Peers peers, int rank, int nranks, const T* in, T* out, u
 // a rank writes a parity again only two calls later, and to finish the call in between it must
 // have received every peer's packets of that call, which each peer sends only once done with
 // the call before.
-// NR: as the sentinel kernel's (sentinel_of).
+// NR: as the sentinel kernel's (sentinel_of). A thread's first unit is loaded before the epoch,
+// so that the two loads overlap, and kept for its reduction.
 template <typename T, int OP, int NR>
 __device__ void ll_one_shot_of(const FusedArgs& args) {
   const int E = 8 / sizeof(T);  // elements in one 8-byte unit
   const int rank = args.rank, nranks = args.nranks;
-  u32 epoch = begin_call(args.peers, rank);
   // The launch's calls as one (see "fused launches"): unit u is a unit of call piece.call.
   const u64 units = fused_units<T, 8>(args);
+  const u64 first = thread_index();
+  Piece piece = piece_of<T, 8>(args, first);
+  const T* in = (const T*)args.calls[piece.call].in;
+  const Unit<T, E> first_unit = load_unit<T, E>(in, args.calls[piece.call].count, piece.unit, ((u64)in & 7) == 0);
+  u32 epoch = begin_call(args.peers, rank);
   const u64 parity = epoch & 1;
   const u64 inbox = args.staging.ll_inbox;
-  for (u64 u = thread_index(); u < units; u += grid_threads()) {
-    const Piece piece = piece_of<T, 8>(args, u);
-    const FusedCall& c = args.calls[piece.call];
-    const T* in = (const T*)c.in;
-    Unit<T, E> mine = load_unit<T, E>(in, c.count, piece.unit, ((u64)in & 7) == 0);
-    // Starting with the next rank: the ranks' first stores go to different GPUs.
+  for (u64 u = first; u < units; u += grid_threads()) {
+    Unit<T, E> mine = first_unit;
+    if (u != first) {
+      piece = piece_of<T, 8>(args, u);
+      const FusedCall& c = args.calls[piece.call];
+      mine = load_unit<T, E>((const T*)c.in, c.count, piece.unit, ((u64)c.in & 7) == 0);
+    }
 #pragma unroll
     for (int i = 1; i < NR; i++) {
       if (i < nranks) {
-        const int p = rank + i < nranks ? rank + i : rank + i - nranks;
+        const int p = rank_after(rank, i, nranks);
         ll_store(ll_slot(args.peers.staging[p], inbox, parity, rank) + 2 * u, mine.w[0], mine.w[1], epoch);
       }
     }
   }
-  for (u64 u = thread_index(); u < units; u += grid_threads()) {
-    const Piece piece = piece_of<T, 8>(args, u);
+  for (u64 u = first; u < units; u += grid_threads()) {
+    piece = piece_of<T, 8>(args, u);
     const FusedCall& c = args.calls[piece.call];
-    ll_reduce_unit<T, OP, NR>(args.peers, rank, nranks, inbox, epoch, args.abort, u, (const T*)c.in, (T*)c.out,
-                              c.count, piece.unit);
+    Unit<T, E> mine = first_unit;
+    if (u != first) mine = load_unit<T, E>((const T*)c.in, c.count, piece.unit, ((u64)c.in & 7) == 0);
+    ll_reduce_unit<T, OP, NR>(args.peers, rank, nranks, inbox, epoch, args.abort, u, mine, (T*)c.out, c.count,
+                              piece.unit);
   }
   end_call(args.peers, rank, epoch);
 }
 
 template <typename T, int OP>
 __device__ void ll_one_shot(const FusedArgs& args) {
-  if (args.nranks <= 2) return ll_one_shot_of<T, OP, 2>(args);
-  if (args.nranks <= 4) return ll_one_shot_of<T, OP, 4>(args);
-  ll_one_shot_of<T, OP, MAX_RANKS>(args);
+  BY_RANKS(args.nranks, (ll_one_shot_of<T, OP, NR>(args)));
 }
 
 // Sentinel (small messages of floating-point types): as low-latency, but the data signals its
@@ -242,19 +248,15 @@ __device__ __forceinline__ bool sentinel_poll(const Pack* address, Pack& p) {
   }
 }
 
-// Polls back to back before the loop that may give up or pause (poll_pause's first polls): in
-// step, a peer's data comes within them, and that loop's bookkeeping cost 0.1 us a call (2 H100).
-#define SENTINEL_FAST_POLLS 32
-
 // Waits until no word at `address` is the sentinel, puts the sentinel back, returns the words.
 template <typename W>
 __device__ __forceinline__ Pack sentinel_take(Pack* address, const volatile int* abort, int peer) {
   Pack p;
   bool arrived = false;
 #pragma unroll 1
-  for (int i = 0; i < SENTINEL_FAST_POLLS && !arrived; i++) arrived = sentinel_poll<W>(address, p);
+  for (int i = 0; i < FAST_POLLS && !arrived; i++) arrived = sentinel_poll<W>(address, p);
   if (!arrived) {
-    unsigned spins = SENTINEL_FAST_POLLS;
+    unsigned spins = FAST_POLLS;
     u64 since = 0;
     while (!sentinel_poll<W>(address, p)) {
       if ((++spins & 1023u) == 0 && give_up(abort, since, peer)) break;
@@ -312,11 +314,10 @@ __device__ void sentinel_of(const FusedArgs& args) {
       loaded = input_pack<T>(args, piece);
     }
     const Pack own = clear_sentinels<W>(loaded);
-    // Starting with the next rank: the ranks' first stores go to different GPUs.
 #pragma unroll
     for (int i = 1; i < NR; i++) {
       if (i < nranks) {
-        const int p = rank + i < nranks ? rank + i : rank + i - nranks;
+        const int p = rank_after(rank, i, nranks);
         sentinel_store<W>(sentinel_slot(args.peers.staging[p], inbox, parity, rank) + j, own);
       }
     }
@@ -356,7 +357,5 @@ __device__ void sentinel_for(const FusedArgs& args) {
 
 template <typename T, int OP>
 __device__ void sentinel(const FusedArgs& args) {
-  if (args.nranks <= 2) return sentinel_for<T, OP, 2>(args);
-  if (args.nranks <= 4) return sentinel_for<T, OP, 4>(args);
-  sentinel_for<T, OP, MAX_RANKS>(args);
+  BY_RANKS(args.nranks, (sentinel_for<T, OP, NR>(args)));
 }

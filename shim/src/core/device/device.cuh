@@ -359,6 +359,11 @@ __device__ __forceinline__ void poll_pause(unsigned spins) {
   if (spins > 32) __nanosleep(spins > 128 ? 1000 : 100);
 }
 
+// Polls back to back before the loop that may give up or pause (poll_pause's first polls): in
+// step, a peer's data comes within them, and that loop's bookkeeping cost 0.1 us a call (sentinel
+// kernel, 2 H100).
+#define FAST_POLLS 32
+
 __device__ __forceinline__ u32* flag_slot(u32* flags, int barrier, int block, int rank) {
   return flags + ((barrier * MAX_BLOCKS + block) * MAX_RANKS + rank);
 }
@@ -547,6 +552,28 @@ template <typename T> struct PackOf {
 __device__ __forceinline__ bool aligned16(const void* p) { return ((u64)p & 15) == 0; }
 __device__ __forceinline__ u64 grid_threads() { return (u64)gridDim.x * blockDim.x; }
 __device__ __forceinline__ u64 thread_index() { return (u64)blockIdx.x * blockDim.x + threadIdx.x; }
+
+// The `i`-th rank after `rank` (0 < i < nranks). Loops over peers start with the next rank, so
+// that the ranks' first stores go to different GPUs.
+__device__ __forceinline__ int rank_after(int rank, int i, int nranks) {
+  return rank + i < nranks ? rank + i : rank + i - nranks;
+}
+
+// Runs CALL with NR, a constant, the fewest of 2, 4 and MAX_RANKS ranks that hold `nranks`: the
+// kernels whose loops over peers unroll to what is there (their per-rank values in registers).
+#define BY_RANKS(nranks, CALL)            \
+  do {                                    \
+    if ((nranks) <= 2) {                  \
+      constexpr int NR = 2;               \
+      CALL;                               \
+    } else if ((nranks) <= 4) {           \
+      constexpr int NR = 4;               \
+      CALL;                               \
+    } else {                              \
+      constexpr int NR = MAX_RANKS;       \
+      CALL;                               \
+    }                                     \
+  } while (0)
 
 // The first pack index >= `lo` that this thread handles.
 __device__ __forceinline__ u64 first_pack(u64 lo) {
@@ -775,20 +802,27 @@ __device__ __forceinline__ void ll_store(u64* address, u32 data0, u32 data1, u32
                "r"(data1), "r"(flag)
                : "memory");
 }
+// Loads the packet pair at `address` into `data`: whether both flags are `flag`.
+__device__ __forceinline__ bool ll_poll(const u64* address, u32 flag, u32* data) {
+  u32 seen0, seen1;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(data[0]), "=r"(seen0), "=r"(data[1]), "=r"(seen1)
+               : "l"(address)
+               : "memory");
+  return seen0 == flag && seen1 == flag;
+}
 __device__ __forceinline__ void ll_wait(const u64* address, u32 flag, const volatile int* abort, int peer,
                                         u32* data) {
-  u32 seen0, seen1;
-  unsigned spins = 0;
+  bool arrived = false;
+#pragma unroll 1
+  for (int i = 0; i < FAST_POLLS && !arrived; i++) arrived = ll_poll(address, flag, data);
+  if (arrived) return;
+  unsigned spins = FAST_POLLS;
   u64 since = 0;
-  do {
-    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(data[0]), "=r"(seen0), "=r"(data[1]), "=r"(seen1)
-                 : "l"(address)
-                 : "memory");
-    if (seen0 == flag && seen1 == flag) break;
+  while (!ll_poll(address, flag, data)) {
     if ((++spins & 1023u) == 0 && give_up(abort, since, peer)) break;
     poll_pause(spins);
-  } while (true);
+  }
 }
 
 // The low-latency kernel's unit of work: 8 bytes, E elements.
@@ -804,26 +838,31 @@ __device__ __forceinline__ Unit<T, E> load_unit(const T* in, u64 count, u64 u, b
     unit = *(const Unit<T, E>*)(in + u * E);
   } else {
     unit.w[0] = unit.w[1] = 0;
-    for (u64 e = 0; e < (u64)E && u * E + e < count; e++) unit.v[e] = in[u * E + e];
+    // Unrolled: indexed by constants, the unit stays in registers (a loop's index would put it,
+    // and every unit it is copied to, in local memory, on the waits' path too).
+#pragma unroll
+    for (int e = 0; e < E; e++) {
+      if (u * E + e < count) unit.v[e] = in[u * E + e];
+    }
   }
   return unit;
 }
 
-// Unit `u` of every rank's chunk reduced in rank order into `out`: this rank's own read from
-// `mine` (not yet overwritten in place: only this thread writes these elements), each peer's
-// from its packets at unit `slot` of its slot in this rank's inbox at `inbox`, once they came.
-// Both reducing packet kernels receive so (ll_one_shot, ll_reduce).
+// Unit `u` of every rank's chunk reduced in rank order into `out`: this rank's own is `own` (read
+// from its input before the waits: read after them, its load's round trip added to the call),
+// each peer's from its packets at unit `slot` of its slot in this rank's inbox at `inbox`, once
+// they came. Both reducing packet kernels receive so (ll_one_shot, ll_reduce).
 // NR: at least nranks, the loops' unrolled length.
-template <typename T, int OP, int NR = MAX_RANKS>
+template <typename T, int OP, int NR>
 __device__ __forceinline__ void ll_reduce_unit(const Peers& peers, int rank, int nranks, u64 inbox, u32 epoch,
-                                               const volatile int* abort, u64 slot, const T* mine, T* out,
-                                               u64 count, u64 u) {
+                                               const volatile int* abort, u64 slot, Unit<T, 8 / sizeof(T)> own,
+                                               T* out, u64 count, u64 u) {
   const int E = 8 / sizeof(T);
   Unit<T, E> from[NR];
 #pragma unroll
   for (int p = 0; p < NR; p++) {
     if (p == rank) {
-      from[p] = load_unit<T, E>(mine, count, u, ((u64)mine & 7) == 0);
+      from[p] = own;
     } else if (p < nranks) {
       ll_wait(ll_slot(peers.staging[rank], inbox, epoch & 1, p) + 2 * slot, epoch, abort, p, from[p].w);
     }

@@ -15,82 +15,144 @@
 // gather's non-root receivers), the sender still writes one packet, of no data, which its
 // receiver waits for.
 
+typedef Unit<unsigned char, 8> ByteUnit;
+
 // Unit u of a chunk (8 bytes, fewer at its end) into `out`, whatever its alignment.
-__device__ __forceinline__ void store_unit(unsigned char* out, u64 count, u64 u, Unit<unsigned char, 8> unit) {
+__device__ __forceinline__ void store_unit(unsigned char* out, u64 count, u64 u, ByteUnit unit) {
   if (((u64)out & 7) == 0 && (u + 1) * 8 <= count) {
-    *(Unit<unsigned char, 8>*)(out + u * 8) = unit;
+    *(ByteUnit*)(out + u * 8) = unit;
   } else {
-    for (u64 e = 0; e < 8 && u * 8 + e < count; e++) out[u * 8 + e] = unit.v[e];
-  }
-}
-
-// Sends this rank's chunks of `in` (`bytes` bytes each) as packets into the receivers' inboxes,
-// as route<KIND> says; an empty packet where the pair carries none.
-template <int KIND>
-__device__ __forceinline__ void ll_send(const Peers& peers, int rank, int nranks, const unsigned char* in,
-                                        u64 bytes, u64 inbox, u32 epoch, int root) {
-  const u64 units = (bytes + 7) / 8;
-  const u64 parity = epoch & 1;
-  // Starting with the next rank: the ranks' first stores go to different GPUs.
-  for (int i = 1; i < nranks; i++) {
-    int d = (rank + i) % nranks;
-    u64* slot = ll_slot(peers.staging[d], inbox, parity, rank);
-    Route r = route<KIND>(rank, d, root);
-    if (!r.carries) {
-      if (thread_index() == 0) ll_store(slot, 0, 0, epoch);
-      continue;
-    }
-    const unsigned char* from = in + r.from * bytes;
-    const bool whole = ((u64)from & 7) == 0;
-    for (u64 u = thread_index(); u < units; u += grid_threads()) {
-      Unit<unsigned char, 8> unit = load_unit<unsigned char, 8>(from, bytes, u, whole);
-      ll_store(slot + 2 * u, unit.w[0], unit.w[1], epoch);
+    // Unrolled, as load_unit's.
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+      if (u * 8 + e < count) out[u * 8 + e] = unit.v[e];
     }
   }
 }
 
-// Waits for the empty packet of every sender whose pair with this rank carries no chunk.
-template <int KIND>
-__device__ __forceinline__ void ll_wait_empty(const Peers& peers, int rank, int nranks, u64 inbox, u32 epoch,
-                                              const volatile int* abort, int root) {
+// Unit u of the chunk of `bytes` bytes at `from` (zero past its end, with no access).
+__device__ __forceinline__ ByteUnit chunk_unit(const unsigned char* from, u64 bytes, u64 u) {
+  return load_unit<unsigned char, 8>(from, bytes, u, ((u64)from & 7) == 0);
+}
+
+// What one thread sends of unit u: [i], the unit for the i-th rank after this one, where that
+// pair carries a chunk (only [0] where every receiver gets the same chunk, `same_chunk_to_all`).
+// A thread's first units are loaded before the call's epoch, so that the loads overlap.
+template <int KIND, int NR> struct Outgoing {
+  ByteUnit to[NR];
+};
+
+template <int KIND, int NR>
+__device__ __forceinline__ Outgoing<KIND, NR> outgoing(int rank, int nranks, const unsigned char* in, u64 bytes,
+                                                       int root, u64 u) {
+  Outgoing<KIND, NR> o{};
+  if constexpr (same_chunk_to_all<KIND>()) {
+    // A rank that sends nothing (a broadcast's non-root) may give no input.
+    if (route<KIND>(rank, rank, root).carries) o.to[0] = chunk_unit(in, bytes, u);
+  } else {
+#pragma unroll
+    for (int i = 1; i < NR; i++) {
+      if (i < nranks) {
+        const Route r = route<KIND>(rank, rank_after(rank, i, nranks), root);
+        if (r.carries) o.to[i] = chunk_unit(in + r.from * bytes, bytes, u);
+      }
+    }
+  }
+  return o;
+}
+
+// Sends unit u of what this rank's pairs carry into the receivers' inboxes.
+template <int KIND, int NR>
+__device__ __forceinline__ void send_unit(const Peers& peers, int rank, int nranks, const Outgoing<KIND, NR>& o,
+                                          u64 inbox, u32 epoch, int root, u64 u) {
+#pragma unroll
+  for (int i = 1; i < NR; i++) {
+    if (i < nranks) {
+      const int d = rank_after(rank, i, nranks);
+      if (!route<KIND>(rank, d, root).carries) continue;
+      const ByteUnit& unit = o.to[same_chunk_to_all<KIND>() ? 0 : i];
+      ll_store(ll_slot(peers.staging[d], inbox, epoch & 1, rank) + 2 * u, unit.w[0], unit.w[1], epoch);
+    }
+  }
+}
+
+// Thread 0 sends an empty packet to every receiver whose pair with this rank carries no chunk.
+template <int KIND, int NR>
+__device__ __forceinline__ void send_empty(const Peers& peers, int rank, int nranks, u64 inbox, u32 epoch,
+                                           int root) {
   if (thread_index() != 0) return;
-  for (int i = 1; i < nranks; i++) {
-    int s = (rank + i) % nranks;
-    if (route<KIND>(s, rank, root).carries) continue;
-    Unit<unsigned char, 8> unit;
-    ll_wait(ll_slot(peers.staging[rank], inbox, epoch & 1, s), epoch, abort, s, unit.w);
+#pragma unroll
+  for (int i = 1; i < NR; i++) {
+    if (i < nranks) {
+      const int d = rank_after(rank, i, nranks);
+      if (!route<KIND>(rank, d, root).carries) ll_store(ll_slot(peers.staging[d], inbox, epoch & 1, rank), 0, 0, epoch);
+    }
   }
+}
+
+// Thread 0 waits for the empty packet of every sender whose pair with this rank carries no chunk.
+template <int KIND, int NR>
+__device__ __forceinline__ void wait_empty(const Peers& peers, int rank, int nranks, u64 inbox, u32 epoch,
+                                           const volatile int* abort, int root) {
+  if (thread_index() != 0) return;
+#pragma unroll
+  for (int i = 1; i < NR; i++) {
+    if (i < nranks) {
+      const int s = rank_after(rank, i, nranks);
+      if (route<KIND>(s, rank, root).carries) continue;
+      ByteUnit unit;
+      ll_wait(ll_slot(peers.staging[rank], inbox, epoch & 1, s), epoch, abort, s, unit.w);
+    }
+  }
+}
+
+// The packet kernel of the collective KIND for up to NR ranks (as the sentinel kernel's).
+template <int KIND, int NR>
+__device__ void ll_move_of(const Peers& peers, int rank, int nranks, const unsigned char* in, unsigned char* out,
+                           u64 count, const Staging& staging, const volatile int* abort, int root) {
+  const u64 units = (count + 7) / 8;
+  const u64 first = thread_index();
+  // This rank's own chunk, unless it is in place already: in the first units loaded where it is
+  // what every receiver gets (all-gather, broadcast), loaded alongside them otherwise.
+  const Route own = route<KIND>(rank, rank, root);
+  const unsigned char* own_from = in + own.from * count;
+  unsigned char* own_to = out + own.to * count;
+  const bool copies_own = own.carries && own_from != own_to;
+  Outgoing<KIND, NR> o = outgoing<KIND, NR>(rank, nranks, in, count, root, first);
+  ByteUnit own_unit = same_chunk_to_all<KIND>() ? o.to[0] : ByteUnit{};
+  if (!same_chunk_to_all<KIND>() && copies_own) own_unit = chunk_unit(own_from, count, first);
+  const u32 epoch = begin_call(peers, rank);
+  const u64 inbox = staging.ll_inbox;
+  send_empty<KIND, NR>(peers, rank, nranks, inbox, epoch, root);
+  for (u64 u = first; u < units; u += grid_threads()) {
+    if (u != first) {
+      o = outgoing<KIND, NR>(rank, nranks, in, count, root, u);
+      own_unit = same_chunk_to_all<KIND>() ? o.to[0] : (copies_own ? chunk_unit(own_from, count, u) : ByteUnit{});
+    }
+    send_unit<KIND, NR>(peers, rank, nranks, o, inbox, epoch, root, u);
+    if (copies_own) store_unit(own_to, count, u, own_unit);
+  }
+  wait_empty<KIND, NR>(peers, rank, nranks, inbox, epoch, abort, root);
+  for (u64 u = first; u < units; u += grid_threads()) {
+#pragma unroll
+    for (int i = 1; i < NR; i++) {
+      if (i < nranks) {
+        const int s = rank_after(rank, i, nranks);
+        const Route r = route<KIND>(s, rank, root);
+        if (!r.carries) continue;
+        ByteUnit unit;
+        ll_wait(ll_slot(peers.staging[rank], inbox, epoch & 1, s) + 2 * u, epoch, abort, s, unit.w);
+        store_unit(out + r.to * count, count, u, unit);
+      }
+    }
+  }
+  end_call(peers, rank, epoch);
 }
 
 template <int KIND>
 __device__ void ll_move(Peers peers, int rank, int nranks, const unsigned char* in, unsigned char* out, u64 count,
                         const Staging& staging, const volatile int* abort, int root) {
-  u32 epoch = begin_call(peers, rank);
-  const u64 units = (count + 7) / 8;
-  const u64 parity = epoch & 1;
-  const u64 inbox = staging.ll_inbox;
-  ll_send<KIND>(peers, rank, nranks, in, count, inbox, epoch, root);
-  // This rank's own chunk, unless it is in place already.
-  Route own = route<KIND>(rank, rank, root);
-  if (own.carries && in + own.from * count != out + own.to * count) {
-    const unsigned char* from = in + own.from * count;
-    const bool whole = ((u64)from & 7) == 0;
-    for (u64 u = thread_index(); u < units; u += grid_threads())
-      store_unit(out + own.to * count, count, u, load_unit<unsigned char, 8>(from, count, u, whole));
-  }
-  ll_wait_empty<KIND>(peers, rank, nranks, inbox, epoch, abort, root);
-  for (int i = 1; i < nranks; i++) {
-    int s = (rank + i) % nranks;
-    Route r = route<KIND>(s, rank, root);
-    if (!r.carries) continue;
-    const u64* slot = ll_slot(peers.staging[rank], inbox, parity, s);
-    Unit<unsigned char, 8> unit;
-    for (u64 u = thread_index(); u < units; u += grid_threads()) {
-      ll_wait(slot + 2 * u, epoch, abort, s, unit.w);
-      store_unit(out + r.to * count, count, u, unit);
-    }
-  }
-  end_call(peers, rank, epoch);
+  BY_RANKS(nranks, (ll_move_of<KIND, NR>(peers, rank, nranks, in, out, count, staging, abort, root)));
 }
 
 // Reduce-scatter and reduce of small messages: every chunk goes as packets to the rank that
@@ -99,27 +161,46 @@ __device__ void ll_move(Peers peers, int rank, int nranks, const unsigned char* 
 // read from its input. One kernel for both (a root below 0: reduce-scatter), so that the two add
 // one kernel per type and op. In place is safe: a thread reads its unit of this rank's chunk
 // before it writes that unit of the output, and sends only the other chunks.
+template <typename T, int OP, int KIND, int NR>
+__device__ void ll_reduce_of(const Peers& peers, int rank, int nranks, const T* in, T* out, u64 count,
+                             const Staging& staging, const volatile int* abort, int root) {
+  const int E = 8 / sizeof(T);
+  const u64 bytes = count * sizeof(T), units = (bytes + 7) / 8;
+  const u64 first = thread_index();
+  const unsigned char* from = (const unsigned char*)in;
+  const T* mine = in + (KIND == MOVE_ALL_TO_ALL ? rank * count : 0);
+  const bool reduces_here = route<KIND>(rank, rank, root).carries;
+  // The thread's first units, its own to reduce included, loaded before the epoch.
+  Outgoing<KIND, NR> o = outgoing<KIND, NR>(rank, nranks, from, bytes, root, first);
+  Unit<T, E> own{};
+  if (reduces_here) own = load_unit<T, E>(mine, count, first, ((u64)mine & 7) == 0);
+  const u32 epoch = begin_call(peers, rank);
+  const u64 inbox = staging.ll_inbox;
+  send_empty<KIND, NR>(peers, rank, nranks, inbox, epoch, root);
+  for (u64 u = first; u < units; u += grid_threads()) {
+    if (u != first) o = outgoing<KIND, NR>(rank, nranks, from, bytes, root, u);
+    send_unit<KIND, NR>(peers, rank, nranks, o, inbox, epoch, root, u);
+  }
+  wait_empty<KIND, NR>(peers, rank, nranks, inbox, epoch, abort, root);
+  if (reduces_here) {
+    for (u64 u = first; u < units; u += grid_threads()) {
+      if (u != first) own = load_unit<T, E>(mine, count, u, ((u64)mine & 7) == 0);
+      ll_reduce_unit<T, OP, NR>(peers, rank, nranks, inbox, epoch, abort, u, own, out, count, u);
+    }
+  }
+  end_call(peers, rank, epoch);
+}
+
 template <typename T, int OP>
 __device__ void ll_reduce(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, const Staging& staging,
                           const volatile int* abort, const Views&, int root) {
-  const u64 bytes = count * sizeof(T), units = (bytes + 7) / 8;
-  u32 epoch = begin_call(peers, rank);
-  const u64 inbox = staging.ll_inbox;
-  const bool scatters = root < 0;
-  if (scatters) {
-    ll_send<MOVE_ALL_TO_ALL>(peers, rank, nranks, (const unsigned char*)in, bytes, inbox, epoch, root);
+  if (root < 0) {
+    BY_RANKS(nranks, (ll_reduce_of<T, OP, MOVE_ALL_TO_ALL, NR>(peers, rank, nranks, in, out, count, staging, abort,
+                                                               root)));
   } else {
-    ll_send<MOVE_GATHER>(peers, rank, nranks, (const unsigned char*)in, bytes, inbox, epoch, root);
+    BY_RANKS(nranks,
+             (ll_reduce_of<T, OP, MOVE_GATHER, NR>(peers, rank, nranks, in, out, count, staging, abort, root)));
   }
-  if (!scatters && rank != root) {
-    ll_wait_empty<MOVE_GATHER>(peers, rank, nranks, inbox, epoch, abort, root);
-    end_call(peers, rank, epoch);
-    return;
-  }
-  const T* mine = in + (scatters ? rank * count : 0);
-  for (u64 u = thread_index(); u < units; u += grid_threads())
-    ll_reduce_unit<T, OP>(peers, rank, nranks, inbox, epoch, abort, u, mine, out, count, u);
-  end_call(peers, rank, epoch);
 }
 
 // A collective's packet kernel (the host's algorithm), ll_NAME, for each one entry.cu lists.
