@@ -2,7 +2,8 @@
 // a result is wrong, or resources leak. Run through the shim with NCCLSHIM_CORE=force (every
 // all-reduce on the core's kernels) and a wait limit (NCCLSHIM_TIMEOUT) far above the deadlines
 // here, so that what ends a wait is the abort under test, not the limit.
-//   faults CASE [--cycles N] [--budget SECONDS] [--parent-all-gathers 0|1] [--nonblocking 0|1]
+//   faults CASE [--cycles N] [--budget SECONDS] [--parent-all-gathers 0|1] [--child-all-reduce 0|1]
+//               [--nonblocking 0|1]
 // Cases:
 //   abort-while-waiting  rank 0 all-reduces alone (rank 1 never comes); another thread aborts
 //                        rank 0's communicator: the abort returns, the waiting stream finishes,
@@ -28,7 +29,9 @@
 //                        NCCL's whole init, which costs about half a second a cycle).
 //                        --parent-all-gathers 1 (one process): after each split, two grouped
 //                        all-gathers on the parents, as the shim's set-up makes there: a control
-//                        for NCCL alone.
+//                        for NCCL alone. --child-all-reduce 0 (one process): the children run
+//                        no collective (as under the shim, whose core takes their all-reduces,
+//                        NCCL runs none on them): a control for NCCL alone.
 //                        --nonblocking 1 (leak-procs): each communicator nonblocking (blocking=0,
 //                        waited for with ncclCommGetAsyncError), set up after its first all-reduce.
 // Prints "PASS <case> ..." or "FAIL <case> <why>" (leak cases: "STATS" lines); exits 1 on FAIL.
@@ -640,7 +643,8 @@ static void parent_all_gathers(ncclComm_t* parents) {
   }
 }
 
-static int leak_one_process(const char* name, bool split, long cycles, double budget, bool parent_gathers) {
+static int leak_one_process(const char* name, bool split, long cycles, double budget, bool parent_gathers,
+                            bool child_all_reduce) {
   double start = now();
   ncclComm_t parents[2];
   if (split) NCCL_OK(ncclCommInitAll(parents, 2, kDevices));
@@ -659,7 +663,8 @@ static int leak_one_process(const char* name, bool split, long cycles, double bu
     } else {
       NCCL_OK(ncclCommInitAll(comms, 2, kDevices));
     }
-    if (!all_reduce_right(comms, 1 << 16)) snprintf(why, sizeof why, "cycle %ld all-reduced wrong", cycle);
+    if (child_all_reduce && !all_reduce_right(comms, 1 << 16))
+      snprintf(why, sizeof why, "cycle %ld all-reduced wrong", cycle);
     for (int r = 0; r < 2; r++) NCCL_OK(ncclCommDestroy(comms[r]));
     cycle++;
     if (checkpoint(cycle)) print_stats(name, 0, cycle, last = stats(0));
@@ -748,17 +753,20 @@ static int leak_procs(const char* name, bool split, long cycles, double budget, 
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    fprintf(stderr, "usage: faults CASE [--cycles N] [--budget SECONDS] [--parent-all-gathers 0|1] [--nonblocking 0|1]\n");
+    fprintf(stderr,
+            "usage: faults CASE [--cycles N] [--budget SECONDS] [--parent-all-gathers 0|1] [--child-all-reduce 0|1] "
+            "[--nonblocking 0|1]\n");
     return 2;
   }
   long cycles = 10000;
   double budget = 120;
-  bool parent_gathers = false, nonblocking = false;
+  bool parent_gathers = false, nonblocking = false, child_all_reduce = true;
   for (int i = 2; i + 1 < argc; i += 2) {
     if (!strcmp(argv[i], "--cycles")) cycles = atol(argv[i + 1]);
     if (!strcmp(argv[i], "--budget")) budget = atof(argv[i + 1]);
     if (!strcmp(argv[i], "--parent-all-gathers")) parent_gathers = atoi(argv[i + 1]) != 0;
     if (!strcmp(argv[i], "--nonblocking")) nonblocking = atoi(argv[i + 1]) != 0;
+    if (!strcmp(argv[i], "--child-all-reduce")) child_all_reduce = atoi(argv[i + 1]) != 0;
   }
   const char* c = argv[1];
   print_mapped_nccl("# ");  // no CUDA call: the forks below may still use CUDA
@@ -769,8 +777,9 @@ int main(int argc, char** argv) {
   if (!strcmp(c, "abort-while-waiting")) return abort_while_waiting();
   if (!strcmp(c, "destroy-after-revoke")) return destroy_after_revoke();
   if (!strcmp(c, "two-streams")) return two_streams();
-  if (!strcmp(c, "leak-one-process")) return leak_one_process(c, false, cycles, budget, false);
-  if (!strcmp(c, "leak-split-one-process")) return leak_one_process(c, true, cycles, budget, parent_gathers);
+  if (!strcmp(c, "leak-one-process")) return leak_one_process(c, false, cycles, budget, false, true);
+  if (!strcmp(c, "leak-split-one-process"))
+    return leak_one_process(c, true, cycles, budget, parent_gathers, child_all_reduce);
   fprintf(stderr, "unknown case %s\n", c);
   return 2;
 }

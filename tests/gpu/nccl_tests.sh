@@ -315,11 +315,14 @@ fi
 # all; each run sweeps the sizes twice (-N 2), NCCL_TESTS_LIMITS_ROUNDS rounds (default 1).
 # nccl_tests_report.py --limits turns the best times into the row of this GPU for the shim's
 # table of measured limits (shim/src/core/measured_limits.tsv): nccl-tests-limits.md.
+# With NCCL_TESTS_BINARIES, only those of them: the row then has "-" for the others, whose
+# values in the table stand.
 limit_sets=(":" "-r2:-R 2" "-g:-G 1")
 if wanted limits && [ -x "$dir/src-2.28.9/build/all_gather_perf" ]; then
   shim_env=("${core_settings[@]}") limit_names=() status=0 problems="" runs=0
   for mode in mpi group; do
     for binary in all_gather reduce_scatter broadcast reduce alltoall gather scatter; do
+      [ -z "${NCCL_TESTS_BINARIES:-}" ] || [[ " $NCCL_TESTS_BINARIES " == *" $binary "* ]] || continue
       for set in "${limit_sets[@]}"; do
         IFS=: read -r suffix args <<<"$set"
         name=limits-2.28.9-$mode-$binary$suffix
