@@ -280,8 +280,9 @@ zero_copy_suite() {
   verdict "zero-copy (1 GPU)" $status "first calls on new buffers $first ms; core all-reduce (eager, graph replays, timed trace): $right of $all right; $((SECONDS - t)) s; logs in zero-copy/"
 }
 
-# --- PyTorch's all-reduce timed (torch_bench.py): bf16, one process per GPU under torchrun,
-# eager and in a CUDA graph; runs without and with the shim alternate, twice each, and
+# --- PyTorch's all-reduce timed (torch_bench.py; TORCH_BENCH_COLLECTIVES names others too):
+# bf16, one process per GPU under torchrun, eager and in a CUDA graph; runs without and with
+# the shim alternate, twice each, and
 # torch_bench_report.py puts the medians side by side and fails where the shim is above
 # TORCH_GATE_LIMIT (1.05) x NCCL ---
 torch_bench_suite() {
@@ -308,7 +309,7 @@ torch_bench_suite() {
   shim_used "$dir/shim-default-1.log" || status=1
   local served
   served=$(cat "$dir"/shim-*.log | grep -ho 'zero-copy of rank [0-9]*: [0-9]* calls direct' | awk '{s += $5} END {print s + 0}')
-  verdict "torch bench $n GPUs" $status "$(grep -h 'torch bench rank 0' "$dir/shim-default-1.log" | cut -c1-80); zero-copy calls: $served; $((SECONDS - t)) s; table in torch-bench-$n/report.txt"
+  verdict "torch bench $n GPUs" $status "$(grep -h 'torch bench rank 0:' "$dir/shim-default-1.log" | cut -c1-80); zero-copy calls: $served; $((SECONDS - t)) s; table in torch-bench-$n/report.txt"
   sed 's/^/  /' "$dir/report.txt" | tee -a "$summary"
 }
 
@@ -436,7 +437,7 @@ torch_coalesced_suite() {
     --shim "$dir"/shim-*.json >"$dir/report.txt" 2>&1 || status=1
   # The core served the shim's runs (each process says so; they end without an exit summary).
   [ "$(grep -c 'core on for comm' "$dir/shim-1.log")" -ge "$n" ] || status=1
-  verdict "torch coalesced $n GPUs" $status "$(grep -h 'torch coalesced rank 0' "$dir/shim-1.log" | cut -c1-60); $((SECONDS - t)) s; table in torch-coalesced-$n/report.txt"
+  verdict "torch coalesced $n GPUs" $status "$(grep -h 'torch coalesced rank 0:' "$dir/shim-1.log" | cut -c1-60); $((SECONDS - t)) s; table in torch-coalesced-$n/report.txt"
   sed 's/^/  /' "$dir/report.txt" | tee -a "$summary"
 }
 

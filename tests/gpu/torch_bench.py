@@ -1,9 +1,13 @@
-"""PyTorch's all-reduce timed as a training or inference step issues it: bf16, one process per
-GPU under torchrun, eager and captured in a CUDA graph, each size on its own tensor (made once,
-as the caching allocator keeps it). Every result is checked; rank 0 writes the times to OUT.json.
-torch_bench_report.py puts runs with and without ncclshim side by side.
+"""PyTorch's collectives timed as a training or inference step issues them: bf16, one process
+per GPU under torchrun, eager and captured in a CUDA graph, each size on its own tensors (made
+once, as the caching allocator keeps them). Every result is checked; rank 0 writes the times to
+OUT.json. torch_bench_report.py puts runs with and without ncclshim side by side.
 
     python3 -m torch.distributed.run --standalone --nproc_per_node N torch_bench.py OUT.json
+
+TORCH_BENCH_COLLECTIVES: which ones, a space between them (default all_reduce): all_reduce,
+reduce_scatter (reduce_scatter_tensor), all_gather (all_gather_into_tensor), broadcast (from
+the last rank). A size is the bytes of the larger tensor, as nccl-tests counts them.
 """
 import json
 import os
@@ -12,6 +16,8 @@ import sys
 
 import torch
 import torch.distributed as dist
+
+from torch_collectives import mapped_nccl
 
 SIZES = [1 << 20, 2 << 20, 4 << 20, 8 << 20, 16 << 20, 32 << 20, 64 << 20]
 CALLS = 20  # all-reduces per timed batch
@@ -58,6 +64,37 @@ def eager_and_graph_us(call):
     return eager_us, timed(graph.replay)
 
 
+def pattern(n, offset):
+    """n bf16 values (i + offset) % 5, exact in bf16 and in sums of a few of them."""
+    return ((torch.arange(n, device="cuda") + offset) % 5).to(torch.bfloat16)
+
+
+def prepared(collective, size, rank, world):
+    """(call, fill, want, out) for one collective and size: `call` issues it, `fill` writes this
+    rank's input, `want` is what `out` holds afterwards."""
+    n = size // 2
+    if collective == "all_reduce":
+        x = torch.zeros(n, dtype=torch.bfloat16, device="cuda")
+        want = sum(pattern(n, r).float() for r in range(world)).to(torch.bfloat16)
+        return (lambda: dist.all_reduce(x)), (lambda: x.copy_(pattern(n, rank))), want, x
+    if collective == "reduce_scatter":
+        inp = torch.zeros(n, dtype=torch.bfloat16, device="cuda")
+        out = torch.zeros(n // world, dtype=torch.bfloat16, device="cuda")
+        mine = slice(rank * (n // world), (rank + 1) * (n // world))
+        want = sum(pattern(n, r).float() for r in range(world))[mine].to(torch.bfloat16)
+        return (lambda: dist.reduce_scatter_tensor(out, inp)), (lambda: inp.copy_(pattern(n, rank))), want, out
+    if collective == "all_gather":
+        inp = torch.zeros(n // world, dtype=torch.bfloat16, device="cuda")
+        out = torch.zeros(n, dtype=torch.bfloat16, device="cuda")
+        want = torch.cat([pattern(n // world, 7 * r) for r in range(world)])
+        return (lambda: dist.all_gather_into_tensor(out, inp)), (lambda: inp.copy_(pattern(n // world, 7 * rank))), want, out
+    if collective == "broadcast":
+        x = torch.zeros(n, dtype=torch.bfloat16, device="cuda")
+        root = world - 1
+        return (lambda: dist.broadcast(x, root)), (lambda: x.copy_(pattern(n, rank))), pattern(n, root), x
+    raise SystemExit(f"torch_bench.py: no collective {collective!r}")
+
+
 def main():
     out = sys.argv[1]
     local = int(os.environ["LOCAL_RANK"])
@@ -65,31 +102,31 @@ def main():
     dist.init_process_group("nccl", device_id=torch.device("cuda", local))
     rank, world = dist.get_rank(), dist.get_world_size()
     results, wrong = [], []
-    for size in SIZES:
-        x = torch.zeros(size // 2, dtype=torch.bfloat16, device="cuda")
-        eager_us, graph_us = eager_and_graph_us(lambda: dist.all_reduce(x))
+    for collective in os.environ.get("TORCH_BENCH_COLLECTIVES", "all_reduce").split():
+        for size in SIZES:
+            call, fill, want, result = prepared(collective, size, rank, world)
+            eager_us, graph_us = eager_and_graph_us(call)
 
-        # The same tensor, eager and by one replay of a graph of one all-reduce, checked.
-        i = torch.arange(x.numel(), device="cuda")
-        mine = ((i + rank) % 5).to(torch.bfloat16)
-        want = sum((i + r) % 5 for r in range(world)).to(torch.bfloat16)
-        x.copy_(mine)
-        dist.all_reduce(x)
-        torch.cuda.synchronize()
-        if not torch.equal(x, want):
-            wrong.append(f"eager {size}")
-        one = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(one):
-            dist.all_reduce(x)
-        x.copy_(mine)
-        one.replay()
-        torch.cuda.synchronize()
-        if not torch.equal(x, want):
-            wrong.append(f"graph {size}")
-        results.append({"bytes": size, "eager_us": eager_us, "graph_us": graph_us})
-        if rank == 0:
-            print(f"torch bench {size >> 20} MiB: eager {eager_us:.1f} us, graph {graph_us:.1f} us",
-                  flush=True)
+            # The same tensors, eager and by one replay of a graph of one call, checked.
+            fill()
+            call()
+            torch.cuda.synchronize()
+            if not torch.equal(result, want):
+                wrong.append(f"{collective} eager {size}")
+            one = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(one):
+                call()
+            result.zero_()
+            fill()
+            one.replay()
+            torch.cuda.synchronize()
+            if not torch.equal(result, want):
+                wrong.append(f"{collective} graph {size}")
+            results.append({"collective": collective, "bytes": size, "eager_us": eager_us,
+                            "graph_us": graph_us})
+            if rank == 0:
+                print(f"torch bench {collective} {size >> 20} MiB: eager {eager_us:.1f} us, "
+                      f"graph {graph_us:.1f} us", flush=True)
     finish(out, "torch bench", rank, world, results, wrong)
 
 
@@ -97,6 +134,7 @@ def finish(out, label, rank, world, results, wrong):
     """Says how many results were wrong, rank 0 writes OUT, and the process ends (status 1 if any
     was wrong). Not by destroy_process_group: after graphs of NCCL calls it waits for ever (seen
     with NCCL alone, PyTorch 2.11); the results are written. torch_late_peer.py ends so too."""
+    print(f"{label} rank {rank} mapped: {' '.join(mapped_nccl())}", flush=True)
     print(f"{label} rank {rank}: {len(wrong)} wrong {wrong}", flush=True)
     if rank == 0:
         with open(out, "w") as f:

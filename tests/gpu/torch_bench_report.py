@@ -1,5 +1,6 @@
-"""Runs of torch_bench.py with and without ncclshim, side by side: per size, the median time of
-each library over its runs (the runs alternate) and the ratio, shim / NCCL, eager and in a graph.
+"""Runs of torch_bench.py with and without ncclshim, side by side: per collective and size, the
+median time of each library over its runs (the runs alternate) and the ratio, shim / NCCL, eager
+and in a graph.
 With --limit X it fails (exit 1) where a ratio is above X: every graph ratio, and the eager
 ratios where NCCL's eager time is within 1.25 x its graph time (elsewhere Python's own time per
 call, which varies from process to process by more than the limit, is what eager measures).
@@ -12,12 +13,13 @@ import statistics
 
 
 def times(files):
-    """{bytes: ([eager_us], [graph_us])} over the files."""
+    """{(collective, bytes): ([eager_us], [graph_us])} over the files."""
     by_size = {}
     for name in files:
         with open(name) as f:
             for r in json.load(f)["results"]:
-                eager, graph = by_size.setdefault(r["bytes"], ([], []))
+                key = (r.get("collective", "all_reduce"), r["bytes"])
+                eager, graph = by_size.setdefault(key, ([], []))
                 eager.append(r["eager_us"])
                 graph.append(r["graph_us"])
     return by_size
@@ -39,18 +41,19 @@ def main():
     args = parser.parse_args()
     above = []
     nccl, shim = times(args.nccl), times(args.shim)
-    print(f"{'size':>8} {'NCCL eager':>11} {'shim eager':>11} {'ratio':>6} "
+    print(f"{'collective':>14} {'size':>8} {'NCCL eager':>11} {'shim eager':>11} {'ratio':>6} "
           f"{'NCCL graph':>11} {'shim graph':>11} {'ratio':>6}")
-    for size in sorted(nccl):
-        if size not in shim:
+    for key in sorted(nccl):
+        if key not in shim:
             continue
-        row = [label(size).rjust(8)]
+        collective, size = key
+        row = [collective.rjust(14), label(size).rjust(8)]
         for k in (0, 1):
-            a, b = statistics.median(nccl[size][k]), statistics.median(shim[size][k])
+            a, b = statistics.median(nccl[key][k]), statistics.median(shim[key][k])
             row += [f"{a:11.1f}", f"{b:11.1f}", f"{b / a:6.2f}"]
-            gpu_bound = k == 1 or a <= 1.25 * statistics.median(nccl[size][1])
+            gpu_bound = k == 1 or a <= 1.25 * statistics.median(nccl[key][1])
             if args.limit is not None and gpu_bound and b / a > args.limit:
-                above.append(f"{label(size)} {('eager', 'graph')[k]} {b / a:.2f}")
+                above.append(f"{collective} {label(size)} {('eager', 'graph')[k]} {b / a:.2f}")
         print(" ".join(row))
     if args.limit is not None:
         print(f"# {len(above)} above {args.limit} x NCCL{': ' + ', '.join(above) if above else ''}")
