@@ -342,8 +342,11 @@ fn check_routing(report: &mut Report, machine: Option<&Machine>) {
                 "the core at every size it can take (NCCLSHIM_CORE=force)".into()
             }
             _ if !settings.enabled => "NCCL (the core is off)".into(),
-            0 => format!("NCCL ({source})"),
-            limit => format!("the core up to {}, NCCL above ({source})", size(limit)),
+            limit if limit.is_none() => format!("NCCL ({source})"),
+            limit => format!(
+                "the core {}, NCCL at other sizes ({source})",
+                limit.describe(size)
+            ),
         };
         report.note(format!("{}: {routed}", collective.name()));
     }

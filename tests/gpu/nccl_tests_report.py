@@ -20,8 +20,9 @@ the run started):
                               markdown: per collective and size the worst shim / NCCL-at-its-best
                               ratio over the runs limits-*-MODE-BINARY[-r2|-g] (best of rounds),
                               and last the row of the measured-limits table for GPU: per
-                              collective the largest size up to which every size, placement, mode
-                              and set came out at most LIMIT_RATIO x NCCL's time
+                              collective the spans of sizes (the first from the smallest) where
+                              every size, placement, mode and set came out at most LIMIT_RATIO x
+                              NCCL's time
   --tune DIR NAME...          markdown: per size, the best (least) out-of-place time of the
                               rounds DIR/NAME-real-r*.log (NCCL alone), DIR/NAME-shim-r*.log
                               (the shim as built) and DIR/NAME-tK-r*.log (the shim under the
@@ -253,13 +254,39 @@ def best_times(directory, name, lib):
     return {key[0]: (min(oop), min(ip)) for key, (oop, ip) in found.items()}
 
 
+# The most spans of sizes a limit holds (shim/src/core/measured.rs, SPANS).
+LIMIT_SPANS = 3
+
+
+def winning_spans(worst):
+    """The spans (from, to) of measured sizes in a row where every worst ratio is at most
+    LIMIT_RATIO, the first from 0 where it starts at the smallest size measured; at most
+    LIMIT_SPANS of them, the smallest sizes first. Sizes between two measured ones in a span are
+    taken too: each kernel's time grows smoothly with size. A lone size between two that lose
+    is not a span: one cell is too little to rule out noise."""
+    spans, start, last = [], None, None
+    sizes = sorted(worst)
+    for size in sizes:
+        if worst[size][0] <= LIMIT_RATIO:
+            start = size if start is None else start
+            last = size
+            continue
+        if start is not None:
+            spans.append((start, last))
+        start = None
+    if start is not None:
+        spans.append((start, last))
+    spans = [(0 if frm == sizes[0] else frm, to) for frm, to in spans]
+    return [(frm, to) for frm, to in spans if frm == 0 or frm < to][:LIMIT_SPANS]
+
+
 def limits(gpu, nranks, directory, names):
     """Worst ratio per collective and size, against NCCL at its best on the same buffers: plain
     buffers against NCCL's plain, windows (-R 2) against the faster of NCCL's two, graphs (-G)
     against NCCL's graphs."""
     print(f"# Where each collective's core beats NCCL: {gpu}, {nranks} ranks\n")
     print(f"Worst shim / NCCL time over modes (one process per GPU, one for all), sets (plain, -R 2, -G 1) "
-          f"and placements; a limit is the largest size up to which every cell is at most {LIMIT_RATIO}.\n")
+          f"and placements; a limit is the spans of sizes where every cell is at most {LIMIT_RATIO}.\n")
     row, problems = [], []
     for binary, column in LIMIT_COLUMNS:
         ours = [n for n in names if re.search(rf"-{binary}(-r2|-g)?$", n)]
@@ -283,13 +310,11 @@ def limits(gpu, nranks, directory, names):
                 ratio = max(s / r if r > 0 else math.inf for s, r in zip(shim[size], real[size]))
                 if ratio > worst.get(size, (0, ""))[0]:
                     worst[size] = (ratio, name.split("-", 3)[3])
-        limit = 0
-        for size in sorted(worst):
-            if worst[size][0] > LIMIT_RATIO:
-                break
-            limit = size
-        row.append(str(limit))
-        print(f"## {column}: limit {human(limit) if limit else 'off'}\n")
+        spans = winning_spans(worst)
+        row.append(",".join(str(to) if frm == 0 else f"{frm}-{to}" for frm, to in spans) or "0")
+        said = ", ".join(f"up to {human(to)}" if frm == 0 else human(frm) if frm == to
+                         else f"{human(frm)} - {human(to)}" for frm, to in spans)
+        print(f"## {column}: on {said}\n" if spans else f"## {column}: off\n")
         print("| size | worst ratio | where |")
         print("|---|---|---|")
         for size in sorted(worst):

@@ -1,23 +1,122 @@
 //! The measured limits of the collectives other than all-reduce: per GPU model and number of
-//! ranks, the largest call each one's core takes by default (`measured_limits.tsv`, written by
-//! the GPU suite). Each rank looks its own GPU up; the communicator takes the least of its
-//! ranks' limits (setup.rs), so that every rank decides alike.
+//! ranks, the sizes at which each one's core takes calls by default (`measured_limits.tsv`,
+//! written by the GPU suite): the small calls up to a size, and spans of larger ones where the
+//! core won again. Each rank looks its own GPU up; the communicator takes what all of its ranks'
+//! limits have in common (setup.rs), so that every rank decides alike.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::types::Collective;
 
-/// Every collective's limit in bytes, by `Collective as usize` (all-reduce's unused: 0).
-pub type Limits = [usize; Collective::ALL.len()];
+/// The most spans of sizes one collective's limit holds.
+pub const SPANS: usize = 3;
+
+/// The sizes (in bytes, as nccl-tests counts them) at which a collective's core takes a call:
+/// up to SPANS spans `from..=to`, in order; an unused span is `(0, 0)`. Size 0 is never the
+/// core's, so a span from 0 starts at the smallest call.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Limit([(usize, usize); SPANS]);
+
+impl Limit {
+    /// No call.
+    pub const NONE: Limit = Limit([(0, 0); SPANS]);
+
+    /// Every call up to `bytes` (none for 0). Allocates nothing: a setting's limit is made so
+    /// on every call's path (`Settings::limit`).
+    pub const fn up_to(bytes: usize) -> Limit {
+        let mut spans = [(0, 0); SPANS];
+        spans[0].1 = bytes;
+        Limit(spans)
+    }
+
+    /// The spans given (each `from..=to`) that hold a size, in order of size, the first SPANS.
+    pub fn of(spans: impl IntoIterator<Item = (usize, usize)>) -> Limit {
+        let mut kept: Vec<(usize, usize)> = spans
+            .into_iter()
+            .filter(|&(from, to)| to > 0 && from <= to)
+            .collect();
+        kept.sort_unstable();
+        let mut limit = Limit::NONE;
+        for (slot, span) in limit.0.iter_mut().zip(kept) {
+            *slot = span;
+        }
+        limit
+    }
+
+    /// The spans that hold a size.
+    pub fn spans(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        self.0.iter().copied().filter(|&(_, to)| to > 0)
+    }
+
+    /// Whether the core takes a call of `bytes`.
+    pub fn takes(&self, bytes: usize) -> bool {
+        bytes > 0 && self.spans().any(|(from, to)| (from..=to).contains(&bytes))
+    }
+
+    pub fn is_none(&self) -> bool {
+        self.spans().next().is_none()
+    }
+
+    /// The sizes both take.
+    pub fn meet(&self, other: &Limit) -> Limit {
+        let mut common = Vec::new();
+        for (a, b) in self.spans() {
+            for (c, d) in other.spans() {
+                common.push((a.max(c), b.min(d)));
+            }
+        }
+        Limit::of(common)
+    }
+
+    /// A cell of the table: spans separated by commas, each `TO` (from the smallest call) or
+    /// `FROM-TO`. A cell that does not read whole is no limit: one not known is none to rely on.
+    pub fn parse(cell: &str) -> Limit {
+        let span = |item: &str| match item.split_once('-') {
+            Some((from, to)) => Some((from.trim().parse().ok()?, to.trim().parse().ok()?)),
+            None => Some((0, item.trim().parse().ok()?)),
+        };
+        cell.split(',')
+            .map(span)
+            .collect::<Option<Vec<_>>>()
+            .map_or(Limit::NONE, Limit::of)
+    }
+
+    /// As a record carries it: each span's two ends.
+    pub fn to_words(self) -> [u64; 2 * SPANS] {
+        std::array::from_fn(|i| {
+            let (from, to) = self.0[i / 2];
+            (if i % 2 == 0 { from } else { to }) as u64
+        })
+    }
+
+    pub fn from_words(words: [u64; 2 * SPANS]) -> Limit {
+        Limit::of((0..SPANS).map(|i| (words[2 * i] as usize, words[2 * i + 1] as usize)))
+    }
+
+    /// "up to 128 KiB and 8 MiB – 32 MiB", each size as `size` writes it.
+    pub fn describe(&self, size: impl Fn(usize) -> String) -> String {
+        self.spans()
+            .map(|(from, to)| match from {
+                0 => format!("up to {}", size(to)),
+                _ if from == to => size(from),
+                _ => format!("{} – {}", size(from), size(to)),
+            })
+            .collect::<Vec<_>>()
+            .join(" and ")
+    }
+}
+
+/// Every collective's limit, by `Collective as usize` (all-reduce's unused: none).
+pub type Limits = [Limit; Collective::ALL.len()];
 
 const TABLE: &str = include_str!("measured_limits.tsv");
 
-/// The row for a GPU of this name and `nranks` ranks; every limit 0 where none was measured.
+/// The row for a GPU of this name and `nranks` ranks; no limit where none was measured.
 pub fn limits(gpu: &str, nranks: usize) -> Limits {
     rows(TABLE)
         .into_iter()
         .find(|row| row.gpu == gpu && row.nranks == nranks)
-        .map_or([0; Collective::ALL.len()], |row| row.limits)
+        .map_or([Limit::NONE; Collective::ALL.len()], |row| row.limits)
 }
 
 /// One measured row.
@@ -29,8 +128,8 @@ pub struct Row {
 }
 
 /// The rows of a table: tab-separated, `#` comments, a header naming the columns ("gpu",
-/// "ranks", then collectives as their settings spell them, in lower case). A cell that does not
-/// read as a number counts as 0: a limit not known is no limit to rely on.
+/// "ranks", then collectives as their settings spell them, in lower case), each cell as
+/// `Limit::parse` reads it.
 pub fn rows(table: &str) -> Vec<Row> {
     let mut lines = table
         .lines()
@@ -50,10 +149,10 @@ pub fn rows(table: &str) -> Vec<Row> {
         .filter_map(|line| {
             let cells: Vec<&str> = line.split('\t').map(str::trim).collect();
             let (gpu, nranks) = (cells.first()?, cells.get(1)?.parse().ok()?);
-            let mut limits = [0; Collective::ALL.len()];
+            let mut limits = [Limit::NONE; Collective::ALL.len()];
             for (column, cell) in columns.iter().zip(&cells).skip(2) {
                 if let Some(c) = column.filter(|&c| c != Collective::AllReduce) {
-                    limits[c as usize] = cell.parse().unwrap_or(0);
+                    limits[c as usize] = Limit::parse(cell);
                 }
             }
             Some(Row {
@@ -65,12 +164,12 @@ pub fn rows(table: &str) -> Vec<Row> {
         .collect()
 }
 
-/// The limits of every rank's row (`limits`), the least of each.
+/// What the limits of every rank's row (`limits`) have in common, collective by collective.
 pub fn least(ranks: impl IntoIterator<Item = Limits>) -> Limits {
     ranks
         .into_iter()
-        .reduce(|a, b| std::array::from_fn(|i| a[i].min(b[i])))
-        .unwrap_or([0; Collective::ALL.len()])
+        .reduce(|a, b| std::array::from_fn(|i| a[i].meet(&b[i])))
+        .unwrap_or([Limit::NONE; Collective::ALL.len()])
 }
 
 /// Whether some communicator of this process may give calls of a collective to its core by its
@@ -82,14 +181,14 @@ static MEASURED_ON: [AtomicBool; Collective::ALL.len()] =
 
 /// Notes the limits of a communicator whose core came on.
 pub fn note_in_use(limits: &Limits) {
-    for (on, &limit) in MEASURED_ON.iter().zip(limits) {
-        if limit > 0 {
+    for (on, limit) in MEASURED_ON.iter().zip(limits) {
+        if !limit.is_none() {
             on.store(true, Ordering::Relaxed);
         }
     }
 }
 
-/// Whether some communicator of this process has a measured limit above 0 for `collective`.
+/// Whether some communicator of this process has a measured limit for `collective`.
 pub fn in_use(collective: Collective) -> bool {
     MEASURED_ON[collective as usize].load(Ordering::Relaxed)
 }
@@ -98,20 +197,54 @@ pub fn in_use(collective: Collective) -> bool {
 mod tests {
     use super::*;
 
+    const NONE: Limits = [Limit::NONE; 8];
+
     #[test]
     fn the_table_reads_by_its_header() {
-        let table =
-            "# note\ngpu\tranks\tscatter\tall_gather\nGPU A\t2\t4096\t128\nGPU B\t4\tx\t7\n";
+        let table = "# note\ngpu\tranks\tscatter\tall_gather\nGPU A\t2\t4096\t128,2048-8192\nGPU B\t4\tx\t7\n";
         let rows = rows(table);
         assert_eq!(rows.len(), 2);
         assert_eq!(rows[0].gpu, "GPU A");
-        assert_eq!(rows[0].limits[Collective::Scatter as usize], 4096);
-        assert_eq!(rows[0].limits[Collective::AllGather as usize], 128);
-        assert_eq!(rows[0].limits[Collective::Gather as usize], 0);
+        assert_eq!(
+            rows[0].limits[Collective::Scatter as usize],
+            Limit::up_to(4096)
+        );
+        assert_eq!(
+            rows[0].limits[Collective::AllGather as usize],
+            Limit::of([(0, 128), (2048, 8192)])
+        );
+        assert_eq!(rows[0].limits[Collective::Gather as usize], Limit::NONE);
         assert_eq!(
             (rows[1].nranks, rows[1].limits[Collective::Scatter as usize]),
-            (4, 0)
+            (4, Limit::NONE)
         );
+    }
+
+    #[test]
+    fn a_limit_takes_the_sizes_of_its_spans() {
+        let limit = Limit::parse("131072, 8388608-33554432,2097152-2097152");
+        let taken = [1, 131072, 2097152, 8388608, 16 << 20, 33554432];
+        let not = [0, 131073, 2097151, 2097153, 8388607, 33554433];
+        assert!(taken.iter().all(|&b| limit.takes(b)), "{limit:?}");
+        assert!(!not.iter().any(|&b| limit.takes(b)), "{limit:?}");
+        assert_eq!(
+            limit.describe(|b| format!("{b}")),
+            "up to 131072 and 2097152 and 8388608 – 33554432"
+        );
+        assert_eq!(Limit::parse("0"), Limit::NONE);
+        assert!(Limit::parse("0").is_none() && Limit::up_to(0).is_none());
+        for bad in ["", "x", "1-", "5,y", "-3"] {
+            assert_eq!(Limit::parse(bad), Limit::NONE, "{bad:?}");
+        }
+        assert_eq!(
+            Limit::parse("9-3"),
+            Limit::NONE,
+            "a span the wrong way round"
+        );
+        let many = Limit::parse("1-2,3-4,5-6,7-8");
+        assert_eq!(many.spans().count(), SPANS);
+        assert!(!many.takes(7), "past SPANS spans, the largest go");
+        assert_eq!(Limit::from_words(limit.to_words()), limit);
     }
 
     #[test]
@@ -124,8 +257,21 @@ mod tests {
         let rows = rows(TABLE);
         assert!(!rows.is_empty());
         for row in &rows {
-            assert_eq!(row.limits[Collective::AllReduce as usize], 0);
+            assert!(row.limits[Collective::AllReduce as usize].is_none());
             assert!(row.nranks >= 2, "{row:?}");
+            // Every cell reads whole: one that did not would silently turn a collective off.
+            let line = TABLE
+                .lines()
+                .find(|l| l.starts_with(&format!("{}\t{}\t", row.gpu, row.nranks)))
+                .unwrap();
+            for (name, cell) in header.split('\t').zip(line.split('\t')).skip(2) {
+                let collective = Collective::ALL
+                    .into_iter()
+                    .find(|c| c.variable_name().eq_ignore_ascii_case(name))
+                    .unwrap();
+                let limit = row.limits[collective as usize];
+                assert_eq!(cell == "0", limit.is_none(), "{line:?}: {cell:?}");
+            }
         }
     }
 
@@ -133,15 +279,27 @@ mod tests {
     fn a_gpu_or_rank_count_not_measured_gets_nothing() {
         let measured = rows(TABLE).remove(0);
         assert_eq!(limits(&measured.gpu, measured.nranks), measured.limits);
-        assert_eq!(limits(&measured.gpu, measured.nranks + 64), [0; 8]);
-        assert_eq!(limits("a GPU no one measured", measured.nranks), [0; 8]);
+        assert_eq!(limits(&measured.gpu, measured.nranks + 64), NONE);
+        assert_eq!(limits("a GPU no one measured", measured.nranks), NONE);
     }
 
     #[test]
-    fn a_communicator_takes_the_least_of_its_ranks() {
-        let a = [0, 8, 4, 0, 9, 1, 2, 3];
-        let b = [0, 2, 6, 5, 0, 1, 9, 3];
-        assert_eq!(least([a, b]), [0, 2, 4, 0, 0, 1, 2, 3]);
-        assert_eq!(least([]), [0; 8]);
+    fn a_communicator_takes_what_its_ranks_have_in_common() {
+        let mut a = NONE;
+        let mut b = NONE;
+        a[1] = Limit::parse("8,100-400");
+        b[1] = Limit::parse("2,300-500");
+        a[2] = Limit::up_to(4);
+        b[2] = Limit::up_to(6);
+        a[3] = Limit::up_to(5);
+        let both = least([a, b]);
+        assert_eq!(both[1], Limit::parse("2,300-400"));
+        assert_eq!(both[2], Limit::up_to(4));
+        assert_eq!(both[3], Limit::NONE, "one rank has none");
+        assert_eq!(
+            Limit::parse("10-20").meet(&Limit::parse("30-40")),
+            Limit::NONE
+        );
+        assert_eq!(least([]), NONE);
     }
 }

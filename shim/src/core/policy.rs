@@ -11,7 +11,7 @@ use crate::call::Call;
 // in layout.rs; the settings in settings.rs. Named here too, for the rest of the core.
 pub use super::layout::*;
 pub use super::limits::*;
-pub use super::measured::Limits;
+pub use super::measured::{Limit, Limits};
 pub use super::settings::{DEFAULT_WAIT_LIMIT_S, GROUP_CORE_BYTES, Settings, settings, switch};
 /// The sentinel kernel's largest grid: a 16-byte pack per thread, 64 threads per block.
 const SENTINEL_BLOCKS: u32 = (SENTINEL_MAX_BYTES / 16 / 64) as u32;
@@ -343,8 +343,8 @@ pub fn plan(
     };
     let slots = chunk.div_ceil(16).checked_mul(16 * senders)?;
     let size = collective.size(chunk, nranks);
-    let max_bytes = settings.limit(collective, &comm.measured);
-    if slots > GATHER_SCATTER_LIMIT_BYTES || (!settings.force_core && size > max_bytes) {
+    let limit = settings.limit(collective, &comm.measured);
+    if slots > GATHER_SCATTER_LIMIT_BYTES || (!settings.force_core && !limit.takes(size)) {
         return None;
     }
     let (dtype, count) = match collective.reduces() {
@@ -589,7 +589,7 @@ mod tests {
             zero_copy: false,
             resident_blocks: 132,
             compute_capability: 90,
-            measured: [0; Collective::ALL.len()],
+            measured: [Limit::NONE; Collective::ALL.len()],
         }
     }
 
@@ -903,12 +903,14 @@ mod tests {
         assert_eq!(plan(&staged, 64 << 20, 2, true), None, "{farther}");
     }
 
-    /// Unset, a collective's limit is the communicator's measured one; set, the setting's, also
-    /// where it is 0 (off) or beyond the measured one.
+    /// Unset, a collective's limit is the communicator's measured one, its spans of larger calls
+    /// included; set, the setting's, also where it is 0 (off) or beyond the measured one.
     #[test]
     fn measured_limits_apply_where_no_setting_gives_one() {
-        let mut measured = [0; Collective::ALL.len()];
-        measured[Collective::AllGather as usize] = 128 << 10;
+        let mut measured = [Limit::NONE; Collective::ALL.len()];
+        measured[Collective::AllGather as usize] = Limit::up_to(128 << 10);
+        measured[Collective::ReduceScatter as usize] =
+            Limit::of([(0, 8 << 10), (8 << 20, 32 << 20)]);
         let comm = CommFacts {
             measured,
             ..procs(2)
@@ -916,16 +918,24 @@ mod tests {
         let gathers = |s: &Settings, bytes: usize| {
             plan(s, Collective::AllGather, bytes / 2 / 4, 7, 0, -1, &comm).is_some()
         };
+        let scatters = |s: &Settings, bytes: usize| {
+            plan(s, Collective::ReduceScatter, bytes / 2 / 4, 7, 0, -1, &comm).is_some()
+        };
         let s = with(&[]);
         assert!(s.may_take(Collective::AllGather, true));
         assert!(!s.may_take(Collective::AllGather, false));
         assert!(gathers(&s, 128 << 10) && !gathers(&s, 256 << 10));
+        assert!(scatters(&s, 8 << 10) && !scatters(&s, 16 << 10));
+        assert!(!scatters(&s, 4 << 20), "between the spans: NCCL's");
+        assert!(scatters(&s, 8 << 20) && scatters(&s, 32 << 20));
+        assert!(!scatters(&s, 64 << 20));
         assert!(
             plan(&s, Collective::Scatter, 64, 7, 0, 0, &comm).is_none(),
-            "0: NCCL's"
+            "none: NCCL's"
         );
-        let off = with(&[("NCCLSHIM_MAX_BYTES", "all_gather:0")]);
+        let off = with(&[("NCCLSHIM_MAX_BYTES", "all_gather:0,reduce_scatter:0")]);
         assert!(!off.may_take(Collective::AllGather, true) && !gathers(&off, 1024));
+        assert!(!scatters(&off, 8 << 20), "a setting replaces every span");
         let more = with(&[("NCCLSHIM_MAX_BYTES", "all_gather:1048576")]);
         assert!(gathers(&more, 1 << 20) && !gathers(&more, 2 << 20));
         assert_ne!(s.agreed(), off.agreed(), "unset and 0 differ between ranks");

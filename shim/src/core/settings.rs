@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 use super::fnv::Fnv;
 use super::layout::{ONE_SHOT_LIMIT_BYTES, STAGING_HALF_BYTES};
 use super::limits::{LL_MAX_BYTES, MAX_BLOCKS, SENTINEL_MAX_BYTES};
-use super::measured::Limits;
+use super::measured::{Limit, Limits};
 use super::types::Collective;
 use crate::log::log_warn;
 
@@ -92,8 +92,8 @@ impl Settings {
     /// it looks its communicator up (every other collective's calls forward at once). An
     /// all-reduce always looks: with the core off here, this rank still meets its peers where they
     /// set up theirs (at a nonblocking communicator's first all-reduce), and says no there.
-    /// `measured_in_use`: whether a communicator of this process has a measured limit above 0
-    /// for the collective (`measured::in_use`), where no setting gives one.
+    /// `measured_in_use`: whether a communicator of this process has a measured limit for the
+    /// collective (`measured::in_use`), where no setting gives one.
     pub fn may_take(&self, collective: Collective, measured_in_use: bool) -> bool {
         collective == Collective::AllReduce
             || (self.enabled
@@ -101,10 +101,10 @@ impl Settings {
                     || self.max_bytes[collective as usize].map_or(measured_in_use, |n| n > 0)))
     }
 
-    /// The largest call of `collective` (not all-reduce) the core takes: the setting's, or else
+    /// The sizes of `collective` (not all-reduce) the core takes: up to the setting's, or else
     /// the communicator's `measured` limit.
-    pub fn limit(&self, collective: Collective, measured: &Limits) -> usize {
-        self.max_bytes[collective as usize].unwrap_or(measured[collective as usize])
+    pub fn limit(&self, collective: Collective, measured: &Limits) -> Limit {
+        self.max_bytes[collective as usize].map_or(measured[collective as usize], Limit::up_to)
     }
 
     /// The limits of the collectives but all-reduce for the "core on" line: "all-gather up to
@@ -115,8 +115,12 @@ impl Settings {
             .skip(1)
             .filter_map(|c| match self.limit(c, measured) {
                 _ if self.force_core => Some(format!("{} (forced)", c.name())),
-                0 => None,
-                limit => Some(format!("{} up to {limit} B", c.name())),
+                limit if limit.is_none() => None,
+                limit => Some(format!(
+                    "{} {}",
+                    c.name(),
+                    limit.describe(|b| format!("{b} B"))
+                )),
             })
             .collect();
         match taken.is_empty() {

@@ -1,6 +1,7 @@
 //! What every rank tells the others when a communicator is set up (`Record`), and what they
 //! must have alike for the core to come on: layout, settings, buffers (`agree`).
 
+use crate::core::measured::SPANS;
 use crate::core::policy::{self, Staging};
 use crate::core::types::Collective;
 
@@ -9,8 +10,9 @@ pub(super) const MAGIC: u64 = 0x6e63_636c_7368_696d; // "ncclshim"
 // its own; 6: compute capability; 7: a group's small all-reduces fused, which peers must do
 // alike; 8: measured limits, and one size for every later layout; 9: reduce-scatter and reduce
 // as packets, which peers must plan alike; 10: which communicator a record is of, for children
-// that meet on their parent): other versions never pair up.
-pub(super) const LAYOUT: u32 = 10;
+// that meet on their parent; 11: measured limits as spans of sizes): other versions never pair
+// up.
+pub(super) const LAYOUT: u32 = 11;
 /// Room for the settings every rank must have alike (`Settings::agreed`), one word each.
 pub(super) const AGREED_SLOTS: usize = 32;
 
@@ -41,8 +43,9 @@ pub(super) struct Record {
     pub(super) padding: u32,
     pub(super) pci_bus_id: [u8; 16],
     pub(super) ipc: [u8; 64],
-    /// The measured limits of this rank's GPU for this many ranks (measured.rs).
-    pub(super) measured: [u64; Collective::ALL.len()],
+    /// The measured limits of this rank's GPU for this many ranks (measured.rs), as
+    /// `Limit::to_words` writes them.
+    pub(super) measured: [[u64; 2 * SPANS]; Collective::ALL.len()],
     /// Which communicator this record sets up, where several meet in one exchange (children of
     /// ncclCommSplit on their parent): the split's color. 0 in a communicator's own exchange.
     pub(super) color: i32,
@@ -62,7 +65,7 @@ pub(super) struct Record {
 /// What a record takes on the wire, whatever its layout.
 pub(super) const RECORD_BYTES: usize = 1024;
 /// The bytes before `reserved`.
-pub(super) const USED_BYTES: usize = 488;
+pub(super) const USED_BYTES: usize = 808;
 // No padding the compiler would leave uninitialised: every field ends where the next begins.
 const _: () = assert!(size_of::<Record>() == RECORD_BYTES);
 const _: () = assert!(std::mem::offset_of!(Record, reserved) == USED_BYTES);
@@ -88,7 +91,7 @@ impl Record {
             padding: 0,
             pci_bus_id: [0; 16],
             ipc: [0; 64],
-            measured: [0; Collective::ALL.len()],
+            measured: [[0; 2 * SPANS]; Collective::ALL.len()],
             color: 0,
             rank: 0,
             nranks: 0,

@@ -15,8 +15,9 @@ use super::comm::{CoreComm, Parts};
 use super::cuda::{
     self, Cuda, Device, DeviceBuffer, DevicePtr, HostControl, OwnedStream, StreamOrder,
 };
+use super::measured::{self, Limit};
 use super::policy::{self, FLAGS_BYTES, INBOX_BYTES, MAX_RANKS, SENTINEL_INBOX_BYTES, Staging};
-use super::{kernels, lifecycle, measured};
+use super::{kernels, lifecycle};
 use crate::ffi::{ncclComm_t, ncclSuccess};
 use crate::log::log_info;
 use crate::real;
@@ -422,7 +423,7 @@ fn side_record(candidate: &Candidate) -> Record {
         padding: 0,
         pci_bus_id,
         ipc,
-        measured: measured::limits(&parts.device.name(), candidate.nranks).map(|n| n as u64),
+        measured: measured::limits(&parts.device.name(), candidate.nranks).map(Limit::to_words),
         color: 0,
         rank: 0,
         nranks: 0,
@@ -603,7 +604,8 @@ mod tests {
         let mut record = ready(3);
         record.ipc[63] = 0xab;
         record.buffer = 0x7f00_0000_1000;
-        record.measured[Collective::Scatter as usize] = 128 << 10;
+        record.measured[Collective::Scatter as usize] =
+            Limit::parse("131072,8388608-33554432").to_words();
         let bytes = record.to_bytes();
         assert_eq!(bytes.len(), RECORD_BYTES);
         let back = Record::from_bytes(&bytes);

@@ -8,7 +8,7 @@ use super::exchange::Candidate;
 use super::identity;
 use crate::core::comm::{Parts, Reach};
 use crate::core::cuda::{Device, IpcMapping};
-use crate::core::measured;
+use crate::core::measured::{self, Limit};
 use crate::core::policy::{self, CommFacts};
 use crate::core::zero_copy::{DeviceMemory, Service, ZeroCopy};
 use crate::log::log_info;
@@ -53,7 +53,7 @@ pub(super) fn map_peers(candidate: &Candidate, gathered: &[u8]) -> Result<Mapped
                 .map(|r| r.compute_capability)
                 .min()
                 .unwrap_or(0),
-            measured: measured::least(records.iter().map(|r| r.measured.map(|n| n as usize))),
+            measured: measured::least(records.iter().map(|r| r.measured.map(Limit::from_words))),
         },
     };
     for (r, record) in records.iter().enumerate() {
