@@ -3,7 +3,7 @@
 // all-reduce on the core's kernels) and a wait limit (NCCLSHIM_TIMEOUT) far above the deadlines
 // here, so that what ends a wait is the abort under test, not the limit.
 //   faults CASE [--cycles N] [--budget SECONDS] [--parent-all-gathers 0|1] [--child-all-reduce 0|1]
-//               [--nonblocking 0|1]
+//               [--empty-group 0|1] [--nonblocking 0|1]
 // Cases:
 //   abort-while-waiting  rank 0 all-reduces alone (rank 1 never comes); another thread aborts
 //                        rank 0's communicator: the abort returns, the waiting stream finishes,
@@ -31,9 +31,18 @@
 //                        all-gathers on the parents, as the shim's set-up makes there: a control
 //                        for NCCL alone. --child-all-reduce 0 (one process): the children run
 //                        no collective (as under the shim, whose core takes their all-reduces,
-//                        NCCL runs none on them): a control for NCCL alone.
+//                        NCCL runs none on them): a control for NCCL alone. --empty-group 1
+//                        (one process): each cycle also opens and closes a group with no call
+//                        in it, which is what NCCL sees of the children's grouped all-reduce
+//                        when the shim's core takes it: a control for NCCL alone.
 //                        --nonblocking 1 (leak-procs): each communicator nonblocking (blocking=0,
 //                        waited for with ncclCommGetAsyncError), set up after its first all-reduce.
+//   leak-groups          one process, two communicators made once (ncclCommInitAll), then N
+//                        groups as a training loop issues them, each of one small all-reduce per
+//                        communicator (--empty-group 1: of nothing, a control for NCCL alone):
+//                        the heap in use may grow by at most 16 bytes a group from group 10,000
+//                        to the last (the core takes the all-reduces, so NCCL's own group holds
+//                        nothing; NCCL 2.28.9 keeps about 190 bytes of each empty group).
 // Prints "PASS <case> ..." or "FAIL <case> <why>" (leak cases: "STATS" lines); exits 1 on FAIL.
 #include <cuda_runtime.h>
 #include <dirent.h>
@@ -644,7 +653,7 @@ static void parent_all_gathers(ncclComm_t* parents) {
 }
 
 static int leak_one_process(const char* name, bool split, long cycles, double budget, bool parent_gathers,
-                            bool child_all_reduce) {
+                            bool child_all_reduce, bool empty_group) {
   double start = now();
   ncclComm_t parents[2];
   if (split) NCCL_OK(ncclCommInitAll(parents, 2, kDevices));
@@ -665,6 +674,10 @@ static int leak_one_process(const char* name, bool split, long cycles, double bu
     }
     if (child_all_reduce && !all_reduce_right(comms, 1 << 16))
       snprintf(why, sizeof why, "cycle %ld all-reduced wrong", cycle);
+    if (empty_group) {
+      NCCL_OK(ncclGroupStart());
+      NCCL_OK(ncclGroupEnd());
+    }
     for (int r = 0; r < 2; r++) NCCL_OK(ncclCommDestroy(comms[r]));
     cycle++;
     if (checkpoint(cycle)) print_stats(name, 0, cycle, last = stats(0));
@@ -679,6 +692,49 @@ static int leak_one_process(const char* name, bool split, long cycles, double bu
   if (!why[0]) flat(name, 0, base, last, cycle, why, sizeof why);
   return verdict(name, why, "%ld cycles in %.0f s (%.1f ms each), flat from cycle 10", cycle, now() - start,
                  1e3 * (now() - start) / cycle);
+}
+
+static int leak_groups(const char* name, long cycles, double budget, bool empty) {
+  double start = now();
+  ncclComm_t comms[2];
+  NCCL_OK(ncclCommInitAll(comms, 2, kDevices));
+  RankBuf bufs[2];
+  cudaStream_t streams[2];
+  for (int r = 0; r < 2; r++) {
+    bufs[r] = rank_buf(r, 256, (float)(r + 1));
+    CUDA_CHECK(cudaStreamCreate(&streams[r]));
+  }
+  Stats base = {}, last = stats(0);
+  print_stats(name, 0, 0, last);
+  long cycle = 0;
+  while (cycle < cycles && now() - start < budget) {
+    NCCL_OK(ncclGroupStart());
+    for (int r = 0; !empty && r < 2; r++)
+      NCCL_OK(ncclAllReduce(bufs[r].data, bufs[r].data, bufs[r].count, ncclFloat, ncclSum, comms[r], streams[r]));
+    NCCL_OK(ncclGroupEnd());
+    cycle++;
+    // Bounds the work queued ahead of the GPUs.
+    if (cycle % 256 == 0)
+      for (int r = 0; r < 2; r++) CUDA_CHECK(cudaStreamSynchronize(streams[r]));
+    if (checkpoint(cycle)) print_stats(name, 0, cycle, last = stats(0));
+    if (cycle == 10000) base = last;
+  }
+  for (int r = 0; r < 2; r++) CUDA_CHECK(cudaStreamSynchronize(streams[r]));
+  print_stats(name, 0, cycle, last = stats(0));
+  char why[512] = "";
+  long grown = last.heap_kib - base.heap_kib, groups = cycle - 10000;
+  if (groups < 10000)
+    snprintf(why, sizeof why, "only %ld groups in %.0f s", cycle, budget);
+  else if (grown * 1024 > 16 * groups)
+    snprintf(why, sizeof why, "heap in use grew %ld KiB over %ld groups (%.0f bytes a group)", grown, groups,
+             grown * 1024.0 / groups);
+  for (int r = 0; r < 2; r++) {
+    CUDA_CHECK(cudaStreamDestroy(streams[r]));
+    CUDA_CHECK(cudaFree(bufs[r].data));
+    NCCL_OK(ncclCommDestroy(comms[r]));
+  }
+  return verdict(name, why, "%ld groups in %.0f s, heap in use %+ld KiB from group 10,000", cycle, now() - start,
+                 grown);
 }
 
 static int leak_procs(const char* name, bool split, long cycles, double budget, bool nonblocking) {
@@ -755,18 +811,19 @@ int main(int argc, char** argv) {
   if (argc < 2) {
     fprintf(stderr,
             "usage: faults CASE [--cycles N] [--budget SECONDS] [--parent-all-gathers 0|1] [--child-all-reduce 0|1] "
-            "[--nonblocking 0|1]\n");
+            "[--empty-group 0|1] [--nonblocking 0|1]\n");
     return 2;
   }
   long cycles = 10000;
   double budget = 120;
-  bool parent_gathers = false, nonblocking = false, child_all_reduce = true;
+  bool parent_gathers = false, nonblocking = false, child_all_reduce = true, empty_group = false;
   for (int i = 2; i + 1 < argc; i += 2) {
     if (!strcmp(argv[i], "--cycles")) cycles = atol(argv[i + 1]);
     if (!strcmp(argv[i], "--budget")) budget = atof(argv[i + 1]);
     if (!strcmp(argv[i], "--parent-all-gathers")) parent_gathers = atoi(argv[i + 1]) != 0;
     if (!strcmp(argv[i], "--nonblocking")) nonblocking = atoi(argv[i + 1]) != 0;
     if (!strcmp(argv[i], "--child-all-reduce")) child_all_reduce = atoi(argv[i + 1]) != 0;
+    if (!strcmp(argv[i], "--empty-group")) empty_group = atoi(argv[i + 1]) != 0;
   }
   const char* c = argv[1];
   print_mapped_nccl("# ");  // no CUDA call: the forks below may still use CUDA
@@ -777,9 +834,10 @@ int main(int argc, char** argv) {
   if (!strcmp(c, "abort-while-waiting")) return abort_while_waiting();
   if (!strcmp(c, "destroy-after-revoke")) return destroy_after_revoke();
   if (!strcmp(c, "two-streams")) return two_streams();
-  if (!strcmp(c, "leak-one-process")) return leak_one_process(c, false, cycles, budget, false, true);
+  if (!strcmp(c, "leak-one-process")) return leak_one_process(c, false, cycles, budget, false, true, false);
+  if (!strcmp(c, "leak-groups")) return leak_groups(c, cycles, budget, empty_group);
   if (!strcmp(c, "leak-split-one-process"))
-    return leak_one_process(c, true, cycles, budget, parent_gathers, child_all_reduce);
+    return leak_one_process(c, true, cycles, budget, parent_gathers, child_all_reduce, empty_group);
   fprintf(stderr, "unknown case %s\n", c);
   return 2;
 }

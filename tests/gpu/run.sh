@@ -594,13 +594,16 @@ faults_suite() {
   # The leak cycles: NCCL logs little (ENV), the shim its release lines, which faults reads back.
   # Communicators split from one made first (the core set up and released each cycle) for up to
   # FAULTS_LEAK_BUDGET seconds, sharing the parent's NCCL resources (40 ms a cycle instead of
-  # 0.6 s; FAULTS_SPLIT_SHARE=0: not); made by NCCL's whole init (0.6 s each) for a minute.
-  for case in leak-split-one-process leak-split-procs leak-one-process leak-procs; do
+  # 0.6 s; FAULTS_SPLIT_SHARE=0: not); made by NCCL's whole init (0.6 s each) for a minute; and
+  # groups of the core's all-reduces on two communicators for 20 s (millions of groups).
+  for case in leak-split-one-process leak-split-procs leak-one-process leak-procs leak-groups; do
     local log=$dir/$case.log t1=$SECONDS budget=${FAULTS_LEAK_BUDGET:-240}
     [[ $case == *split* ]] || budget=${FAULTS_INIT_LEAK_BUDGET:-60}
+    local cycles=10000
+    [ $case = leak-groups ] && budget=20 cycles=100000000
     rm -f "$dir/$case".*.debug
     env "${shim_env[@]}" NCCL_COMM_SPLIT_SHARE_RESOURCES=${FAULTS_SPLIT_SHARE:-1} NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=ENV NCCL_DEBUG_FILE="$dir/$case.%p.debug" \
-      timeout $((budget + 300)) "$out/bin/faults" "$case" --cycles 10000 --budget "$budget" >"$log" 2>&1
+      timeout $((budget + 300)) "$out/bin/faults" "$case" --cycles "$cycles" --budget "$budget" >"$log" 2>&1
     local status=$? on
     on=$(cat "$dir/$case".*.debug 2>/dev/null | grep -c 'core on for comm')
     [ "$on" -gt 0 ] || status=1
