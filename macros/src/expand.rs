@@ -91,6 +91,7 @@ pub fn real(spec: &Spec, ffi: &syn::Path, call: &syn::Path, runtime: &syn::Path)
             quote! {
                 /// Forwards to the real NCCL unless the router claims it.
                 unsafe fn #ident(#(#params),*) #ret {
+                    Self::before_forward();
                     // SAFETY: the caller's arguments go on unchanged to the function they were meant for.
                     unsafe { #ident(#(#args),*) }
                 }
@@ -141,6 +142,11 @@ pub fn real(spec: &Spec, ffi: &syn::Path, call: &syn::Path, runtime: &syn::Path)
                 let _ = call;
                 forward()
             }
+
+            /// Runs before a caller's call goes to the real NCCL: in the default methods, and in
+            /// the `forward` of an operation. Hand-written methods call it where they forward.
+            #[inline]
+            fn before_forward() {}
 
             #(#route_methods)*
         }
@@ -304,8 +310,11 @@ fn export(
                     root: #root,
                     stream: #stream,
                 };
-                // SAFETY: the C caller's arguments, passed on unchanged.
-                let forward = move || unsafe { #real::#ident(#(#args),*) };
+                let forward = move || {
+                    <#router as #real::Route>::before_forward();
+                    // SAFETY: the C caller's arguments, passed on unchanged.
+                    unsafe { #real::#ident(#(#args),*) }
+                };
                 let result = <#router as #real::Route>::operation(&call, forward);
                 #recorder::operation_done(&call, result);
                 result

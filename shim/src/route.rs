@@ -123,13 +123,25 @@ impl Route for Router {
         core::operation(call, forward)
     }
 
+    /// A group opens in the real NCCL with its first call that goes there (core::open_group).
+    #[inline]
+    fn before_forward() {
+        core::open_group();
+    }
+
+    /// Opens the group in the core; in the real NCCL only once a call of it goes there
+    /// (`before_forward`), so that a group whose calls all go to the core never reaches NCCL.
+    /// Without a real NCCL to serve it, the real NCCL's answer (the stub's).
     unsafe fn ncclGroupStart() -> ncclResult_t {
-        // SAFETY: no arguments.
-        let result = unsafe { real::ncclGroupStart() };
-        if result == ncclSuccess {
-            core::group_start();
+        if real_functions()
+            .and_then(|table| table.ncclGroupStart)
+            .is_none()
+        {
+            // SAFETY: no arguments.
+            return unsafe { real::ncclGroupStart() };
         }
-        result
+        core::group_start();
+        ncclSuccess
     }
 
     unsafe fn ncclGroupEnd() -> ncclResult_t {
@@ -146,6 +158,7 @@ impl Route for Router {
         // SAFETY: the caller's arguments, unchanged; then the handle NCCL wrote.
         unsafe {
             let arrival = core::sign_in(&id_bytes(&comm_id, 1), nranks, rank);
+            Self::before_forward();
             let result = real::ncclCommInitRank(comm, nranks, comm_id, rank);
             created(result, comm, true, arrival)
         }
@@ -161,6 +174,7 @@ impl Route for Router {
         // SAFETY: as above; the config NCCL accepted.
         unsafe {
             let arrival = core::sign_in(&id_bytes(&comm_id, 1), nranks, rank);
+            Self::before_forward();
             let result = real::ncclCommInitRankConfig(comm, nranks, comm_id, rank, config);
             created(result, comm, blocking(config), arrival)
         }
@@ -178,6 +192,7 @@ impl Route for Router {
             let arrivals: Vec<_> = (0..ndev)
                 .map(|rank| core::sign_in(&id, ndev, rank))
                 .collect();
+            Self::before_forward();
             let result = real::ncclCommInitAll(comms, ndev, devlist);
             if result == ncclSuccess && !comms.is_null() && ndev > 0 {
                 let made = std::slice::from_raw_parts(comms, ndev as usize);
@@ -197,6 +212,7 @@ impl Route for Router {
         newcomm: *mut ncclComm_t,
         config: *mut ncclConfig_t,
     ) -> ncclResult_t {
+        Self::before_forward();
         // SAFETY: as above. A child without config inherits its parent's blocking mode: blocking
         // wherever the core reads its handle (see child_created).
         unsafe {
@@ -222,6 +238,7 @@ impl Route for Router {
             // SAFETY: as above.
             unsafe {
                 let arrival = core::sign_in(&id_bytes(comm_ids, n_id), nranks, myrank);
+                Self::before_forward();
                 let result = real::ncclCommInitRankScalable(newcomm, nranks, myrank, n_id, comm_ids, config);
                 created(result, newcomm, blocking(config), arrival)
             }
@@ -237,6 +254,7 @@ impl Route for Router {
             config: *mut ncclConfig_t,
             shrink_flags: c_int,
         ) -> ncclResult_t {
+            Self::before_forward();
             // SAFETY: as above.
             unsafe {
                 let result =
@@ -251,6 +269,7 @@ impl Route for Router {
         /// ncclInvalidUsage): its core's waiting kernels are told to give up, it is released, and
         /// the communicator's calls go to NCCL from then on.
         unsafe fn ncclCommRevoke(comm: ncclComm_t, revoke_flags: c_int) -> ncclResult_t {
+            Self::before_forward();
             // SAFETY: the caller's arguments, unchanged.
             let result = unsafe { real::ncclCommRevoke(comm, revoke_flags) };
             if result == ncclSuccess || result == ncclInProgress {
@@ -278,6 +297,7 @@ impl Route for Router {
     unsafe fn ncclCommDestroy(comm: ncclComm_t) -> ncclResult_t {
         core::destroyed(comm, false);
         calls::comm_destroyed(comm);
+        Self::before_forward();
         // SAFETY: the caller's handle.
         unsafe { real::ncclCommDestroy(comm) }
     }
@@ -285,6 +305,7 @@ impl Route for Router {
     unsafe fn ncclCommAbort(comm: ncclComm_t) -> ncclResult_t {
         core::destroyed(comm, true);
         calls::comm_destroyed(comm);
+        Self::before_forward();
         // SAFETY: the caller's handle.
         unsafe { real::ncclCommAbort(comm) }
     }

@@ -4,7 +4,9 @@
  * a receive from peer 1, then it is destroyed; 4 threads, each on a communicator of its own
  * (0x2000 to 0x5000, as NCCL wants), 5000 all-reduces each; with "fork", a child process makes
  * 10 all-reduces on comm 0x6000;
- * with "signal", the process raises SIGUSR1 and waits a moment. Prints "done" at the end. */
+ * with "signal", the process raises SIGUSR1 and waits a moment; with "groups", only groups on
+ * comm 0x1000: empty, of one all-reduce, nested, and an end without a start, each named first.
+ * Prints "done" at the end. */
 #include <nccl.h>
 #include <pthread.h>
 #include <signal.h>
@@ -25,6 +27,31 @@ int main(int argc, char** argv) {
   int fork_child = argc > 1 && !strcmp(argv[1], "fork");
   int signal_self = argc > 1 && !strcmp(argv[1], "signal");
   int wait_signal = argc > 1 && !strcmp(argv[1], "wait");
+  if (argc > 1 && !strcmp(argv[1], "groups")) {
+    printf("empty\n");
+    ncclGroupStart();
+    ncclGroupEnd();
+    printf("one call\n");
+    ncclGroupStart();
+    ncclAllReduce((void*)16, (void*)16, 256, ncclFloat, ncclSum, COMM(0x1000), NULL);
+    ncclGroupEnd();
+    printf("nested, the call inside\n");
+    ncclGroupStart();
+    ncclGroupStart();
+    ncclAllReduce((void*)16, (void*)16, 256, ncclFloat, ncclSum, COMM(0x1000), NULL);
+    ncclGroupEnd();
+    ncclGroupEnd();
+    printf("nested, the call after the inner one\n");
+    ncclGroupStart();
+    ncclGroupStart();
+    ncclGroupEnd();
+    ncclAllReduce((void*)16, (void*)16, 256, ncclFloat, ncclSum, COMM(0x1000), NULL);
+    ncclGroupEnd();
+    printf("an end without a start\n");
+    ncclGroupEnd();
+    printf("done\n");
+    return 0;
+  }
   for (int i = 0; i < 100; i++) ncclAllReduce((void*)16, (void*)16, 256, ncclFloat, ncclSum, COMM(0x1000), NULL);
   for (int i = 0; i < 5; i++) ncclAllGather((void*)16, (void*)16, 8 << 20, ncclUint8, COMM(0x1000), NULL);
   ncclBroadcast((void*)16, (void*)16, 4, ncclBfloat16, 1, COMM(0x1000), NULL);

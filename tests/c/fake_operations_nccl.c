@@ -1,8 +1,16 @@
 /* A stand-in for the real NCCL whose operations succeed without a GPU, for tests of what the
- * shim records of each call (summary, trace, flight recorder). Communicators are made-up
- * handles: rank = handle / 0x1000 - 1 (so 0x1000 is rank 0), 2 ranks, GPU 0. */
+ * shim records of each call (summary, trace, flight recorder) and of what reaches NCCL in a
+ * group. Communicators are made-up handles: rank = handle / 0x1000 - 1 (so 0x1000 is rank 0),
+ * 2 ranks, GPU 0. With FAKE_NCCL_GROUPS set, it prints "fake NAME" for each group call and
+ * all-reduce it gets. */
 #include <nccl.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+static void say(const char* name) {
+  if (getenv("FAKE_NCCL_GROUPS")) printf("fake %s\n", name);
+}
 
 ncclResult_t ncclGetVersion(int* version) {
   *version = NCCL_VERSION_CODE;
@@ -34,6 +42,7 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
 ncclResult_t ncclAllReduce(const void* s, void* r, size_t n, ncclDataType_t t, ncclRedOp_t op, ncclComm_t c,
                            cudaStream_t st) {
   (void)s, (void)r, (void)n, (void)t, (void)op, (void)c, (void)st;
+  say("ncclAllReduce");
   return ncclSuccess;
 }
 ncclResult_t ncclAllGather(const void* s, void* r, size_t n, ncclDataType_t t, ncclComm_t c, cudaStream_t st) {
@@ -53,8 +62,14 @@ ncclResult_t ncclRecv(void* r, size_t n, ncclDataType_t t, int peer, ncclComm_t 
   (void)r, (void)n, (void)t, (void)peer, (void)c, (void)st;
   return ncclSuccess;
 }
-ncclResult_t ncclGroupStart(void) { return ncclSuccess; }
-ncclResult_t ncclGroupEnd(void) { return ncclSuccess; }
+ncclResult_t ncclGroupStart(void) {
+  say("ncclGroupStart");
+  return ncclSuccess;
+}
+ncclResult_t ncclGroupEnd(void) {
+  say("ncclGroupEnd");
+  return ncclSuccess;
+}
 /* Asked by the shim before it sets up its core for a communicator (which it then declines here:
  * no GPU). */
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* state) {

@@ -170,6 +170,12 @@ pub fn group_start() {
     group::start();
 }
 
+/// Opens this thread's group in the real NCCL, where it is in one not yet open there.
+#[inline]
+pub fn open_group() {
+    group::open_real();
+}
+
 /// Ends a group through `real_end` (the real ncclGroupEnd): group.rs.
 pub fn group_end(real_end: impl FnOnce() -> ncclResult_t) -> ncclResult_t {
     group::end_group(real_end)
@@ -498,6 +504,8 @@ mod tests {
         );
         let (slot, blocking_slot) = (&raw mut child, &raw mut blocking_child);
         group_start();
+        // The splits went to NCCL, which opened its group.
+        group::opened_in_nccl();
         // SAFETY: the slots outlive the group.
         unsafe {
             child_created(PARENT, slot, false, None);
@@ -535,6 +543,7 @@ mod tests {
         let mut handle: ncclComm_t = std::ptr::null_mut();
         let slot = &raw mut handle;
         group_start();
+        group::opened_in_nccl();
         // SAFETY: the slot outlives the group, which ends here.
         unsafe { child_created(PARENT, slot, false, None) };
         group_end(|| {
@@ -550,6 +559,7 @@ mod tests {
     fn a_group_of_forwarded_calls_ends_as_nccls() {
         group_start();
         group_start();
+        group::opened_in_nccl();
         assert_eq!(group_end(|| ncclSuccess), ncclSuccess);
         assert!(group::inside());
         assert_eq!(group_end(|| ncclUnhandledCudaError), ncclUnhandledCudaError);
@@ -557,6 +567,31 @@ mod tests {
         assert_eq!(group_making_child(CHILD + 80, ncclSuccess), ncclSuccess);
         assert!(lifecycle::first_all_reduce((CHILD + 80) as ncclComm_t));
         lifecycle::forget((CHILD + 80) as ncclComm_t);
+    }
+
+    /// A group none of whose calls went to NCCL ends without it, at every level: NCCL keeps
+    /// memory of every empty group. A level opened in NCCL ends there; an end outside every
+    /// group is NCCL's to refuse.
+    #[test]
+    fn a_group_ends_in_nccl_only_where_it_was_opened_there() {
+        let ended = std::cell::Cell::new(0);
+        let real_end = || {
+            ended.set(ended.get() + 1);
+            ncclSuccess
+        };
+        group_start();
+        group_start();
+        assert_eq!(group_end(real_end), ncclSuccess);
+        assert_eq!(group_end(real_end), ncclSuccess);
+        assert_eq!(ended.get(), 0, "never opened in NCCL");
+        group_start();
+        group_start();
+        assert_eq!(group_end(real_end), ncclSuccess);
+        group::opened_in_nccl();
+        assert_eq!(group_end(real_end), ncclSuccess);
+        assert_eq!(ended.get(), 1, "the outer level only");
+        assert!(!group::inside());
+        assert_eq!(group_end(|| ncclInvalidUsage), ncclInvalidUsage);
     }
 
     /// A nonblocking group's children are made later, by NCCL's own thread: never read, even
