@@ -312,8 +312,8 @@ def limits(gpu, nranks, directory, names):
                     worst[size] = (ratio, name.split("-", 3)[3])
         spans = winning_spans(worst)
         row.append(",".join(str(to) if frm == 0 else f"{frm}-{to}" for frm, to in spans) or "0")
-        said = ", ".join(f"up to {human(to)}" if frm == 0 else human(frm) if frm == to
-                         else f"{human(frm)} - {human(to)}" for frm, to in spans)
+        said = ", ".join(f"up to {human(to)}" if frm == 0 else f"{human(frm)} - {human(to)}"
+                         for frm, to in spans)
         print(f"## {column}: on {said}\n" if spans else f"## {column}: off\n")
         print("| size | worst ratio | where |")
         print("|---|---|---|")
