@@ -3,8 +3,8 @@
 // One-shot: every rank pushes its input into a slot of every rank's staging, they meet, and
 // every rank reduces all slots, locally, in rank order.
 template <typename T, int OP>
-__device__ void one_shot(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, const Staging& staging,
-                         const volatile int* abort, const Views&, int) {
+__device__ void one_shot(const Peers& peers, int rank, int nranks, const T* in, T* out, u64 count,
+                         const Staging& staging, const volatile int* abort, const Views&, int) {
   u32 epoch = begin_call(peers, rank);
   u64 area = area_offset(staging, epoch);
   u64 slot = staging.one_shot_slot;
@@ -27,7 +27,7 @@ __device__ void one_shot(Peers peers, int rank, int nranks, const T* in, T* out,
 // every other rank's result area; they meet; every rank copies the other chunks from its result
 // area to its output.
 template <typename T, int OP>
-__device__ void two_shot_staged(Peers peers, int rank, int nranks, const T* in, T* out, u64 count,
+__device__ void two_shot_staged(const Peers& peers, int rank, int nranks, const T* in, T* out, u64 count,
                                 const Staging& staging, const volatile int* abort, u32 epoch) {
   u64 area = area_offset(staging, epoch);
   // A slot holds one chunk, and the last owner's also the elements past the last whole pack.
@@ -64,7 +64,7 @@ __device__ void two_shot_staged(Peers peers, int rank, int nranks, const T* in, 
 // of the staging layout above needs it, since a window's blocks may handle other elements than
 // the previous one's). Returns the last epoch used.
 template <typename T, int OP>
-__device__ u32 two_shot_windows(Peers peers, int rank, int nranks, const T* in, T* out, u64 count,
+__device__ u32 two_shot_windows(const Peers& peers, int rank, int nranks, const T* in, T* out, u64 count,
                                 const Staging& staging, const volatile int* abort, u32 epoch) {
   const u64 window = staging.window / sizeof(T);
   u32 w = 0;
@@ -79,14 +79,14 @@ __device__ u32 two_shot_windows(Peers peers, int rank, int nranks, const T* in, 
 // The direct kernel's fallback (the staged two-shot), not inlined: inlined, it made the compiler
 // spill registers in the direct path (MAX_THREADS per block leave 128 per thread).
 template <typename T, int OP>
-__device__ __noinline__ u32 direct_fallback(Peers peers, int rank, int nranks, const T* in, T* out, u64 count,
+__device__ __noinline__ u32 direct_fallback(const Peers& peers, int rank, int nranks, const T* in, T* out, u64 count,
                                             const Staging& staging, const volatile int* abort, u32 epoch) {
   return two_shot_windows<T, OP>(peers, rank, nranks, in, out, count, staging, abort, epoch);
 }
 
 template <typename T, int OP>
-__device__ void two_shot(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, const Staging& staging,
-                         const volatile int* abort, const Views&, int) {
+__device__ void two_shot(const Peers& peers, int rank, int nranks, const T* in, T* out, u64 count,
+                         const Staging& staging, const volatile int* abort, const Views&, int) {
   u32 epoch = begin_call(peers, rank);
   u32 last = two_shot_windows<T, OP>(peers, rank, nranks, in, out, count, staging, abort, epoch);
   end_call(peers, rank, last);
@@ -103,7 +103,7 @@ __device__ void two_shot(Peers peers, int rank, int nranks, const T* in, T* out,
 // in `usable`, and if any rank's are not, every rank sees it and they all run the staged
 // two-shot instead, in the same call.
 template <typename T, int OP>
-__device__ void direct(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, const Staging& staging,
+__device__ void direct(const Peers& peers, int rank, int nranks, const T* in, T* out, u64 count, const Staging& staging,
                        const volatile int* abort, const Views& views, int) {
   const Start start = start_call(peers, rank, nranks, views, abort);
   u32 last = start.epoch;
@@ -144,7 +144,7 @@ __device__ void ll_one_shot_of(const FusedArgs& args) {
   const u64 first = thread_index();
   Piece piece = piece_of<T, 8>(args, first);
   const T* in = (const T*)args.calls[piece.call].in;
-  const Unit<T, E> first_unit = load_unit<T, E>(in, args.calls[piece.call].count, piece.unit, ((u64)in & 7) == 0);
+  const Unit<T, E> first_unit = input_unit(in, args.calls[piece.call].count, piece.unit);
   u32 epoch = begin_call(args.peers, rank);
   const u64 parity = epoch & 1;
   const u64 inbox = args.staging.ll_inbox;
@@ -153,7 +153,7 @@ __device__ void ll_one_shot_of(const FusedArgs& args) {
     if (u != first) {
       piece = piece_of<T, 8>(args, u);
       const FusedCall& c = args.calls[piece.call];
-      mine = load_unit<T, E>((const T*)c.in, c.count, piece.unit, ((u64)c.in & 7) == 0);
+      mine = input_unit((const T*)c.in, c.count, piece.unit);
     }
 #pragma unroll
     for (int i = 1; i < NR; i++) {
@@ -167,7 +167,7 @@ __device__ void ll_one_shot_of(const FusedArgs& args) {
     piece = piece_of<T, 8>(args, u);
     const FusedCall& c = args.calls[piece.call];
     Unit<T, E> mine = first_unit;
-    if (u != first) mine = load_unit<T, E>((const T*)c.in, c.count, piece.unit, ((u64)c.in & 7) == 0);
+    if (u != first) mine = input_unit((const T*)c.in, c.count, piece.unit);
     ll_reduce_unit<T, OP, NR>(args.peers, rank, nranks, inbox, epoch, args.abort, u, mine, (T*)c.out, c.count,
                               piece.unit);
   }

@@ -50,6 +50,9 @@
 typedef unsigned long long u64;
 typedef unsigned int u32;
 
+// Every rank's buffer as this rank maps it. Functions take it by reference, into the launch's
+// parameters: a copy, indexed by a rank the compiler cannot know, lands in local memory, written
+// and read back by every thread before its first store to a peer.
 struct Peers {
   char* staging[MAX_RANKS];
   u32* flags[MAX_RANKS];
@@ -846,6 +849,11 @@ __device__ __forceinline__ Unit<T, E> load_unit(const T* in, u64 count, u64 u, b
     }
   }
   return unit;
+}
+// Unit u of a thread's input `in` of `count` elements: whole where `in` is 8-aligned.
+template <typename T, int E = 8 / sizeof(T)>
+__device__ __forceinline__ Unit<T, E> input_unit(const T* in, u64 count, u64 u) {
+  return load_unit<T, E>(in, count, u, ((u64)in & 7) == 0);
 }
 
 // Unit `u` of every rank's chunk reduced in rank order into `out`: this rank's own is `own` (read

@@ -25,7 +25,7 @@ __device__ __forceinline__ bool in_place(int rank, const T* in, const T* out, u6
 }
 
 template <int KIND, typename T>
-__device__ void move(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, const Staging& staging,
+__device__ void move(const Peers& peers, int rank, int nranks, const T* in, T* out, u64 count, const Staging& staging,
                      const volatile int* abort, const Views& views, int root) {
   const Start start = start_call(peers, rank, nranks, views, abort);
   const u64 area = area_offset(staging, start.epoch), slot = chunk_slot(count, sizeof(T));
@@ -60,9 +60,9 @@ __device__ void move(Peers peers, int rank, int nranks, const T* in, T* out, u64
 }
 
 // A collective's kernel (the host's algorithm) of this shape, for each one entry.cu lists.
-#define MOVE(NAME, KIND)                                                                              \
-  template <typename T, int OP>                                                                     \
-  __device__ void NAME(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, const Staging& staging, \
-                       const volatile int* abort, const Views& views, int root) {                     \
-    move<KIND, T>(peers, rank, nranks, in, out, count, staging, abort, views, root);             \
+#define MOVE(NAME, KIND)                                                                                  \
+  template <typename T, int OP>                                                                           \
+  __device__ void NAME(const Peers& peers, int rank, int nranks, const T* in, T* out, u64 count,          \
+                       const Staging& staging, const volatile int* abort, const Views& views, int root) { \
+    move<KIND, T>(peers, rank, nranks, in, out, count, staging, abort, views, root);                      \
   }

@@ -30,11 +30,6 @@ __device__ __forceinline__ void store_unit(unsigned char* out, u64 count, u64 u,
   }
 }
 
-// Unit u of the chunk of `bytes` bytes at `from` (zero past its end, with no access).
-__device__ __forceinline__ ByteUnit chunk_unit(const unsigned char* from, u64 bytes, u64 u) {
-  return load_unit<unsigned char, 8>(from, bytes, u, ((u64)from & 7) == 0);
-}
-
 // What one thread sends of unit u: [i], the unit for the i-th rank after this one, where that
 // pair carries a chunk (only [0] where every receiver gets the same chunk, `same_chunk_to_all`).
 // A thread's first units are loaded before the call's epoch, so that the loads overlap.
@@ -48,13 +43,13 @@ __device__ __forceinline__ Outgoing<KIND, NR> outgoing(int rank, int nranks, con
   Outgoing<KIND, NR> o{};
   if constexpr (same_chunk_to_all<KIND>()) {
     // A rank that sends nothing (a broadcast's non-root) may give no input.
-    if (route<KIND>(rank, rank, root).carries) o.to[0] = chunk_unit(in, bytes, u);
+    if (route<KIND>(rank, rank, root).carries) o.to[0] = input_unit(in, bytes, u);
   } else {
 #pragma unroll
     for (int i = 1; i < NR; i++) {
       if (i < nranks) {
         const Route r = route<KIND>(rank, rank_after(rank, i, nranks), root);
-        if (r.carries) o.to[i] = chunk_unit(in + r.from * bytes, bytes, u);
+        if (r.carries) o.to[i] = input_unit(in + r.from * bytes, bytes, u);
       }
     }
   }
@@ -118,16 +113,19 @@ __device__ void ll_move_of(const Peers& peers, int rank, int nranks, const unsig
   const unsigned char* own_from = in + own.from * count;
   unsigned char* own_to = out + own.to * count;
   const bool copies_own = own.carries && own_from != own_to;
+  auto own_unit_of = [&](const Outgoing<KIND, NR>& o, u64 u) {
+    if constexpr (same_chunk_to_all<KIND>()) return o.to[0];
+    return copies_own ? input_unit(own_from, count, u) : ByteUnit{};
+  };
   Outgoing<KIND, NR> o = outgoing<KIND, NR>(rank, nranks, in, count, root, first);
-  ByteUnit own_unit = same_chunk_to_all<KIND>() ? o.to[0] : ByteUnit{};
-  if (!same_chunk_to_all<KIND>() && copies_own) own_unit = chunk_unit(own_from, count, first);
+  ByteUnit own_unit = own_unit_of(o, first);
   const u32 epoch = begin_call(peers, rank);
   const u64 inbox = staging.ll_inbox;
   send_empty<KIND, NR>(peers, rank, nranks, inbox, epoch, root);
   for (u64 u = first; u < units; u += grid_threads()) {
     if (u != first) {
       o = outgoing<KIND, NR>(rank, nranks, in, count, root, u);
-      own_unit = same_chunk_to_all<KIND>() ? o.to[0] : (copies_own ? chunk_unit(own_from, count, u) : ByteUnit{});
+      own_unit = own_unit_of(o, u);
     }
     send_unit<KIND, NR>(peers, rank, nranks, o, inbox, epoch, root, u);
     if (copies_own) store_unit(own_to, count, u, own_unit);
@@ -150,8 +148,8 @@ __device__ void ll_move_of(const Peers& peers, int rank, int nranks, const unsig
 }
 
 template <int KIND>
-__device__ void ll_move(Peers peers, int rank, int nranks, const unsigned char* in, unsigned char* out, u64 count,
-                        const Staging& staging, const volatile int* abort, int root) {
+__device__ void ll_move(const Peers& peers, int rank, int nranks, const unsigned char* in, unsigned char* out,
+                        u64 count, const Staging& staging, const volatile int* abort, int root) {
   BY_RANKS(nranks, (ll_move_of<KIND, NR>(peers, rank, nranks, in, out, count, staging, abort, root)));
 }
 
@@ -173,7 +171,7 @@ __device__ void ll_reduce_of(const Peers& peers, int rank, int nranks, const T* 
   // The thread's first units, its own to reduce included, loaded before the epoch.
   Outgoing<KIND, NR> o = outgoing<KIND, NR>(rank, nranks, from, bytes, root, first);
   Unit<T, E> own{};
-  if (reduces_here) own = load_unit<T, E>(mine, count, first, ((u64)mine & 7) == 0);
+  if (reduces_here) own = input_unit(mine, count, first);
   const u32 epoch = begin_call(peers, rank);
   const u64 inbox = staging.ll_inbox;
   send_empty<KIND, NR>(peers, rank, nranks, inbox, epoch, root);
@@ -184,7 +182,7 @@ __device__ void ll_reduce_of(const Peers& peers, int rank, int nranks, const T* 
   wait_empty<KIND, NR>(peers, rank, nranks, inbox, epoch, abort, root);
   if (reduces_here) {
     for (u64 u = first; u < units; u += grid_threads()) {
-      if (u != first) own = load_unit<T, E>(mine, count, u, ((u64)mine & 7) == 0);
+      if (u != first) own = input_unit(mine, count, u);
       ll_reduce_unit<T, OP, NR>(peers, rank, nranks, inbox, epoch, abort, u, own, out, count, u);
     }
   }
@@ -192,8 +190,8 @@ __device__ void ll_reduce_of(const Peers& peers, int rank, int nranks, const T* 
 }
 
 template <typename T, int OP>
-__device__ void ll_reduce(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, const Staging& staging,
-                          const volatile int* abort, const Views&, int root) {
+__device__ void ll_reduce(const Peers& peers, int rank, int nranks, const T* in, T* out, u64 count,
+                          const Staging& staging, const volatile int* abort, const Views&, int root) {
   if (root < 0) {
     BY_RANKS(nranks, (ll_reduce_of<T, OP, MOVE_ALL_TO_ALL, NR>(peers, rank, nranks, in, out, count, staging, abort,
                                                                root)));
@@ -204,10 +202,10 @@ __device__ void ll_reduce(Peers peers, int rank, int nranks, const T* in, T* out
 }
 
 // A collective's packet kernel (the host's algorithm), ll_NAME, for each one entry.cu lists.
-#define LL_MOVE(NAME, KIND)                                                                           \
-  template <typename T, int OP>                                                                     \
-  __device__ void ll_##NAME(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, const Staging& staging, \
-                       const volatile int* abort, const Views&, int root) {                           \
+#define LL_MOVE(NAME, KIND)                                                                              \
+  template <typename T, int OP>                                                                          \
+  __device__ void ll_##NAME(const Peers& peers, int rank, int nranks, const T* in, T* out, u64 count,    \
+                            const Staging& staging, const volatile int* abort, const Views&, int root) { \
     ll_move<KIND>(peers, rank, nranks, (const unsigned char*)in, (unsigned char*)out, count * sizeof(T), \
-                  staging, abort, root);                                                           \
+                  staging, abort, root);                                                                 \
   }

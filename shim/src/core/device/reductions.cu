@@ -11,7 +11,7 @@
 // every rank pushes each rank's chunk of its input into a slot of that rank's staging, they meet,
 // and every rank reduces its slots.
 template <typename T, int OP>
-__device__ void reduce_scatter(Peers peers, int rank, int nranks, const T* in, T* out, u64 count,
+__device__ void reduce_scatter(const Peers& peers, int rank, int nranks, const T* in, T* out, u64 count,
                                const Staging& staging, const volatile int* abort, const Views& views, int) {
   const Start start = start_call(peers, rank, nranks, views, abort);
   const char* src[MAX_RANKS];
@@ -40,7 +40,7 @@ __device__ void reduce_scatter(Peers peers, int rank, int nranks, const T* in, T
 // input into a slot of the root's staging and, after they meet, the root reduces the slots. Only
 // the root's output is written (the others' may be anything, as with NCCL).
 template <typename T, int OP>
-__device__ void reduce(Peers peers, int rank, int nranks, const T* in, T* out, u64 count, const Staging& staging,
+__device__ void reduce(const Peers& peers, int rank, int nranks, const T* in, T* out, u64 count, const Staging& staging,
                        const volatile int* abort, const Views& views, int root) {
   const Start start = start_call(peers, rank, nranks, views, abort);
   const char* src[MAX_RANKS];
