@@ -109,6 +109,11 @@ pub const TUNE: &[Variable] = &[
         "largest all-reduce done by the low-latency kernel, past the sentinel kernel's, and largest chunk (what one rank sends another) of the other collectives sent as packets (128 KiB for 2 ranks, 32 KiB above; at most 128 KiB)",
     ),
     row(
+        "ll_block",
+        "by ranks",
+        "largest chunk (what one rank sends another) of the other collectives' packet calls run in one block of one thread per 8 bytes (4 KiB for 2 ranks, none for others; at most 4 KiB, 512 threads); larger ones run in blocks of 128 threads",
+    ),
+    row(
         "one_shot_max",
         "by ranks",
         "largest all-reduce done one-shot (2 MiB for 2 ranks, 512 KiB for 3–4, 256 KiB above; at most 4 MiB)",

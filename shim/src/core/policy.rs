@@ -222,6 +222,17 @@ fn launch_shape(
     }
 }
 
+/// The blocks and threads per block of a packet call of a collective other than all-reduce
+/// whose chunks take `chunk` bytes: up to `ll_block`, one block of a thread per 8-byte unit;
+/// as the low-latency all-reduce's otherwise.
+fn packet_shape(settings: &Settings, chunk: usize, nranks: usize) -> (u32, u32) {
+    if chunk <= settings.ll_block(nranks) {
+        return (1, chunk.div_ceil(8).next_multiple_of(32) as u32);
+    }
+    let (threads, max_blocks) = launch_shape(settings, Algorithm::LowLatency, chunk, nranks);
+    (blocks_for(chunk, 8, threads, max_blocks), threads)
+}
+
 /// The core's plan for an all-reduce of `count` elements, or `None` to leave it to NCCL.
 pub fn plan_all_reduce(
     settings: &Settings,
@@ -355,8 +366,7 @@ pub fn plan(
     if let Some(low_latency) = Algorithm::low_latency_of(collective)
         && chunk <= settings.ll_move_max(nranks)
     {
-        let (threads, max_blocks) = launch_shape(settings, Algorithm::LowLatency, chunk, nranks);
-        let blocks = blocks_for(chunk, 8, threads, max_blocks);
+        let (blocks, threads) = packet_shape(settings, chunk, nranks);
         return Some(Plan {
             algorithm: low_latency,
             dtype,
@@ -941,6 +951,53 @@ mod tests {
         assert_ne!(s.agreed(), off.agreed(), "unset and 0 differ between ranks");
         let core_off = with(&[("NCCLSHIM_CORE", "0")]);
         assert!(!core_off.may_take(Collective::AllGather, true));
+    }
+
+    #[test]
+    fn small_packet_calls_of_other_collectives_run_in_one_block() {
+        let shape = |s: &Settings, collective, count, nranks| {
+            let p = plan(s, collective, count, 7, 0, 0, &procs(nranks)).unwrap();
+            (p.blocks, p.threads)
+        };
+        let on = with(&[(
+            "NCCLSHIM_MAX_BYTES",
+            "all_gather:1M,reduce_scatter:1M,scatter:1M",
+        )]);
+        let one = "2 ranks, chunks up to 4 KiB: one block of a thread per 8 bytes";
+        assert_eq!(shape(&on, Collective::AllGather, 2, 2), (1, 32), "{one}");
+        assert_eq!(shape(&on, Collective::AllGather, 256, 2), (1, 128), "{one}");
+        assert_eq!(
+            shape(&on, Collective::ReduceScatter, 1024, 2),
+            (1, 512),
+            "{one}"
+        );
+        assert_eq!(shape(&on, Collective::Scatter, 1000, 2), (1, 512), "{one}");
+        let past = "past 4 KiB, blocks of 128 threads as the low-latency all-reduce's";
+        assert_eq!(
+            shape(&on, Collective::AllGather, 1025, 2),
+            (5, 128),
+            "{past}"
+        );
+        assert_eq!(
+            shape(&on, Collective::AllGather, 1024, 4),
+            (4, 128),
+            "4 ranks: none"
+        );
+        let off = with(&[
+            ("NCCLSHIM_MAX_BYTES", "all_gather:1M"),
+            ("NCCLSHIM_TUNE", "ll_block:0"),
+        ]);
+        assert_eq!(
+            shape(&off, Collective::AllGather, 1024, 2),
+            (4, 128),
+            "0: none"
+        );
+        let most = with(&[("NCCLSHIM_TUNE", "ll_block:1M")]).ll_block(2);
+        assert_eq!(
+            most,
+            MAX_THREADS as usize * 8,
+            "a thread per unit, 512 at most"
+        );
     }
 
     #[test]
