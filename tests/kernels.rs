@@ -111,6 +111,37 @@ fn the_library_carries_ptx_for_gpus_newer_than_its_cubins() {
     assert_eq!(images_for((12, 1)).unwrap().from, Source::BuiltIn);
 }
 
+/// The packet kernels (small calls, where every instruction before the first store to a peer
+/// shows) keep their data out of local memory. A parameter passed by value and indexed by a rank
+/// puts a copy there that every thread writes and reads back first: the peers' addresses did, 144
+/// bytes in every packet kernel. The PTX declares each kernel's local memory (`__local_depot`).
+#[test]
+fn the_packet_kernels_keep_their_data_out_of_local_memory() {
+    let ptx = built_in_ptx().unwrap().expect("the library carries PTX");
+    let mut checked = 0;
+    for program in &ptx {
+        let text = std::str::from_utf8(&program[..program.len() - 1]).expect("PTX is text");
+        for entry in text.split(".entry ").skip(1) {
+            let name = entry.split_once('(').map_or(entry, |(name, _)| name);
+            if !["ncclshim_ll_", "ncclshim_sentinel_"]
+                .iter()
+                .any(|packets| name.starts_with(packets))
+            {
+                continue;
+            }
+            // The kernel's body ends at the first brace in the first column.
+            let body = entry.split("\n}\n").next().unwrap_or(entry);
+            let depot = body
+                .split_once("__local_depot")
+                .and_then(|(_, rest)| rest.split_once('[')?.1.split_once(']'))
+                .map_or(0, |(bytes, _)| bytes.parse::<usize>().unwrap());
+            assert!(depot <= 16, "{name}: {depot} bytes of local memory");
+            checked += 1;
+        }
+    }
+    assert!(checked >= 5 * ptx.len(), "{checked} packet kernels");
+}
+
 /// The run-time path, as a GPU the library carries nothing for takes it: NVRTC found and
 /// loaded, each type's program compiled or read from the disk cache, every kernel there. Two
 /// types compile here, float (every algorithm, the sentinel kernels among them) and double, and
