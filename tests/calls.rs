@@ -8,18 +8,19 @@ use std::path::{Path, PathBuf};
 
 use ncclshim_tests::{calls_client_and_fake_nccl, run, scratch, stdout_of};
 
+/// What the calls client prints, run with `args` through the shim into the stand-in NCCL (both
+/// built in `dir`), with `env` besides.
+fn client_output(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> String {
+    let (client, fake) = calls_client_and_fake_nccl(dir);
+    let mut all = vec![("NCCLSHIM_REAL_NCCL", fake.to_str().unwrap())];
+    all.extend_from_slice(env);
+    stdout_of(&run(&client, args, &all))
+}
+
 #[test]
 fn the_exit_summary_counts_every_call_by_operation_and_size() {
     let dir = scratch("calls-summary");
-    let (client, fake) = calls_client_and_fake_nccl(&dir);
-    let out = stdout_of(&run(
-        &client,
-        &[],
-        &[
-            ("NCCLSHIM_REAL_NCCL", fake.to_str().unwrap()),
-            ("NCCLSHIM_SUMMARY", "1"),
-        ],
-    ));
+    let out = client_output(&dir, &[], &[("NCCLSHIM_SUMMARY", "1")]);
     let summary: Vec<&str> = out
         .lines()
         .filter_map(|l| l.split_once("NCCL INFO summary: ").map(|(_, s)| s))
@@ -83,15 +84,7 @@ fn trace_records(path: &Path) -> Vec<(String, u64, String, u64)> {
 #[test]
 fn a_forked_childs_summary_is_its_own() {
     let dir = scratch("calls-summary-fork");
-    let (client, fake) = calls_client_and_fake_nccl(&dir);
-    let out = stdout_of(&run(
-        &client,
-        &["fork"],
-        &[
-            ("NCCLSHIM_REAL_NCCL", fake.to_str().unwrap()),
-            ("NCCLSHIM_SUMMARY", "1"),
-        ],
-    ));
+    let out = client_output(&dir, &["fork"], &[("NCCLSHIM_SUMMARY", "1")]);
     let heads: Vec<&str> = out
         .lines()
         .filter(|l| l.contains("calls") && l.contains("on GPU"))
@@ -112,19 +105,15 @@ fn a_forked_childs_summary_is_its_own() {
 #[test]
 fn the_trace_has_one_line_per_call_in_each_processs_own_file() {
     let dir = scratch("calls-trace");
-    let (client, fake) = calls_client_and_fake_nccl(&dir);
     let traces = dir.join("traces");
     let _ = std::fs::remove_dir_all(&traces);
     std::fs::create_dir_all(&traces).unwrap();
     let pattern = traces.join("trace.%p.jsonl");
-    let out = stdout_of(&run(
-        &client,
+    let out = client_output(
+        &dir,
         &["fork"],
-        &[
-            ("NCCLSHIM_REAL_NCCL", fake.to_str().unwrap()),
-            ("NCCLSHIM_TRACE", pattern.to_str().unwrap()),
-        ],
-    ));
+        &[("NCCLSHIM_TRACE", pattern.to_str().unwrap())],
+    );
     assert!(out.contains("done"), "{out}");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&traces)
         .unwrap()
@@ -167,16 +156,11 @@ fn the_trace_has_one_line_per_call_in_each_processs_own_file() {
 #[test]
 fn sigusr1_writes_the_flight_recorder() {
     let dir = scratch("calls-signal");
-    let (client, fake) = calls_client_and_fake_nccl(&dir);
-    let out = stdout_of(&run(
-        &client,
+    let out = client_output(
+        &dir,
         &["signal"],
-        &[
-            ("NCCLSHIM_REAL_NCCL", fake.to_str().unwrap()),
-            ("NCCLSHIM_DUMP_ON_SIGNAL", "1"),
-            ("NCCL_DEBUG", "WARN"),
-        ],
-    ));
+        &[("NCCLSHIM_DUMP_ON_SIGNAL", "1"), ("NCCL_DEBUG", "WARN")],
+    );
     assert!(
         out.contains("flight recorder (SIGUSR1): comm 0x1000 rank 0/2 on GPU 0: 108 calls made, the last 64 follow"),
         "{out}"
@@ -203,15 +187,7 @@ fn sigusr1_writes_the_flight_recorder() {
 #[test]
 fn groups_reach_nccl_only_with_a_call_that_goes_there() {
     let dir = scratch("calls-groups");
-    let (client, fake) = calls_client_and_fake_nccl(&dir);
-    let out = stdout_of(&run(
-        &client,
-        &["groups"],
-        &[
-            ("NCCLSHIM_REAL_NCCL", fake.to_str().unwrap()),
-            ("FAKE_NCCL_GROUPS", "1"),
-        ],
-    ));
+    let out = client_output(&dir, &["groups"], &[("FAKE_NCCL_GROUPS", "1")]);
     let seen: Vec<&str> = out
         .lines()
         .filter(|l| !l.contains("NCCL INFO") && !l.contains("NCCL WARN"))
