@@ -97,8 +97,23 @@ struct FusedKernelCall {
     count: u64,
 }
 
-/// What the packet kernels take: `struct FusedArgs` in device/device.cuh.
+/// What all-reduce's packet kernels take: `struct FusedArgs` in device/device.cuh.
 type FusedKernelArgs = LaunchArgs<FusedKernelCall, MAX_FUSED>;
+
+/// One call of a packet kernel of a collective other than all-reduce: `struct PacketCall` in
+/// device/device.cuh (a `KernelCall` without the views those kernels never read).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct PacketKernelCall {
+    input: u64,
+    output: u64,
+    count: u64,
+    root: i32,
+}
+
+/// What the packet kernels of the other collectives take: `struct PacketArgs` in
+/// device/device.cuh, a fifth of `KernelArgs` (a launch's cost grows with its arguments).
+type PacketKernelArgs = LaunchArgs<PacketKernelCall, MAX_BATCH>;
 
 /// One call of a launch: its plan, buffers and the stream the program gave it.
 #[derive(Clone, Copy)]
@@ -267,8 +282,9 @@ impl CoreComm {
 
     /// Launches `calls` (1 to MAX_BATCH, every plan of the same kernel and grid, each allowed by
     /// `may_batch` where there are several) as one kernel on `stream`, which runs them one after
-    /// the other: a group's calls at the cost of one launch. Calls of a packet kernel (as many as
-    /// `Settings::fuses_with` allows, on any streams) go to `launch_fused`.
+    /// the other: a group's calls at the cost of one launch. Calls of all-reduce's packet kernels
+    /// (as many as `Settings::fuses_with` allows, on any streams) go to `launch_fused`, those of
+    /// the other collectives' to `launch_packets`.
     pub fn launch_batch(&self, calls: &[Launched], stream: cuda::Stream) -> Cuda<()> {
         let first = calls[0].plan;
         debug_assert!(calls.iter().all(|c| c.plan.same_launch(first)));
@@ -285,6 +301,9 @@ impl CoreComm {
             return self.launch_fused(function, calls, stream);
         }
         debug_assert!(calls.len() <= MAX_BATCH && calls.iter().all(|c| c.stream == stream));
+        if first.algorithm.is_packet_kernel() {
+            return self.launch_packets(function, calls, stream);
+        }
         let mut args: KernelArgs = self.launch_args(calls.len());
         let mut uses: [Option<Uses>; MAX_BATCH] = [None; MAX_BATCH];
         for (k, call) in calls.iter().enumerate() {
@@ -314,6 +333,29 @@ impl CoreComm {
                 .for_each(|used| zero_copy.used(used, marked));
         }
         Ok(())
+    }
+
+    /// Launches `calls` of a packet kernel of a collective other than all-reduce (1 to
+    /// MAX_BATCH, on `stream`) as one kernel, which runs them one after the other.
+    fn launch_packets(
+        &self,
+        function: cuda::Function,
+        calls: &[Launched],
+        stream: cuda::Stream,
+    ) -> Cuda<()> {
+        let first = calls[0].plan;
+        let mut args: PacketKernelArgs = self.launch_args(calls.len());
+        for (k, call) in calls.iter().enumerate() {
+            args.calls[k] = PacketKernelCall {
+                input: call.send as u64,
+                output: call.recv as u64,
+                count: call.plan.count as u64,
+                root: call.plan.root,
+            };
+        }
+        self.order.before_launch(stream)?;
+        // SAFETY: `PacketArgs`, the kernel's one parameter.
+        unsafe { self.launch_with(function, first.blocks, first.threads, stream, &mut args) }
     }
 
     /// The communicator's side of a kernel's arguments, for `ncalls` calls (all N left empty).
@@ -587,5 +629,8 @@ mod tests {
         assert_eq!(size_of::<FusedKernelCall>(), 24);
         assert_eq!(std::mem::offset_of!(FusedKernelArgs, calls), 200);
         assert_eq!(size_of::<FusedKernelArgs>(), 200 + 24 * MAX_FUSED);
+        assert_eq!(size_of::<PacketKernelCall>(), 32);
+        assert_eq!(std::mem::offset_of!(PacketKernelArgs, calls), 200);
+        assert_eq!(size_of::<PacketKernelArgs>(), 200 + 32 * MAX_BATCH);
     }
 }

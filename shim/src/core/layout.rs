@@ -23,6 +23,18 @@ pub const INBOX_BYTES: usize = 2 * MAX_RANKS * 2 * LL_MAX_BYTES;
 /// The sentinel inboxes: 2 parities x MAX_RANKS senders x the payload.
 pub const SENTINEL_INBOX_BYTES: usize = 2 * MAX_RANKS * SENTINEL_MAX_BYTES;
 
+/// The most bytes one sender's packets carry to one receiver in a call on `nranks` ranks: the
+/// inboxes shared out among the senders of the kernels' rank bound (2, 4 or 8, the fewest that
+/// hold `nranks`), as `ll_capacity` in device/device.cuh does.
+pub const fn ll_capacity(nranks: usize) -> usize {
+    let bound = match nranks {
+        ..=2 => 2,
+        3..=4 => 4,
+        _ => MAX_RANKS,
+    };
+    LL_MAX_BYTES * (MAX_RANKS / bound)
+}
+
 /// Where things lie in a rank's staging, in bytes from its start (`FLAGS_BYTES` into the
 /// buffer): `struct Staging` in device/device.cuh, part of every kernel's arguments.
 #[repr(C)]
@@ -107,5 +119,21 @@ mod tests {
             s.sentinel_inbox + SENTINEL_INBOX_BYTES as u64
         );
         assert_ne!(s.key(), Staging::for_window(1 << 20).key());
+    }
+
+    /// The senders of every number of ranks fit the low-latency inboxes, two parities of them.
+    #[test]
+    fn the_packet_slots_of_any_number_of_ranks_fit_the_inboxes() {
+        for nranks in 2..=MAX_RANKS {
+            let bound = nranks.next_power_of_two();
+            assert!(
+                2 * bound * 2 * ll_capacity(nranks) <= INBOX_BYTES,
+                "{nranks} ranks"
+            );
+            assert!(ll_capacity(nranks) >= LL_MAX_BYTES);
+        }
+        assert_eq!(ll_capacity(2), 4 * LL_MAX_BYTES);
+        assert_eq!(ll_capacity(3), 2 * LL_MAX_BYTES);
+        assert_eq!(ll_capacity(8), LL_MAX_BYTES);
     }
 }

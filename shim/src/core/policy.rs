@@ -835,6 +835,21 @@ mod tests {
                 ONE_SHOT_LIMIT_BYTES
             )
         );
+        // The other collectives' packets go as far as the inboxes hold on 2 ranks, and no
+        // further on any (all-reduce's keep their own limit).
+        let default = with(&[]);
+        assert_eq!(
+            (
+                default.ll_move_max(2),
+                default.ll_move_max(4),
+                default.ll_max(2)
+            ),
+            (ll_capacity(2), 32 << 10, 128 << 10)
+        );
+        assert_eq!(
+            (1..=8).map(|n| huge.ll_move_max(n)).collect::<Vec<_>>(),
+            (1..=8).map(ll_capacity).collect::<Vec<_>>()
+        );
         let small = with(&[("NCCLSHIM_MAX_BYTES", "all_reduce:4K")]);
         assert_eq!(
             small.sentinel_max(2),
@@ -1023,7 +1038,8 @@ mod tests {
             (gather.algorithm, gather.dtype, gather.count, gather.op),
             (Algorithm::LlAllGather, DataType::Uint8, 2000, Op::Sum)
         );
-        // Past the packets' limit (32 KiB a chunk on 4 ranks, 128 KiB on 2), the direct kernel.
+        // Past the packets' limit (32 KiB a chunk on 4 ranks, what the inboxes hold on 2), the
+        // direct kernel.
         let gather = |count, nranks| {
             plan(&on, Collective::AllGather, count, 9, 0, -1, &procs(nranks))
                 .unwrap()
@@ -1031,8 +1047,9 @@ mod tests {
         };
         assert_eq!(gather(16 << 10, 4), Algorithm::LlAllGather);
         assert_eq!(gather((16 << 10) + 1, 4), Algorithm::AllGather);
-        assert_eq!(gather(64 << 10, 2), Algorithm::LlAllGather);
-        assert_eq!(gather((64 << 10) + 1, 2), Algorithm::AllGather);
+        let on_two = ll_capacity(2) / 2;
+        assert_eq!(gather(on_two, 2), Algorithm::LlAllGather);
+        assert_eq!(gather(on_two + 1, 2), Algorithm::AllGather);
         // Reduce-scatter keeps its type and op, as packets up to the same limit.
         let scatter = plan(&on, Collective::ReduceScatter, 1000, 9, 3, -1, &procs(4)).unwrap();
         assert_eq!(
@@ -1053,7 +1070,7 @@ mod tests {
             (reduce.algorithm, reduce.dtype, reduce.count, reduce.root),
             (Algorithm::LlReduce, DataType::Float32, 4096, 1)
         );
-        let past_packets = (32 << 10) + 1;
+        let past_packets = ll_capacity(2) / 4 + 1;
         let reduce = plan(&every, Collective::Reduce, past_packets, 7, 0, 1, &procs(2));
         assert_eq!(reduce.unwrap().algorithm, Algorithm::Reduce);
         // The limits count every rank's chunk.

@@ -7,7 +7,7 @@
 use std::sync::OnceLock;
 
 use super::fnv::Fnv;
-use super::layout::{ONE_SHOT_LIMIT_BYTES, STAGING_HALF_BYTES};
+use super::layout::{ONE_SHOT_LIMIT_BYTES, STAGING_HALF_BYTES, ll_capacity};
 use super::limits::{LL_MAX_BYTES, MAX_BLOCKS, SENTINEL_MAX_BYTES};
 use super::measured::{Limit, Limits};
 use super::types::Collective;
@@ -239,16 +239,28 @@ impl Settings {
     /// Low-latency packets carry as many flag bytes as data, to every rank: worth it longer
     /// with fewer ranks (on 2 H200 it beat one-shot up to 128 KiB, on 4 only up to 32 KiB).
     pub fn ll_max(&self, nranks: usize) -> usize {
-        self.within_all_reduce_max(self.ll_move_max(nranks))
+        let by_ranks = if nranks <= 2 { 128 << 10 } else { 32 << 10 };
+        let given = self.ll_max_bytes.unwrap_or(by_ranks);
+        self.within_all_reduce_max(given.min(LL_MAX_BYTES))
     }
 
     /// The largest chunk (the bytes one rank sends another) of a collective other than
-    /// all-reduce sent as packets: the low-latency all-reduce's limit (whose packets carry as
-    /// many flag bytes as data) before the all-reduce setting bounds it. The collectives' own
-    /// limits (`measured`) are measured with it.
+    /// all-reduce sent as packets, at most what the inboxes hold for that many ranks
+    /// (`ll_capacity`). The other kernels of those collectives meet their peers twice and flush
+    /// their stores to them: on 2 H100 in CUDA graphs (nccl-tests, every collective) they took
+    /// 7.8 - 10.1 us a call for chunks of 256 - 512 KiB, where packets took 3.0 - 4.1 us for
+    /// 256 KiB and 4.3 - 6.1 us for 512 KiB (0.42 - 0.65 of NCCL at its best, against 0.93 -
+    /// 1.56). So on 2 ranks, all the inboxes hold; on more, all-reduce's limit, as measured
+    /// before. The collectives' own limits (`measured`) are measured with it.
     pub fn ll_move_max(&self, nranks: usize) -> usize {
-        let by_ranks = if nranks <= 2 { 128 << 10 } else { 32 << 10 };
-        self.ll_max_bytes.unwrap_or(by_ranks).min(LL_MAX_BYTES)
+        let by_ranks = if nranks <= 2 {
+            ll_capacity(2)
+        } else {
+            32 << 10
+        };
+        self.ll_max_bytes
+            .unwrap_or(by_ranks)
+            .min(ll_capacity(nranks))
     }
 
     /// The largest chunk of a packet call of a collective other than all-reduce that runs in

@@ -301,7 +301,7 @@ impl Algorithm {
     }
 
     /// Whether it is the packet kernel of a collective other than all-reduce.
-    fn is_packet_kernel(self) -> bool {
+    pub fn is_packet_kernel(self) -> bool {
         matches!(
             self,
             Algorithm::LlAllGather

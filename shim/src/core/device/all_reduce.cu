@@ -159,7 +159,7 @@ __device__ void ll_one_shot_of(const FusedArgs& args) {
     for (int i = 1; i < NR; i++) {
       if (i < nranks) {
         const int p = rank_after(rank, i, nranks);
-        ll_store(ll_slot(args.peers.staging[p], inbox, parity, rank) + 2 * u, mine.w[0], mine.w[1], epoch);
+        ll_store(ll_slot<NR>(args.peers.staging[p], inbox, parity, rank) + 2 * u, mine.w[0], mine.w[1], epoch);
       }
     }
   }

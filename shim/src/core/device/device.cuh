@@ -85,6 +85,15 @@ struct FusedCall {
   u64 count;
 };
 
+// One call of a packet kernel of a collective other than all-reduce (`PacketKernelCall` in
+// comm.rs): a Call without the views, which those kernels never read.
+struct PacketCall {
+  const void* in;
+  void* out;
+  u64 count;
+  int root;
+};
+
 // Where things lie in a rank's staging (see "staging"), as the host lays it out and hands it to
 // every kernel (`Staging` in layout.rs): offsets from a rank's `Peers::staging`, in bytes.
 struct Staging {
@@ -97,10 +106,11 @@ struct Staging {
 };
 
 // What a kernel takes (`LaunchArgs` in comm.rs): the communicator's side, and `ncalls` calls.
-// Every kernel but the packet kernels takes `Args`, and runs its calls one after the other (a
-// group's, see "batches" below); the packet kernels take `FusedArgs`, and run them as one (see
-// "fused launches"), kept small: a launch's cost grows with its arguments (1.5 KiB cost 0.2 -
-// 0.3 us a launch on H100).
+// The kernels of large calls take `Args`, and run their calls one after the other (a group's, see
+// "batches" below); the packet kernels of the other collectives take `PacketArgs`, and do the
+// same; the packet kernels of all-reduce take `FusedArgs`, and run them as one (see "fused
+// launches"). The last two are kept small: a launch's cost grows with its arguments (1.5 KiB
+// cost 0.2 - 0.3 us a launch on H100).
 template <typename C, int N> struct LaunchArgs {
   Peers peers;
   Staging staging;
@@ -112,10 +122,12 @@ template <typename C, int N> struct LaunchArgs {
 };
 typedef LaunchArgs<Call, MAX_BATCH> Args;
 typedef LaunchArgs<FusedCall, MAX_FUSED> FusedArgs;
+typedef LaunchArgs<PacketCall, MAX_BATCH> PacketArgs;
 static_assert(sizeof(Peers) == 128 && sizeof(Staging) == 48 && sizeof(Views) == 136 && sizeof(Call) == 168 &&
                   sizeof(Args) == 200 + 168 * MAX_BATCH && sizeof(FusedCall) == 24 &&
-                  sizeof(FusedArgs) == 200 + 24 * MAX_FUSED,
-              "Args and FusedArgs must be laid out as LaunchArgs in comm.rs");
+                  sizeof(FusedArgs) == 200 + 24 * MAX_FUSED && sizeof(PacketCall) == 32 &&
+                  sizeof(PacketArgs) == 200 + 32 * MAX_BATCH,
+              "Args, FusedArgs and PacketArgs must be laid out as LaunchArgs in comm.rs");
 
 // ---- element types and their conversions to and from the accumulator --------------------------
 
@@ -762,15 +774,26 @@ __device__ void copy_out(T* out, const T* src, u64 count, u64 begin, u64 end) {
 // area of `window` bytes at `results`; the other families' staged paths, one slot per sender (or
 // one in all) of one chunk rounded up to 16 bytes (chunk_slot; the host plans them only where
 // their slots fit in an area). The low-latency inboxes are 2 parities x MAX_RANKS senders x
-// packets of twice LL_MAX_BYTES, the sentinel inboxes 2 parities x MAX_RANKS senders x
+// packets of twice LL_MAX_BYTES, shared out among fewer senders in larger slots where there are
+// fewer ranks (ll_capacity); the sentinel inboxes 2 parities x MAX_RANKS senders x
 // SENTINEL_MAX_BYTES. A rank writes into an area (or inbox) of a peer in call E+2 only once it
 // has passed a barrier of (or received packets of) call E+1 with that peer, whose kernel of call
 // E+1 is then running, so its kernel of call E, which read the same area, is done.
 __device__ __forceinline__ u64 area_offset(const Staging& staging, u32 epoch) { return (epoch & 1) * staging.area; }
+// The most bytes one sender's packets carry to one receiver in a call on NR ranks (NR: 2, 4 or
+// 8, the fewest that hold the communicator's): the inboxes, laid out for MAX_RANKS senders of
+// LL_MAX_BYTES, in NR slots per parity (`ll_capacity` in layout.rs).
+template <int NR> __device__ __forceinline__ constexpr u64 ll_capacity() {
+  static_assert(NR <= MAX_RANKS && MAX_RANKS % NR == 0, "NR divides MAX_RANKS");
+  return (u64)LL_MAX_BYTES * (MAX_RANKS / NR);
+}
 // Where the packets of sender `from` for epoch parity `parity` start, in the low-latency inbox
-// at `inbox` of a rank's `staging` (the sender writes them there, the rank reads them).
+// at `inbox` of a rank's `staging` (the sender writes them there, the rank reads them), for a
+// kernel built for up to NR ranks. Every kernel of a communicator takes the same NR: the host
+// gives them one number of ranks.
+template <int NR>
 __device__ __forceinline__ u64* ll_slot(char* staging, u64 inbox, u64 parity, int from) {
-  return (u64*)(staging + inbox) + (parity * MAX_RANKS + from) * (LL_MAX_BYTES / 4);
+  return (u64*)(staging + inbox) + (parity * NR + from) * (ll_capacity<NR>() / 4);
 }
 // As ll_slot, in the sentinel inbox.
 __device__ __forceinline__ Pack* sentinel_slot(char* staging, u64 inbox, u64 parity, int from) {
@@ -872,7 +895,7 @@ __device__ __forceinline__ void ll_reduce_unit(const Peers& peers, int rank, int
     if (p == rank) {
       from[p] = own;
     } else if (p < nranks) {
-      ll_wait(ll_slot(peers.staging[rank], inbox, epoch & 1, p) + 2 * slot, epoch, abort, p, from[p].w);
+      ll_wait(ll_slot<NR>(peers.staging[rank], inbox, epoch & 1, p) + 2 * slot, epoch, abort, p, from[p].w);
     }
   }
 #pragma unroll

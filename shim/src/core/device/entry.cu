@@ -18,7 +18,7 @@
   KERNEL_OF(direct, ncclshim_direct_##NAME##_##OPNAME, T, OP)                                         \
   KERNEL_OF(reduce_scatter, ncclshim_reduce_scatter_##NAME##_##OPNAME, T, OP)                         \
   KERNEL_OF(reduce, ncclshim_reduce_##NAME##_##OPNAME, T, OP)                                         \
-  KERNEL_OF(ll_reduce, ncclshim_ll_reduce_##NAME##_##OPNAME, T, OP)
+  PACKET_KERNEL_OF(ll_reduce, ncclshim_ll_reduce_##NAME##_##OPNAME, T, OP)
 
 // The collectives that move data without reducing it, each a row of `route` (device.cuh):
 // M(COLLECTIVE, KIND, NAME, T) for each, in the host's order. A new one is a row there and a line
@@ -40,7 +40,7 @@ FOR_EACH_MOVE(MOVE_ALGORITHMS, , )
 #define MOVE_KERNEL(COLLECTIVE, KIND, NAME, T) \
   KERNEL_OF(COLLECTIVE, ncclshim_##COLLECTIVE##_##NAME##_sum, T, OP_SUM)
 #define LL_MOVE_KERNEL(COLLECTIVE, KIND, NAME, T) \
-  KERNEL_OF(ll_##COLLECTIVE, ncclshim_ll_##COLLECTIVE##_##NAME##_sum, T, OP_SUM)
+  PACKET_KERNEL_OF(ll_##COLLECTIVE, ncclshim_ll_##COLLECTIVE##_##NAME##_sum, T, OP_SUM)
 
 // The sentinel kernels, for the floating-point types only.
 #define SENTINEL_KERNELS(NAME, T) FOR_EACH_OP(SENTINEL_KERNEL, NAME, T)
@@ -59,7 +59,30 @@ FOR_EACH_MOVE(MOVE_ALGORITHMS, , )
     batch_done(args.peers, args.rank, args.ncalls);                                                   \
   }
 
-// Runs the launch's calls as one (the packet kernels, see "fused launches").
+// As KERNEL_OF, for the packet kernels of the collectives other than all-reduce, which take no
+// views. A launch of one call (most of them) reads it at fixed places of the parameters, not
+// through its index, and has no calls to keep apart: a small call is one trip over NVLink,
+// where every instruction before it shows. Launches of several calls run in a function of their
+// own, so that their loop does not take registers from the lone call's path.
+#define PACKET_KERNEL_OF(ALGORITHM, SYMBOL, T, OP)                                                    \
+  __device__ __noinline__ void SYMBOL##_calls(const PacketArgs& args) {                               \
+    for (int k = 0; k < args.ncalls; k++) {                                                           \
+      if (k > 0) between_calls(args.peers, args.rank, k, args.abort);                                 \
+      const PacketCall& c = args.calls[k];                                                            \
+      ALGORITHM<T, OP>(args.peers, args.rank, args.nranks, (const T*)c.in, (T*)c.out, c.count,        \
+                       args.staging, args.abort, c.root);                                             \
+    }                                                                                                 \
+    batch_done(args.peers, args.rank, args.ncalls);                                                   \
+  }                                                                                                   \
+  extern "C" __global__ void __launch_bounds__(MAX_THREADS) SYMBOL(const __grid_constant__ PacketArgs args) { \
+    after_previous_kernel();                                                                          \
+    if (args.ncalls != 1) return SYMBOL##_calls(args);                                                \
+    const PacketCall& c = args.calls[0];                                                              \
+    ALGORITHM<T, OP>(args.peers, args.rank, args.nranks, (const T*)c.in, (T*)c.out, c.count,          \
+                     args.staging, args.abort, c.root);                                               \
+  }
+
+// Runs the launch's calls as one (the packet kernels of all-reduce, see "fused launches").
 #define FUSED_KERNEL_OF(ALGORITHM, SYMBOL, T, OP)                                                     \
   extern "C" __global__ void __launch_bounds__(MAX_THREADS) SYMBOL(const __grid_constant__ FusedArgs args) { \
     after_previous_kernel();                                                                          \

@@ -66,7 +66,7 @@ __device__ __forceinline__ void send_unit(const Peers& peers, int rank, int nran
       const int d = rank_after(rank, i, nranks);
       if (!route<KIND>(rank, d, root).carries) continue;
       const ByteUnit& unit = o.to[same_chunk_to_all<KIND>() ? 0 : i];
-      ll_store(ll_slot(peers.staging[d], inbox, epoch & 1, rank) + 2 * u, unit.w[0], unit.w[1], epoch);
+      ll_store(ll_slot<NR>(peers.staging[d], inbox, epoch & 1, rank) + 2 * u, unit.w[0], unit.w[1], epoch);
     }
   }
 }
@@ -80,7 +80,7 @@ __device__ __forceinline__ void send_empty(const Peers& peers, int rank, int nra
   for (int i = 1; i < NR; i++) {
     if (i < nranks) {
       const int d = rank_after(rank, i, nranks);
-      if (!route<KIND>(rank, d, root).carries) ll_store(ll_slot(peers.staging[d], inbox, epoch & 1, rank), 0, 0, epoch);
+      if (!route<KIND>(rank, d, root).carries) ll_store(ll_slot<NR>(peers.staging[d], inbox, epoch & 1, rank), 0, 0, epoch);
     }
   }
 }
@@ -96,7 +96,7 @@ __device__ __forceinline__ void wait_empty(const Peers& peers, int rank, int nra
       const int s = rank_after(rank, i, nranks);
       if (route<KIND>(s, rank, root).carries) continue;
       ByteUnit unit;
-      ll_wait(ll_slot(peers.staging[rank], inbox, epoch & 1, s), epoch, abort, s, unit.w);
+      ll_wait(ll_slot<NR>(peers.staging[rank], inbox, epoch & 1, s), epoch, abort, s, unit.w);
     }
   }
 }
@@ -139,7 +139,7 @@ __device__ void ll_move_of(const Peers& peers, int rank, int nranks, const unsig
         const Route r = route<KIND>(s, rank, root);
         if (!r.carries) continue;
         ByteUnit unit;
-        ll_wait(ll_slot(peers.staging[rank], inbox, epoch & 1, s) + 2 * u, epoch, abort, s, unit.w);
+        ll_wait(ll_slot<NR>(peers.staging[rank], inbox, epoch & 1, s) + 2 * u, epoch, abort, s, unit.w);
         store_unit(out + r.to * count, count, u, unit);
       }
     }
@@ -191,7 +191,7 @@ __device__ void ll_reduce_of(const Peers& peers, int rank, int nranks, const T* 
 
 template <typename T, int OP>
 __device__ void ll_reduce(const Peers& peers, int rank, int nranks, const T* in, T* out, u64 count,
-                          const Staging& staging, const volatile int* abort, const Views&, int root) {
+                          const Staging& staging, const volatile int* abort, int root) {
   if (root < 0) {
     BY_RANKS(nranks, (ll_reduce_of<T, OP, MOVE_ALL_TO_ALL, NR>(peers, rank, nranks, in, out, count, staging, abort,
                                                                root)));
@@ -205,7 +205,7 @@ __device__ void ll_reduce(const Peers& peers, int rank, int nranks, const T* in,
 #define LL_MOVE(NAME, KIND)                                                                              \
   template <typename T, int OP>                                                                          \
   __device__ void ll_##NAME(const Peers& peers, int rank, int nranks, const T* in, T* out, u64 count,    \
-                            const Staging& staging, const volatile int* abort, const Views&, int root) { \
+                            const Staging& staging, const volatile int* abort, int root) {               \
     ll_move<KIND>(peers, rank, nranks, (const unsigned char*)in, (unsigned char*)out, count * sizeof(T), \
                   staging, abort, root);                                                                 \
   }
