@@ -240,14 +240,14 @@ run_checked() {
   p=$(check_run "$name" "$lib") || { status=1; problems="$problems $p;"; }
   runs=$((runs + 1))
 }
-# Rounds of one set: NAME MODE BINARY ROUNDS ARGS...; the shim and NCCL alone take turns, each
-# run sweeping 8 B to 32 MiB twice (-N 2).
+# Rounds of one set: NAME MODE BINARY ROUNDS STEP ARGS...; the shim and NCCL alone take turns,
+# each run sweeping 8 B to 32 MiB twice (-N 2), by a factor of STEP.
 take_turns() {
-  local name=$1 mode=$2 binary=$3 rounds=$4 round lib
-  shift 4
+  local name=$1 mode=$2 binary=$3 rounds=$4 step=$5 round lib
+  shift 5
   for round in $(seq "$rounds"); do
     for lib in shim real; do
-      run_checked "$name-$lib-r$round" "$lib" "$mode" "$binary" -b 8 -e 32M -f 4 -w 5 -n 20 -c 1 -N 2 "$@"
+      run_checked "$name-$lib-r$round" "$lib" "$mode" "$binary" -b 8 -e 32M -f "$step" -w 5 -n 20 -c 1 -N 2 "$@"
     done
   done
 }
@@ -262,7 +262,7 @@ if wanted gate && [ -x "$dir/src-2.28.9/build/all_reduce_perf" ]; then
       name=gate-2.28.9-$mode-all_reduce$suffix
       gate_names+=("$name")
       # $args unquoted: the set's flags, one word each.
-      take_turns "$name" "$mode" all_reduce "${NCCL_TESTS_GATE_ROUNDS:-3}" $args
+      take_turns "$name" "$mode" all_reduce "${NCCL_TESTS_GATE_ROUNDS:-3}" 4 $args
     done
   done
   python3 "$here/nccl_tests_report.py" --gate "${NCCL_TESTS_GATE_LIMIT:-1.05}" "$dir" "${gate_names[@]}" \
@@ -312,7 +312,8 @@ fi
 # --- Limits: where each collective but all-reduce beats NCCL on these GPUs ---
 # Every such collective on the core up to the staged limit (32 MiB), against NCCL alone, with
 # plain buffers, symmetric windows (-R 2) and in CUDA graphs, one process per GPU and one for
-# all; each run sweeps the sizes twice (-N 2), NCCL_TESTS_LIMITS_ROUNDS rounds (default 1).
+# all; each run sweeps the sizes twice (-N 2), NCCL_TESTS_LIMITS_ROUNDS rounds (default 1). Sizes
+# double, so that where the kernels change (the packets' last size, the next) both are measured.
 # nccl_tests_report.py --limits turns the best times into the row of this GPU for the shim's
 # table of measured limits (shim/src/core/measured_limits.tsv): nccl-tests-limits.md.
 # With NCCL_TESTS_BINARIES, only those of them: the row then has "-" for the others, whose
@@ -327,7 +328,7 @@ if wanted limits && [ -x "$dir/src-2.28.9/build/all_gather_perf" ]; then
         IFS=: read -r suffix args <<<"$set"
         name=limits-2.28.9-$mode-$binary$suffix
         limit_names+=("$name")
-        take_turns "$name" "$mode" "$binary" "${NCCL_TESTS_LIMITS_ROUNDS:-1}" $args
+        take_turns "$name" "$mode" "$binary" "${NCCL_TESTS_LIMITS_ROUNDS:-1}" 2 $args
       done
     done
   done
