@@ -106,7 +106,7 @@ pub const TUNE: &[Variable] = &[
     row(
         "ll_max",
         "by ranks",
-        "largest all-reduce done by the low-latency kernel, past the sentinel kernel's (128 KiB for 2 ranks, 32 KiB above; at most 128 KiB), and largest chunk (what one rank sends another) of the other collectives sent as packets (512 KiB for 2 ranks, 32 KiB above; at most what the inboxes hold: 512 KiB for 2 ranks, 256 KiB for 3–4, 128 KiB above)",
+        "largest all-reduce done by the low-latency kernel, past the sentinel kernel's (128 KiB for 2 ranks, 32 KiB above; at most 128 KiB), and largest chunk (what one rank sends another) of the other collectives sent as packets (512 KiB for 2 ranks, 256 KiB for 3–4, 32 KiB above; at most what the inboxes hold: 512 KiB for 2 ranks, 256 KiB for 3–4, 128 KiB above)",
     ),
     row(
         "ll_block",

@@ -317,11 +317,12 @@ fi
 # nccl_tests_report.py --limits turns the best times into the row of this GPU for the shim's
 # table of measured limits (shim/src/core/measured_limits.tsv): nccl-tests-limits.md.
 # With NCCL_TESTS_BINARIES, only those of them: the row then has "-" for the others, whose
-# values in the table stand.
+# values in the table stand. NCCL_TESTS_LIMITS_MODES: only these modes ("mpi group"), e.g. one
+# per call on a machine where both don't fit one; the report then reads both calls' logs.
 limit_sets=(":" "-r2:-R 2" "-g:-G 1")
 if wanted limits && [ -x "$dir/src-2.28.9/build/all_gather_perf" ]; then
   shim_env=("${core_settings[@]}") limit_names=() status=0 problems="" runs=0
-  for mode in mpi group; do
+  for mode in ${NCCL_TESTS_LIMITS_MODES:-mpi group}; do
     for binary in all_gather reduce_scatter broadcast reduce alltoall gather scatter; do
       [ -z "${NCCL_TESTS_BINARIES:-}" ] || [[ " $NCCL_TESTS_BINARIES " == *" $binary "* ]] || continue
       for set in "${limit_sets[@]}"; do

@@ -844,7 +844,7 @@ mod tests {
                 default.ll_move_max(4),
                 default.ll_max(2)
             ),
-            (ll_capacity(2), 32 << 10, 128 << 10)
+            (ll_capacity(2), ll_capacity(4), 128 << 10)
         );
         assert_eq!(
             (1..=8).map(|n| huge.ll_move_max(n)).collect::<Vec<_>>(),
@@ -1038,18 +1038,18 @@ mod tests {
             (gather.algorithm, gather.dtype, gather.count, gather.op),
             (Algorithm::LlAllGather, DataType::Uint8, 2000, Op::Sum)
         );
-        // Past the packets' limit (32 KiB a chunk on 4 ranks, what the inboxes hold on 2), the
-        // direct kernel.
+        // Past the packets' limit (what the inboxes hold for that many ranks), the direct
+        // kernel.
         let gather = |count, nranks| {
             plan(&on, Collective::AllGather, count, 9, 0, -1, &procs(nranks))
                 .unwrap()
                 .algorithm
         };
-        assert_eq!(gather(16 << 10, 4), Algorithm::LlAllGather);
-        assert_eq!(gather((16 << 10) + 1, 4), Algorithm::AllGather);
-        let on_two = ll_capacity(2) / 2;
-        assert_eq!(gather(on_two, 2), Algorithm::LlAllGather);
-        assert_eq!(gather(on_two + 1, 2), Algorithm::AllGather);
+        for nranks in [2, 4] {
+            let most = ll_capacity(nranks) / 2;
+            assert_eq!(gather(most, nranks), Algorithm::LlAllGather);
+            assert_eq!(gather(most + 1, nranks), Algorithm::AllGather);
+        }
         // Reduce-scatter keeps its type and op, as packets up to the same limit.
         let scatter = plan(&on, Collective::ReduceScatter, 1000, 9, 3, -1, &procs(4)).unwrap();
         assert_eq!(
@@ -1061,8 +1061,8 @@ mod tests {
                 .unwrap()
                 .algorithm
         };
-        assert_eq!(scatter(16 << 10), Algorithm::LlReduce);
-        assert_eq!(scatter((16 << 10) + 1), Algorithm::ReduceScatter);
+        assert_eq!(scatter(ll_capacity(4) / 2), Algorithm::LlReduce);
+        assert_eq!(scatter(ll_capacity(4) / 2 + 1), Algorithm::ReduceScatter);
         // Reduce too, with its root (the kernel tells the two apart by it).
         let every = with(&[("NCCLSHIM_MAX_BYTES", "reduce:1M")]);
         let reduce = plan(&every, Collective::Reduce, 4096, 7, 0, 1, &procs(2)).unwrap();
@@ -1164,8 +1164,9 @@ mod tests {
             "NCCLSHIM_MAX_BYTES",
             "broadcast:1M,reduce:1M,all_to_all:1M,gather:1M,scatter:1M",
         )]);
-        // Past the packets' limit on 4 ranks (32 KiB), the reduce kernel.
-        let reduce = plan(&on, Collective::Reduce, 20_000, 9, 3, 1, &procs(4)).unwrap();
+        // Past the packets' limit on 4 ranks (256 KiB), the reduce kernel.
+        let past_packets = ll_capacity(4) / 2 + 1;
+        let reduce = plan(&on, Collective::Reduce, past_packets, 9, 3, 1, &procs(4)).unwrap();
         assert_eq!(
             (
                 reduce.algorithm,
@@ -1174,7 +1175,13 @@ mod tests {
                 reduce.op,
                 reduce.root
             ),
-            (Algorithm::Reduce, DataType::Bfloat16, 20_000, Op::Min, 1)
+            (
+                Algorithm::Reduce,
+                DataType::Bfloat16,
+                past_packets,
+                Op::Min,
+                1
+            )
         );
         let broadcast = plan(&on, Collective::Broadcast, 1000, 9, 77, 3, &procs(4)).unwrap();
         assert_eq!(
