@@ -136,12 +136,12 @@ pub const TUNE: &[Variable] = &[
     row(
         "group_core",
         "`384K-2M`",
-        "`LO-HI`: a group (`ncclGroupStart`/`ncclGroupEnd`) with several calls on one communicator that the core would take stays the core's where its calls are small all-reduces of one type and op that fit at most two fused launches (each of up to eight calls whose data together is no more than one low-latency or sentinel call's: 512 KiB of floating-point data on 2–4 ranks, 128 KiB of other types on 2, 32 KiB on more), or where they are at most four and each is larger than `LO` and at most `HI` bytes; otherwise all of them go to NCCL, which runs a group's calls in one kernel (measured on 2 H100; `0-0`: no such band)",
+        "`LO-HI`: a group (`ncclGroupStart`/`ncclGroupEnd`) with several calls on one communicator that the core would take stays the core's where its calls are small calls of one packet kernel (all-reduces of one type and op; all-gathers, or broadcasts, or another collective that moves data, of any type; reduce-scatters, or reduces, of one type and op) that fit at most two fused launches (each of up to eight calls whose data together is no more than one packet call's: for all-reduce 512 KiB of floating-point data on 2–4 ranks, 128 KiB of other types on 2, 32 KiB on more; for the others chunks of 512 KiB on 2 ranks, 256 KiB on 3–4, 32 KiB on more), or where they are at most four and each is larger than `LO` and at most `HI` bytes; otherwise all of them go to NCCL, which runs a group's calls in one kernel (measured on 2 H100; `0-0`: no such band)",
     ),
     row(
         "batch",
         "`1`",
-        "`0`: each core call of a group is launched as a kernel of its own, and small all-reduces are not fused, so that groups of them go to NCCL (by default, a group's small all-reduces of one communicator, type and op run as one call per launch, up to eight calls a launch, and up to four consecutive calls of one communicator, stream and kernel of other kinds share one launch)",
+        "`0`: each core call of a group is launched as a kernel of its own, and small calls are not fused, so that groups of them go to NCCL (by default, a group's small calls of one communicator and packet kernel run as one call per launch, up to eight calls a launch, and up to four consecutive calls of one communicator, stream and kernel of other kinds share one launch)",
     ),
     row(
         "launch_helpers",

@@ -2,7 +2,7 @@
 # The GPU suite, on a machine with NVIDIA GPUs, nvcc and PyTorch (no Rust needed): compiles the
 # C/CUDA programs, runs the correctness matrix, the PyTorch checks and the side-by-side
 # benchmark through ncclshim, and writes logs and OUTDIR/summary.txt.
-#   run.sh OUTDIR [collectives] [torch] [torchbench] [zerocopy] [bench] [latepeer] [groupcost] [groupfused] [torchcoalesced] [launch] [floor] [sanitizer] [waitlimit] [nccltests] [badinput] [faults] [observe] [netplugin]  (default: the first three)
+#   run.sh OUTDIR [collectives] [torch] [torchbench] [zerocopy] [bench] [latepeer] [groupcost] [groupfused] [groupmoves] [torchcoalesced] [launch] [floor] [sanitizer] [waitlimit] [nccltests] [badinput] [faults] [observe] [netplugin]  (default: the first three)
 # It runs from the folder `make gpu-bundle` makes (the shim in shim/lib beside this script).
 # Environment (all optional):
 #   GPU_COUNTS  GPU counts to run on (default "2 4", less those the machine lacks)
@@ -20,7 +20,7 @@
 #   FLOOR_ARGS     more arguments for the floor, e.g. "--sizes 8M,16M"
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
-[ $# -ge 1 ] || { echo "usage: $0 OUTDIR [collectives] [torch] [torchbench] [zerocopy] [bench] [latepeer] [groupcost] [groupfused] [torchcoalesced] [launch] [floor] [sanitizer] [waitlimit] [nccltests] [badinput] [faults] [observe] [netplugin]" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "usage: $0 OUTDIR [collectives] [torch] [torchbench] [zerocopy] [bench] [latepeer] [groupcost] [groupfused] [groupmoves] [torchcoalesced] [launch] [floor] [sanitizer] [waitlimit] [nccltests] [badinput] [faults] [observe] [netplugin]" >&2; exit 2; }
 mkdir -p "$1" && out=$(cd "$1" && pwd) && shift
 suites=${*:-collectives torch bench}
 
@@ -419,8 +419,30 @@ group_fused_suite() {
   grep -h 'wrong$' "$dir/shim.log" | grep -v ' 0 wrong$' | head -10 | sed 's/^/  /' | tee -a "$summary"
 }
 
-# --- PyTorch's coalescing manager timed (torch_coalesced.py): eight small bf16 all-reduces in
-# one group, as DDP, FSDP and optimizers issue them, eager and in a CUDA graph; runs without and
+# --- Groups of several calls of the other collectives on one communicator, checked value by value
+# (group_moves.cu): the core fuses a group's small calls of one packet kernel into one or two
+# launches (the roots free to differ), and sends other groups to NCCL; every collective, type
+# (and op), eager, over two streams and in graphs, each collective on the core at these sizes
+# whatever this GPU's measured limits; NCCL alone as the control. The shim's exit summary must
+# show fused launches ---
+group_moves_suite() {
+  local n=$1 dir=$out/group-moves-$n t=$SECONDS status=0
+  local every=NCCLSHIM_MAX_BYTES=all_gather:32M,reduce_scatter:32M,broadcast:32M,reduce:32M,all_to_all:32M,gather:32M,scatter:32M
+  rm -rf "$dir" && mkdir -p "$dir"
+  $nvcc "${flags[@]}" "$here/group_moves.cu" -o "$out/bin/group_moves" -ldl >"$out/build-group_moves.log" 2>&1 ||
+    { verdict "group moves $n GPUs" 1 "build failed: build-group_moves.log"; return; }
+  env "$every" NCCLSHIM_REAL_NCCL="$real" NCCLSHIM_SUMMARY=1 NCCL_DEBUG=WARN timeout "$step_timeout" \
+    "$out/bin/group_moves" --lib "$(readlink -f "$shim")" --ngpus "$n" >"$dir/shim.log" 2>&1 || status=1
+  NCCL_DEBUG=WARN timeout "$step_timeout" "$out/bin/group_moves" --lib "$real" --ngpus "$n" >"$dir/nccl.log" 2>&1 || status=1
+  local shared
+  shared=$(grep -ho '[0-9]* in launches shared' "$dir/shim.log" | awk '{s += $1} END {print s + 0}')
+  [ "$shared" -gt 0 ] || status=1
+  verdict "group moves $n GPUs" $status "shim: $(grep -h '^# ' "$dir/shim.log" | tail -1), $shared calls in shared launches; NCCL: $(grep -h '^# ' "$dir/nccl.log" | tail -1); $((SECONDS - t)) s; group-moves-$n/"
+  grep -h 'wrong$' "$dir/shim.log" | grep -v ' 0 wrong$' | head -10 | sed 's/^/  /' | tee -a "$summary"
+}
+
+# --- PyTorch's coalescing manager timed (torch_coalesced.py): eight small bf16 all-reduces,
+# all-gathers or reduce-scatters in one group, as DDP, FSDP and optimizers issue them, eager and in a CUDA graph; runs without and
 # with the shim alternate, twice each; fails where the shim is above TORCH_GATE_LIMIT (1.05) x
 # NCCL, or a result is wrong ---
 torch_coalesced_suite() {
@@ -679,6 +701,7 @@ for n in $counts; do
       latepeer) late_peer_suite "$n" ;;
       groupcost) group_cost_suite "$n" ;;
       groupfused) group_fused_suite "$n" ;;
+      groupmoves) group_moves_suite "$n" ;;
       torchcoalesced) torch_coalesced_suite "$n" ;;
       launch) launch_suite "$n" ;;
       floor) floor_suite "$n" ;;

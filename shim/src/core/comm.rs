@@ -14,7 +14,7 @@ use super::cuda::{
 use super::kernels::Kernels;
 use super::policy::{
     self, CommFacts, FLAGS_BYTES, LL_MAX_BYTES, MAX_BATCH, MAX_FUSED, MAX_RANKS, Plan,
-    SENTINEL_MAX_BYTES, Staging,
+    SENTINEL_MAX_BYTES, Staging, ll_capacity,
 };
 use super::types::{Algorithm, Collective};
 use super::zero_copy::{Uses, ZeroCopy};
@@ -112,8 +112,9 @@ struct PacketKernelCall {
 }
 
 /// What the packet kernels of the other collectives take: `struct PacketArgs` in
-/// device/device.cuh, a fifth of `KernelArgs` (a launch's cost grows with its arguments).
-type PacketKernelArgs = LaunchArgs<PacketKernelCall, MAX_BATCH>;
+/// device/device.cuh, about half of `KernelArgs` with twice its calls (a launch's cost grows with
+/// its arguments).
+type PacketKernelArgs = LaunchArgs<PacketKernelCall, MAX_FUSED>;
 
 /// One call of a launch: its plan, buffers and the stream the program gave it.
 #[derive(Clone, Copy)]
@@ -282,9 +283,8 @@ impl CoreComm {
 
     /// Launches `calls` (1 to MAX_BATCH, every plan of the same kernel and grid, each allowed by
     /// `may_batch` where there are several) as one kernel on `stream`, which runs them one after
-    /// the other: a group's calls at the cost of one launch. Calls of all-reduce's packet kernels
-    /// (as many as `Settings::fuses_with` allows, on any streams) go to `launch_fused`, those of
-    /// the other collectives' to `launch_packets`.
+    /// the other: a group's calls at the cost of one launch. Calls of the packet kernels (as many
+    /// as `Settings::fuses_with` allows, on any streams) go to `launch_fused`.
     pub fn launch_batch(&self, calls: &[Launched], stream: cuda::Stream) -> Cuda<()> {
         let first = calls[0].plan;
         debug_assert!(calls.iter().all(|c| c.plan.same_launch(first)));
@@ -301,9 +301,6 @@ impl CoreComm {
             return self.launch_fused(function, calls, stream);
         }
         debug_assert!(calls.len() <= MAX_BATCH && calls.iter().all(|c| c.stream == stream));
-        if first.algorithm.is_packet_kernel() {
-            return self.launch_packets(function, calls, stream);
-        }
         let mut args: KernelArgs = self.launch_args(calls.len());
         let mut uses: [Option<Uses>; MAX_BATCH] = [None; MAX_BATCH];
         for (k, call) in calls.iter().enumerate() {
@@ -333,29 +330,6 @@ impl CoreComm {
                 .for_each(|used| zero_copy.used(used, marked));
         }
         Ok(())
-    }
-
-    /// Launches `calls` of a packet kernel of a collective other than all-reduce (1 to
-    /// MAX_BATCH, on `stream`) as one kernel, which runs them one after the other.
-    fn launch_packets(
-        &self,
-        function: cuda::Function,
-        calls: &[Launched],
-        stream: cuda::Stream,
-    ) -> Cuda<()> {
-        let first = calls[0].plan;
-        let mut args: PacketKernelArgs = self.launch_args(calls.len());
-        for (k, call) in calls.iter().enumerate() {
-            args.calls[k] = PacketKernelCall {
-                input: call.send as u64,
-                output: call.recv as u64,
-                count: call.plan.count as u64,
-                root: call.plan.root,
-            };
-        }
-        self.order.before_launch(stream)?;
-        // SAFETY: `PacketArgs`, the kernel's one parameter.
-        unsafe { self.launch_with(function, first.blocks, first.threads, stream, &mut args) }
     }
 
     /// The communicator's side of a kernel's arguments, for `ncalls` calls (all N left empty).
@@ -411,7 +385,8 @@ impl CoreComm {
         let bytes: usize = calls.iter().filter_map(|c| c.plan.fused_bytes()).sum();
         let inbox = match first.algorithm {
             Algorithm::Sentinel => SENTINEL_MAX_BYTES,
-            _ => LL_MAX_BYTES,
+            Algorithm::LowLatency => LL_MAX_BYTES,
+            _ => ll_capacity(self.facts.nranks),
         };
         // Past the inbox, the kernel would write into the next sender's: never launched.
         if calls.len() > MAX_FUSED || bytes > inbox {
@@ -432,14 +407,8 @@ impl CoreComm {
                 self.facts.nranks,
             ),
         };
-        let mut args: FusedKernelArgs = self.launch_args(calls.len());
         let mut others: [Option<cuda::Stream>; MAX_FUSED] = [None; MAX_FUSED];
         for (k, call) in calls.iter().enumerate() {
-            args.calls[k] = FusedKernelCall {
-                input: call.send as u64,
-                output: call.recv as u64,
-                count: call.plan.count as u64,
-            };
             if call.stream != stream && !others[..k].contains(&Some(call.stream)) {
                 others[k] = Some(call.stream);
             }
@@ -448,8 +417,30 @@ impl CoreComm {
             self.order.join(stream, other)?;
         }
         self.order.before_launch(stream)?;
-        // SAFETY: `FusedArgs`, the kernel's one parameter.
-        unsafe { self.launch_with(function, blocks, threads, stream, &mut args) }?;
+        if first.algorithm.is_packet_kernel() {
+            let mut args: PacketKernelArgs = self.launch_args(calls.len());
+            for (k, call) in calls.iter().enumerate() {
+                args.calls[k] = PacketKernelCall {
+                    input: call.send as u64,
+                    output: call.recv as u64,
+                    count: call.plan.count as u64,
+                    root: call.plan.root,
+                };
+            }
+            // SAFETY: `PacketArgs`, the kernel's one parameter.
+            unsafe { self.launch_with(function, blocks, threads, stream, &mut args) }?;
+        } else {
+            let mut args: FusedKernelArgs = self.launch_args(calls.len());
+            for (k, call) in calls.iter().enumerate() {
+                args.calls[k] = FusedKernelCall {
+                    input: call.send as u64,
+                    output: call.recv as u64,
+                    count: call.plan.count as u64,
+                };
+            }
+            // SAFETY: `FusedArgs`, the kernel's one parameter.
+            unsafe { self.launch_with(function, blocks, threads, stream, &mut args) }?;
+        }
         // The kernel is queued (the peers count on it): a stream that cannot wait for it is said,
         // not an error of the launch.
         for &other in others.iter().flatten() {
@@ -631,6 +622,6 @@ mod tests {
         assert_eq!(size_of::<FusedKernelArgs>(), 200 + 24 * MAX_FUSED);
         assert_eq!(size_of::<PacketKernelCall>(), 32);
         assert_eq!(std::mem::offset_of!(PacketKernelArgs, calls), 200);
-        assert_eq!(size_of::<PacketKernelArgs>(), 200 + 32 * MAX_BATCH);
+        assert_eq!(size_of::<PacketKernelArgs>(), 200 + 32 * MAX_FUSED);
     }
 }

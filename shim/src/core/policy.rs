@@ -88,8 +88,9 @@ impl Settings {
     /// Whether a call planned as `next` joins a fused launch (device.cuh, "fused launches") of
     /// `calls` calls so far, led by `first`, whose data takes `bytes` of the inboxes: the same
     /// packet kernel, at most MAX_FUSED calls, and all their data no more than one call of that
-    /// kernel may have (`sentinel_max`, `ll_max`: what the inboxes hold, or less). From the
-    /// calls' plans and the settings alone: every rank fuses the same calls of its group.
+    /// kernel may have (`sentinel_max`, `ll_max`, `ll_move_max`: what the inboxes hold, or less).
+    /// From the calls' plans and the settings alone: every rank fuses the same calls of its
+    /// group.
     pub fn fuses_with(
         &self,
         first: &Plan,
@@ -101,6 +102,7 @@ impl Settings {
         let most = match first.algorithm {
             Algorithm::Sentinel => self.sentinel_max(nranks),
             Algorithm::LowLatency => self.ll_max(nranks),
+            packets if packets.is_packet_kernel() => self.ll_move_max(nranks),
             _ => 0,
         };
         self.batch
@@ -158,10 +160,12 @@ pub struct Plan {
 impl Plan {
     /// Whether calls of this plan and `other` may share a launch: the same kernel, and the same
     /// grid unless the kernel fuses its calls (its grid is then the launch's, `fused_shape`).
-    /// Their counts and roots may differ.
+    /// Their counts and roots may differ, but reduce-scatters (no root) and reduces share no
+    /// launch: the kernel tells the two apart by its first call's root.
     pub fn same_launch(&self, other: &Plan) -> bool {
         let fuses = self.fused_bytes().is_some();
         (self.algorithm, self.dtype, self.op) == (other.algorithm, other.dtype, other.op)
+            && (self.root < 0) == (other.root < 0)
             && (fuses || (self.blocks, self.threads) == (other.blocks, other.threads))
     }
 
@@ -180,6 +184,9 @@ pub fn fused_shape(
     bytes: usize,
     nranks: usize,
 ) -> (u32, u32) {
+    if algorithm.is_packet_kernel() {
+        return packet_shape(settings, bytes, nranks);
+    }
     let (threads, max_blocks) = launch_shape(settings, algorithm, bytes, nranks);
     let unit = if algorithm == Algorithm::Sentinel {
         16
@@ -516,6 +523,73 @@ mod tests {
             fused_group(&small, 2, &calls),
             goes,
             "by the setting's limit"
+        );
+    }
+
+    /// A group's packet calls of the other collectives fuse as all-reduce's do: one kernel (the
+    /// collective; its type and op where it reduces; any roots, but reduce-scatters apart from
+    /// reduces), at most MAX_FUSED calls a launch, their chunks within what the inboxes hold
+    /// (`ll_move_max`), at most MAX_FUSED_LAUNCHES launches a group.
+    #[test]
+    fn small_calls_of_the_other_collectives_fuse_while_they_fit() {
+        let every = "all_gather:32M,reduce_scatter:32M,broadcast:32M,reduce:32M,all_to_all:32M,\
+                     gather:32M,scatter:32M";
+        let s = with(&[("NCCLSHIM_MAX_BYTES", every)]);
+        // (collective, count, dtype, op, root) of each call.
+        let group = |nranks: usize, calls: &[(Collective, usize, u32, u32, i32)]| {
+            let mut fused = None;
+            for (k, &(collective, count, dtype, op, root)) in calls.iter().enumerate() {
+                let plan = plan(&s, collective, count, dtype, op, root, &procs(nranks)).unwrap();
+                assert!(
+                    plan.algorithm.is_packet_kernel(),
+                    "{collective:?} of {count}"
+                );
+                fused = s.fused_with(fused, k, &plan, nranks);
+            }
+            fused.map(|f| (f.launches, f.calls))
+        };
+        let (f32, bf16, i8, sum, max) = (7, 9, 0, 0, 2);
+        let gather = |count| (Collective::AllGather, count, f32, sum, -1);
+        assert_eq!(
+            group(2, &[gather(1), gather(3), gather(1000)]),
+            Some((1, 3))
+        );
+        // Moves share a kernel whatever their type: they move bytes.
+        let bytes = (Collective::AllGather, 5, i8, sum, -1);
+        assert_eq!(group(2, &[gather(1), bytes]), Some((1, 2)));
+        // The inbox of 2 ranks (512 KiB a chunk), full, then past it and past two launches.
+        let quarter = gather((128 << 10) / 4);
+        assert_eq!(group(2, &[quarter; 4]), Some((1, 4)));
+        assert_eq!(group(2, &[quarter; 5]), Some((2, 1)));
+        assert_eq!(group(2, &[quarter; 8]), Some((2, 4)));
+        assert_eq!(group(2, &[quarter; 9]), None);
+        // On 4 ranks the inbox holds 256 KiB a chunk.
+        assert_eq!(group(4, &[quarter; 2]), Some((1, 2)));
+        assert_eq!(group(4, &[quarter; 3]), Some((2, 1)));
+        assert_eq!(group(2, &[gather(1); MAX_FUSED + 1]), Some((2, 1)));
+        // Rooted calls fuse whatever their roots.
+        let broadcast = |root| (Collective::Broadcast, 100, f32, sum, root);
+        assert_eq!(
+            group(4, &[broadcast(0), broadcast(3), broadcast(1)]),
+            Some((1, 3))
+        );
+        // Reduce-scatters fuse by type and op; reduces apart from them.
+        let scatter = |dtype, op| (Collective::ReduceScatter, 100, dtype, op, -1);
+        let reduce = (Collective::Reduce, 100, f32, sum, 1);
+        assert_eq!(group(2, &[scatter(f32, sum); 3]), Some((1, 3)));
+        assert_eq!(group(2, &[scatter(f32, sum), scatter(bf16, sum)]), None);
+        assert_eq!(group(2, &[scatter(f32, sum), scatter(f32, max)]), None);
+        assert_eq!(group(2, &[scatter(f32, sum), reduce]), None);
+        assert_eq!(group(2, &[reduce, reduce]), Some((1, 2)));
+        // Two collectives: two kernels, so no fused launch.
+        assert_eq!(group(2, &[gather(1), broadcast(0)]), None);
+        let (gathered, goes) = (
+            group(2, &[gather(1); 3]),
+            s.group_goes_to_nccl(3, false, true),
+        );
+        assert!(
+            gathered.is_some() && !goes,
+            "a fused group stays the core's"
         );
     }
 

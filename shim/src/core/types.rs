@@ -314,13 +314,15 @@ impl Algorithm {
     }
 
     /// The bytes a call takes in the inboxes of a fused launch, where its kernel runs a launch's
-    /// calls as one (device.cuh, "fused launches"): its own, in whole units (8 bytes for the
-    /// low-latency kernel, 16 for the sentinel one). `None`: the kernel runs them one after the
+    /// calls as one (device.cuh, "fused launches"): its own (`bytes`: the chunk each rank sends
+    /// another, for the other collectives' packet kernels), in whole units (8 bytes for the
+    /// low-latency kernels, 16 for the sentinel one). `None`: the kernel runs them one after the
     /// other.
     pub fn fused_bytes(self, bytes: usize) -> Option<usize> {
         match self {
             Algorithm::LowLatency => Some(bytes.div_ceil(8) * 8),
             Algorithm::Sentinel => Some(bytes.div_ceil(16) * 16),
+            _ if self.is_packet_kernel() => Some(bytes.div_ceil(8) * 8),
             _ => None,
         }
     }

@@ -107,10 +107,9 @@ struct Staging {
 
 // What a kernel takes (`LaunchArgs` in comm.rs): the communicator's side, and `ncalls` calls.
 // The kernels of large calls take `Args`, and run their calls one after the other (a group's, see
-// "batches" below); the packet kernels of the other collectives take `PacketArgs`, and do the
-// same; the packet kernels of all-reduce take `FusedArgs`, and run them as one (see "fused
-// launches"). The last two are kept small: a launch's cost grows with its arguments (1.5 KiB
-// cost 0.2 - 0.3 us a launch on H100).
+// "batches" below); the packet kernels take `FusedArgs` (all-reduce) or `PacketArgs` (the other
+// collectives), and run them as one (see "fused launches"). The last two are kept small: a
+// launch's cost grows with its arguments (1.5 KiB cost 0.2 - 0.3 us a launch on H100).
 template <typename C, int N> struct LaunchArgs {
   Peers peers;
   Staging staging;
@@ -122,11 +121,11 @@ template <typename C, int N> struct LaunchArgs {
 };
 typedef LaunchArgs<Call, MAX_BATCH> Args;
 typedef LaunchArgs<FusedCall, MAX_FUSED> FusedArgs;
-typedef LaunchArgs<PacketCall, MAX_BATCH> PacketArgs;
+typedef LaunchArgs<PacketCall, MAX_FUSED> PacketArgs;
 static_assert(sizeof(Peers) == 128 && sizeof(Staging) == 48 && sizeof(Views) == 136 && sizeof(Call) == 168 &&
                   sizeof(Args) == 200 + 168 * MAX_BATCH && sizeof(FusedCall) == 24 &&
                   sizeof(FusedArgs) == 200 + 24 * MAX_FUSED && sizeof(PacketCall) == 32 &&
-                  sizeof(PacketArgs) == 200 + 32 * MAX_BATCH,
+                  sizeof(PacketArgs) == 200 + 32 * MAX_FUSED,
               "Args, FusedArgs and PacketArgs must be laid out as LaunchArgs in comm.rs");
 
 // ---- element types and their conversions to and from the accumulator --------------------------
@@ -489,23 +488,24 @@ __device__ __forceinline__ void batch_done(const Peers& peers, int rank, int nca
 
 // ---- fused launches -----------------------------------------------------------------------------
 //
-// The packet kernels (low-latency and sentinel all-reduce) run a launch's calls as one call
-// instead: one epoch, one begin and end, and the calls' units side by side in the inboxes, call
-// k's right after call k-1's (each call's bytes rounded up to whole units), so that k small calls
-// cost about one. The host fuses only calls whose units fit the inboxes together, and the same
+// The packet kernels (low-latency and sentinel all-reduce, and the other collectives') run a
+// launch's calls as one call instead: one epoch, one begin and end, and the calls' units side by
+// side in the inboxes, call k's right after call k-1's (each call's bytes rounded up to whole
+// units; in every sender's slot, for the other collectives), so that k small calls cost about
+// one. The host fuses only calls whose units fit the inboxes together, and the same
 // calls on every rank (policy.rs, `fuses_with`): every rank lays the inboxes out alike. A call
 // of a fused launch must not read what another writes (NCCL promises no order inside a group
 // either).
 
-// Units (of UNIT bytes) of call `c`.
-template <typename T, int UNIT>
-__device__ __forceinline__ u64 units_of(const FusedCall& c) {
+// Units (of UNIT bytes) of call `c` (a FusedCall or a PacketCall).
+template <typename T, int UNIT, typename C>
+__device__ __forceinline__ u64 units_of(const C& c) {
   return (c.count * sizeof(T) + UNIT - 1) / UNIT;
 }
 
-// Units of every call of the launch.
-template <typename T, int UNIT>
-__device__ __forceinline__ u64 fused_units(const FusedArgs& args) {
+// Units of every call of the launch (FusedArgs or PacketArgs).
+template <typename T, int UNIT, typename A>
+__device__ __forceinline__ u64 fused_units(const A& args) {
   u64 units = 0;
   for (int k = 0; k < args.ncalls; k++) units += units_of<T, UNIT>(args.calls[k]);
   return units;
@@ -517,8 +517,8 @@ struct Piece {
   int call;
   u64 unit;
 };
-template <typename T, int UNIT>
-__device__ __forceinline__ Piece piece_of(const FusedArgs& args, u64 unit) {
+template <typename T, int UNIT, typename A>
+__device__ __forceinline__ Piece piece_of(const A& args, u64 unit) {
   int k = 0;
   for (; k + 1 < args.ncalls; k++) {
     u64 units = units_of<T, UNIT>(args.calls[k]);

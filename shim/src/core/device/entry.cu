@@ -59,22 +59,16 @@ FOR_EACH_MOVE(MOVE_ALGORITHMS, , )
     batch_done(args.peers, args.rank, args.ncalls);                                                   \
   }
 
-// As KERNEL_OF, for the packet kernels of the collectives other than all-reduce, which take no
-// views. A launch of one call (most of them) reads it at fixed places of the parameters, not
-// through its index, and has no calls to keep apart: a small call is one trip over NVLink,
+// The packet kernels of the collectives other than all-reduce, which take no views, run a
+// launch's calls as one (see "fused launches"). A launch of one call (most of them) reads it at
+// fixed places of the parameters, not through its index: a small call is one trip over NVLink,
 // where every instruction before it shows. Launches of several calls run in a function of their
-// own, so that their loop does not take registers from the lone call's path.
+// own, so that their loop does not take registers from the lone call's path. One block per SM
+// at least: without it ptxas held these kernels to 64 registers beside that function, and both
+// paths spilled.
 #define PACKET_KERNEL_OF(ALGORITHM, SYMBOL, T, OP)                                                    \
-  __device__ __noinline__ void SYMBOL##_calls(const PacketArgs& args) {                               \
-    for (int k = 0; k < args.ncalls; k++) {                                                           \
-      if (k > 0) between_calls(args.peers, args.rank, k, args.abort);                                 \
-      const PacketCall& c = args.calls[k];                                                            \
-      ALGORITHM<T, OP>(args.peers, args.rank, args.nranks, (const T*)c.in, (T*)c.out, c.count,        \
-                       args.staging, args.abort, c.root);                                             \
-    }                                                                                                 \
-    batch_done(args.peers, args.rank, args.ncalls);                                                   \
-  }                                                                                                   \
-  extern "C" __global__ void __launch_bounds__(MAX_THREADS) SYMBOL(const __grid_constant__ PacketArgs args) { \
+  __device__ __noinline__ void SYMBOL##_calls(const PacketArgs& args) { ALGORITHM##_fused<T, OP>(args); } \
+  extern "C" __global__ void __launch_bounds__(MAX_THREADS, 1) SYMBOL(const __grid_constant__ PacketArgs args) { \
     after_previous_kernel();                                                                          \
     if (args.ncalls != 1) return SYMBOL##_calls(args);                                                \
     const PacketCall& c = args.calls[0];                                                              \

@@ -71,30 +71,48 @@ __device__ __forceinline__ void send_unit(const Peers& peers, int rank, int nran
   }
 }
 
-// Thread 0 sends an empty packet to every receiver whose pair with this rank carries no chunk.
-template <int KIND, int NR>
+// Whether the pair (sender s, receiver d) carries a chunk in a call of root `root`.
+template <int KIND> struct CarriesOne {
+  int root;
+  __device__ __forceinline__ bool operator()(int s, int d) const { return route<KIND>(s, d, root).carries; }
+};
+
+// Whether it carries one in any call of a fused launch, whose calls' roots may differ.
+template <int KIND> struct CarriesAny {
+  const PacketArgs& args;
+  __device__ __forceinline__ bool operator()(int s, int d) const {
+    for (int k = 0; k < args.ncalls; k++) {
+      if (route<KIND>(s, d, args.calls[k].root).carries) return true;
+    }
+    return false;
+  }
+};
+
+// Thread 0 sends an empty packet to every receiver whose pair with this rank carries no chunk
+// (`carries`, CarriesOne or CarriesAny): at the slot's first unit, which no call's data takes.
+template <int KIND, int NR, typename Carries>
 __device__ __forceinline__ void send_empty(const Peers& peers, int rank, int nranks, u64 inbox, u32 epoch,
-                                           int root) {
+                                           Carries carries) {
   if (thread_index() != 0) return;
 #pragma unroll
   for (int i = 1; i < NR; i++) {
     if (i < nranks) {
       const int d = rank_after(rank, i, nranks);
-      if (!route<KIND>(rank, d, root).carries) ll_store(ll_slot<NR>(peers.staging[d], inbox, epoch & 1, rank), 0, 0, epoch);
+      if (!carries(rank, d)) ll_store(ll_slot<NR>(peers.staging[d], inbox, epoch & 1, rank), 0, 0, epoch);
     }
   }
 }
 
 // Thread 0 waits for the empty packet of every sender whose pair with this rank carries no chunk.
-template <int KIND, int NR>
+template <int KIND, int NR, typename Carries>
 __device__ __forceinline__ void wait_empty(const Peers& peers, int rank, int nranks, u64 inbox, u32 epoch,
-                                           const volatile int* abort, int root) {
+                                           const volatile int* abort, Carries carries) {
   if (thread_index() != 0) return;
 #pragma unroll
   for (int i = 1; i < NR; i++) {
     if (i < nranks) {
       const int s = rank_after(rank, i, nranks);
-      if (route<KIND>(s, rank, root).carries) continue;
+      if (carries(s, rank)) continue;
       ByteUnit unit;
       ll_wait(ll_slot<NR>(peers.staging[rank], inbox, epoch & 1, s), epoch, abort, s, unit.w);
     }
@@ -121,7 +139,7 @@ __device__ void ll_move_of(const Peers& peers, int rank, int nranks, const unsig
   ByteUnit own_unit = own_unit_of(o, first);
   const u32 epoch = begin_call(peers, rank);
   const u64 inbox = staging.ll_inbox;
-  send_empty<KIND, NR>(peers, rank, nranks, inbox, epoch, root);
+  send_empty<KIND, NR>(peers, rank, nranks, inbox, epoch, CarriesOne<KIND>{root});
   for (u64 u = first; u < units; u += grid_threads()) {
     if (u != first) {
       o = outgoing<KIND, NR>(rank, nranks, in, count, root, u);
@@ -130,7 +148,7 @@ __device__ void ll_move_of(const Peers& peers, int rank, int nranks, const unsig
     send_unit<KIND, NR>(peers, rank, nranks, o, inbox, epoch, root, u);
     if (copies_own) store_unit(own_to, count, u, own_unit);
   }
-  wait_empty<KIND, NR>(peers, rank, nranks, inbox, epoch, abort, root);
+  wait_empty<KIND, NR>(peers, rank, nranks, inbox, epoch, abort, CarriesOne<KIND>{root});
   for (u64 u = first; u < units; u += grid_threads()) {
 #pragma unroll
     for (int i = 1; i < NR; i++) {
@@ -151,6 +169,56 @@ template <int KIND>
 __device__ void ll_move(const Peers& peers, int rank, int nranks, const unsigned char* in, unsigned char* out,
                         u64 count, const Staging& staging, const volatile int* abort, int root) {
   BY_RANKS(nranks, (ll_move_of<KIND, NR>(peers, rank, nranks, in, out, count, staging, abort, root)));
+}
+
+// As ll_move_of, for a launch of several calls as one (see "fused launches"): one epoch, and unit
+// j of the launch (unit p.unit of call p.call) at unit j of every sender's slot. The calls' roots
+// may differ: a pair gets the empty packet where it carries a chunk in none of them.
+template <int KIND, int NR>
+__device__ void ll_move_fused_of(const PacketArgs& args) {
+  const Peers& peers = args.peers;
+  const int rank = args.rank, nranks = args.nranks;
+  const u64 units = fused_units<unsigned char, 8>(args);
+  const u32 epoch = begin_call(peers, rank);
+  const u64 inbox = args.staging.ll_inbox;
+  const CarriesAny<KIND> carries{args};
+  send_empty<KIND, NR>(peers, rank, nranks, inbox, epoch, carries);
+  for (u64 j = thread_index(); j < units; j += grid_threads()) {
+    const Piece p = piece_of<unsigned char, 8>(args, j);
+    const PacketCall& c = args.calls[p.call];
+    const unsigned char* in = (const unsigned char*)c.in;
+    const Outgoing<KIND, NR> o = outgoing<KIND, NR>(rank, nranks, in, c.count, c.root, p.unit);
+    send_unit<KIND, NR>(peers, rank, nranks, o, inbox, epoch, c.root, j);
+    const Route own = route<KIND>(rank, rank, c.root);
+    const unsigned char* own_from = in + own.from * c.count;
+    unsigned char* own_to = (unsigned char*)c.out + own.to * c.count;
+    if (own.carries && own_from != own_to) {
+      const ByteUnit unit = same_chunk_to_all<KIND>() ? o.to[0] : input_unit(own_from, c.count, p.unit);
+      store_unit(own_to, c.count, p.unit, unit);
+    }
+  }
+  wait_empty<KIND, NR>(peers, rank, nranks, inbox, epoch, args.abort, carries);
+  for (u64 j = thread_index(); j < units; j += grid_threads()) {
+    const Piece p = piece_of<unsigned char, 8>(args, j);
+    const PacketCall& c = args.calls[p.call];
+#pragma unroll
+    for (int i = 1; i < NR; i++) {
+      if (i < nranks) {
+        const int s = rank_after(rank, i, nranks);
+        const Route r = route<KIND>(s, rank, c.root);
+        if (!r.carries) continue;
+        ByteUnit unit;
+        ll_wait(ll_slot<NR>(peers.staging[rank], inbox, epoch & 1, s) + 2 * j, epoch, args.abort, s, unit.w);
+        store_unit((unsigned char*)c.out + r.to * c.count, c.count, p.unit, unit);
+      }
+    }
+  }
+  end_call(peers, rank, epoch);
+}
+
+template <int KIND>
+__device__ void ll_move_fused(const PacketArgs& args) {
+  BY_RANKS(args.nranks, (ll_move_fused_of<KIND, NR>(args)));
 }
 
 // Reduce-scatter and reduce of small messages: every chunk goes as packets to the rank that
@@ -174,12 +242,12 @@ __device__ void ll_reduce_of(const Peers& peers, int rank, int nranks, const T* 
   if (reduces_here) own = input_unit(mine, count, first);
   const u32 epoch = begin_call(peers, rank);
   const u64 inbox = staging.ll_inbox;
-  send_empty<KIND, NR>(peers, rank, nranks, inbox, epoch, root);
+  send_empty<KIND, NR>(peers, rank, nranks, inbox, epoch, CarriesOne<KIND>{root});
   for (u64 u = first; u < units; u += grid_threads()) {
     if (u != first) o = outgoing<KIND, NR>(rank, nranks, from, bytes, root, u);
     send_unit<KIND, NR>(peers, rank, nranks, o, inbox, epoch, root, u);
   }
-  wait_empty<KIND, NR>(peers, rank, nranks, inbox, epoch, abort, root);
+  wait_empty<KIND, NR>(peers, rank, nranks, inbox, epoch, abort, CarriesOne<KIND>{root});
   if (reduces_here) {
     for (u64 u = first; u < units; u += grid_threads()) {
       if (u != first) own = input_unit(mine, count, u);
@@ -187,6 +255,45 @@ __device__ void ll_reduce_of(const Peers& peers, int rank, int nranks, const T* 
     }
   }
   end_call(peers, rank, epoch);
+}
+
+// As ll_reduce_of, for a launch of several calls as one (as ll_move_fused_of).
+template <typename T, int OP, int KIND, int NR>
+__device__ void ll_reduce_fused_of(const PacketArgs& args) {
+  const Peers& peers = args.peers;
+  const int rank = args.rank, nranks = args.nranks;
+  const u64 units = fused_units<T, 8>(args);
+  const u32 epoch = begin_call(peers, rank);
+  const u64 inbox = args.staging.ll_inbox;
+  const CarriesAny<KIND> carries{args};
+  send_empty<KIND, NR>(peers, rank, nranks, inbox, epoch, carries);
+  for (u64 j = thread_index(); j < units; j += grid_threads()) {
+    const Piece p = piece_of<T, 8>(args, j);
+    const PacketCall& c = args.calls[p.call];
+    const Outgoing<KIND, NR> o =
+        outgoing<KIND, NR>(rank, nranks, (const unsigned char*)c.in, c.count * sizeof(T), c.root, p.unit);
+    send_unit<KIND, NR>(peers, rank, nranks, o, inbox, epoch, c.root, j);
+  }
+  wait_empty<KIND, NR>(peers, rank, nranks, inbox, epoch, args.abort, carries);
+  for (u64 j = thread_index(); j < units; j += grid_threads()) {
+    const Piece p = piece_of<T, 8>(args, j);
+    const PacketCall& c = args.calls[p.call];
+    if (!route<KIND>(rank, rank, c.root).carries) continue;
+    const T* mine = (const T*)c.in + (KIND == MOVE_ALL_TO_ALL ? rank * c.count : 0);
+    ll_reduce_unit<T, OP, NR>(peers, rank, nranks, inbox, epoch, args.abort, j, input_unit(mine, c.count, p.unit),
+                              (T*)c.out, c.count, p.unit);
+  }
+  end_call(peers, rank, epoch);
+}
+
+// The host fuses reduce-scatters with reduce-scatters and reduces with reduces (`same_launch`).
+template <typename T, int OP>
+__device__ void ll_reduce_fused(const PacketArgs& args) {
+  if (args.calls[0].root < 0) {
+    BY_RANKS(args.nranks, (ll_reduce_fused_of<T, OP, MOVE_ALL_TO_ALL, NR>(args)));
+  } else {
+    BY_RANKS(args.nranks, (ll_reduce_fused_of<T, OP, MOVE_GATHER, NR>(args)));
+  }
 }
 
 template <typename T, int OP>
@@ -201,11 +308,16 @@ __device__ void ll_reduce(const Peers& peers, int rank, int nranks, const T* in,
   }
 }
 
-// A collective's packet kernel (the host's algorithm), ll_NAME, for each one entry.cu lists.
+// A collective's packet kernel (the host's algorithm), ll_NAME for a lone call and ll_NAME_fused
+// for several, for each one entry.cu lists.
 #define LL_MOVE(NAME, KIND)                                                                              \
   template <typename T, int OP>                                                                          \
   __device__ void ll_##NAME(const Peers& peers, int rank, int nranks, const T* in, T* out, u64 count,    \
                             const Staging& staging, const volatile int* abort, int root) {               \
     ll_move<KIND>(peers, rank, nranks, (const unsigned char*)in, (unsigned char*)out, count * sizeof(T), \
                   staging, abort, root);                                                                 \
+  }                                                                                                      \
+  template <typename T, int OP>                                                                          \
+  __device__ void ll_##NAME##_fused(const PacketArgs& args) {                                            \
+    ll_move_fused<KIND>(args);                                                                           \
   }

@@ -639,8 +639,9 @@ fn other_collectives(
 
 /// Calls launched several to a kernel (`launch_batch`, as a group's are): all-reduces of each
 /// small-message kernel and of the direct two-shot (one of them in place), and broadcasts from
-/// alternating roots, each call on its own buffers; twice, so that the batch's count of blocks
-/// must have been put back. Wrong bytes.
+/// alternating roots (the small ones as packets, fused into one call; the large ones one after
+/// the other), each call on its own buffers; twice, so that the batch's count of blocks must have
+/// been put back. Wrong bytes.
 fn batches(
     core: &super::super::comm::CoreComm,
     device: Device,
