@@ -594,20 +594,42 @@ mod tests {
     }
 
     /// `fused_with` (what `group::weigh` decides on) counts the launches that `fuses_with` (what
-    /// `group::joins` cuts by) makes, call by call, for any sequence of small calls.
+    /// `group::joins` cuts by) makes, call by call, for any sequence of small calls of one
+    /// packet kernel.
     #[test]
     fn the_weighed_launches_are_the_launches_cut() {
-        let s = with(&[]);
+        let s = with(&[("NCCLSHIM_MAX_BYTES", "all_gather:32M,reduce_scatter:32M")]);
         let facts = procs(2);
+        // Float all-reduces, all-gathers and reduce-scatters, each as packets.
+        let plan_of = |kind: usize, seed: u64| match kind {
+            0 => plan_all_reduce(&s, 1 + (seed >> 33) as usize % (48 << 10), 7, 0, &facts),
+            1 => plan(
+                &s,
+                Collective::AllGather,
+                1 + (seed >> 33) as usize % (64 << 10),
+                7,
+                0,
+                -1,
+                &facts,
+            ),
+            _ => plan(
+                &s,
+                Collective::ReduceScatter,
+                1 + (seed >> 33) as usize % (64 << 10),
+                7,
+                0,
+                -1,
+                &facts,
+            ),
+        };
         let mut seed = 12345u64;
-        for _ in 0..200 {
+        for round in 0..300 {
             let (mut fused, mut cut): (Option<Fused>, Vec<(Plan, usize, usize)>) = (None, vec![]);
             for k in 0..20 {
                 seed = seed
                     .wrapping_mul(6364136223846793005)
                     .wrapping_add(1442695040888963407);
-                let count = 1 + (seed >> 33) as usize % (48 << 10);
-                let plan = plan_all_reduce(&s, count, 7, 0, &facts).unwrap();
+                let plan = plan_of(round % 3, seed).unwrap();
                 fused = s.fused_with(fused, k, &plan, 2);
                 let more = plan.fused_bytes().unwrap();
                 match cut.last_mut() {
