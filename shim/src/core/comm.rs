@@ -345,6 +345,20 @@ impl CoreComm {
         }
     }
 
+    /// The arguments of a fused launch of `calls` (at most MAX_FUSED), each call's as `call_of`
+    /// makes it.
+    fn fused_args<C: Copy + Default>(
+        &self,
+        calls: &[Launched],
+        call_of: impl Fn(&Launched) -> C,
+    ) -> LaunchArgs<C, MAX_FUSED> {
+        let mut args = self.launch_args(calls.len());
+        for (slot, call) in args.calls.iter_mut().zip(calls) {
+            *slot = call_of(call);
+        }
+        args
+    }
+
     /// Launches `function` on `stream` with `args` as its one parameter, in the communicator's
     /// context.
     ///
@@ -418,26 +432,20 @@ impl CoreComm {
         }
         self.order.before_launch(stream)?;
         if first.algorithm.is_packet_kernel() {
-            let mut args: PacketKernelArgs = self.launch_args(calls.len());
-            for (k, call) in calls.iter().enumerate() {
-                args.calls[k] = PacketKernelCall {
-                    input: call.send as u64,
-                    output: call.recv as u64,
-                    count: call.plan.count as u64,
-                    root: call.plan.root,
-                };
-            }
+            let mut args: PacketKernelArgs = self.fused_args(calls, |call| PacketKernelCall {
+                input: call.send as u64,
+                output: call.recv as u64,
+                count: call.plan.count as u64,
+                root: call.plan.root,
+            });
             // SAFETY: `PacketArgs`, the kernel's one parameter.
             unsafe { self.launch_with(function, blocks, threads, stream, &mut args) }?;
         } else {
-            let mut args: FusedKernelArgs = self.launch_args(calls.len());
-            for (k, call) in calls.iter().enumerate() {
-                args.calls[k] = FusedKernelCall {
-                    input: call.send as u64,
-                    output: call.recv as u64,
-                    count: call.plan.count as u64,
-                };
-            }
+            let mut args: FusedKernelArgs = self.fused_args(calls, |call| FusedKernelCall {
+                input: call.send as u64,
+                output: call.recv as u64,
+                count: call.plan.count as u64,
+            });
             // SAFETY: `FusedArgs`, the kernel's one parameter.
             unsafe { self.launch_with(function, blocks, threads, stream, &mut args) }?;
         }
