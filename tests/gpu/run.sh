@@ -400,51 +400,43 @@ group_cost_suite() {
   grep -v '^# shim\|^# nccl' "$log" | sed 's/^/  /' | tee -a "$summary"
 }
 
-# --- Groups of several all-reduces on one communicator, checked value by value (group_fused.cu):
-# the core fuses a group's small all-reduces of one type and op into one or two launches, and
-# sends other groups to NCCL; every type and op, eager, over two streams and in graphs; NCCL
-# alone as the control. The shim's exit summary must show fused launches ---
-group_fused_suite() {
-  local n=$1 dir=$out/group-fused-$n t=$SECONDS status=0
+# --- Groups of several calls on one communicator, checked value by value by group_KIND.cu: built,
+# run through the shim (under the settings given, VAR=VALUE each) and through NCCL alone as the
+# control; the shim's exit summary must show fused launches ---
+group_check() {
+  local kind=$1 n=$2 dir=$out/group-$1-$2 t=$SECONDS status=0
+  shift 2
   rm -rf "$dir" && mkdir -p "$dir"
-  $nvcc "${flags[@]}" "$here/group_fused.cu" -o "$out/bin/group_fused" -ldl >"$out/build-group_fused.log" 2>&1 ||
-    { verdict "group fused $n GPUs" 1 "build failed: build-group_fused.log"; return; }
-  NCCLSHIM_REAL_NCCL="$real" NCCLSHIM_SUMMARY=1 NCCL_DEBUG=WARN timeout "$step_timeout" "$out/bin/group_fused" \
-    --lib "$(readlink -f "$shim")" --ngpus "$n" >"$dir/shim.log" 2>&1 || status=1
-  NCCL_DEBUG=WARN timeout "$step_timeout" "$out/bin/group_fused" --lib "$real" --ngpus "$n" >"$dir/nccl.log" 2>&1 || status=1
+  $nvcc "${flags[@]}" "$here/group_$kind.cu" -o "$out/bin/group_$kind" -ldl >"$out/build-group_$kind.log" 2>&1 ||
+    { verdict "group $kind $n GPUs" 1 "build failed: build-group_$kind.log"; return; }
+  env "$@" NCCLSHIM_REAL_NCCL="$real" NCCLSHIM_SUMMARY=1 NCCL_DEBUG=WARN timeout "$step_timeout" \
+    "$out/bin/group_$kind" --lib "$(readlink -f "$shim")" --ngpus "$n" >"$dir/shim.log" 2>&1 || status=1
+  NCCL_DEBUG=WARN timeout "$step_timeout" "$out/bin/group_$kind" --lib "$real" --ngpus "$n" >"$dir/nccl.log" 2>&1 || status=1
   local shared
   shared=$(grep -ho '[0-9]* in launches shared' "$dir/shim.log" | awk '{s += $1} END {print s + 0}')
   [ "$shared" -gt 0 ] || status=1
-  verdict "group fused $n GPUs" $status "shim: $(grep -h '^# ' "$dir/shim.log" | tail -1), $shared calls in shared launches; NCCL: $(grep -h '^# ' "$dir/nccl.log" | tail -1); $((SECONDS - t)) s; group-fused-$n/"
+  verdict "group $kind $n GPUs" $status "shim: $(grep -h '^# ' "$dir/shim.log" | tail -1), $shared calls in shared launches; NCCL: $(grep -h '^# ' "$dir/nccl.log" | tail -1); $((SECONDS - t)) s; group-$kind-$n/"
   grep -h 'wrong$' "$dir/shim.log" | grep -v ' 0 wrong$' | head -10 | sed 's/^/  /' | tee -a "$summary"
 }
 
-# --- Groups of several calls of the other collectives on one communicator, checked value by value
-# (group_moves.cu): the core fuses a group's small calls of one packet kernel into one or two
-# launches (the roots free to differ), and sends other groups to NCCL; every collective, type
-# (and op), eager, over two streams and in graphs, each collective on the core at these sizes
-# whatever this GPU's measured limits; NCCL alone as the control. The shim's exit summary must
-# show fused launches ---
+# Groups of all-reduces (group_fused.cu): the core fuses a group's small all-reduces of one type
+# and op into one or two launches, and sends other groups to NCCL; every type and op, eager, over
+# two streams and in graphs.
+group_fused_suite() { group_check fused "$1"; }
+
+# Groups of the other collectives (group_moves.cu): the core fuses a group's small calls of one
+# packet kernel into one or two launches (the roots free to differ), and sends other groups to
+# NCCL; every collective, type (and op), eager, over two streams and in graphs, each collective on
+# the core at these sizes whatever this GPU's measured limits.
 group_moves_suite() {
-  local n=$1 dir=$out/group-moves-$n t=$SECONDS status=0
-  local every=NCCLSHIM_MAX_BYTES=all_gather:32M,reduce_scatter:32M,broadcast:32M,reduce:32M,all_to_all:32M,gather:32M,scatter:32M
-  rm -rf "$dir" && mkdir -p "$dir"
-  $nvcc "${flags[@]}" "$here/group_moves.cu" -o "$out/bin/group_moves" -ldl >"$out/build-group_moves.log" 2>&1 ||
-    { verdict "group moves $n GPUs" 1 "build failed: build-group_moves.log"; return; }
-  env "$every" NCCLSHIM_REAL_NCCL="$real" NCCLSHIM_SUMMARY=1 NCCL_DEBUG=WARN timeout "$step_timeout" \
-    "$out/bin/group_moves" --lib "$(readlink -f "$shim")" --ngpus "$n" >"$dir/shim.log" 2>&1 || status=1
-  NCCL_DEBUG=WARN timeout "$step_timeout" "$out/bin/group_moves" --lib "$real" --ngpus "$n" >"$dir/nccl.log" 2>&1 || status=1
-  local shared
-  shared=$(grep -ho '[0-9]* in launches shared' "$dir/shim.log" | awk '{s += $1} END {print s + 0}')
-  [ "$shared" -gt 0 ] || status=1
-  verdict "group moves $n GPUs" $status "shim: $(grep -h '^# ' "$dir/shim.log" | tail -1), $shared calls in shared launches; NCCL: $(grep -h '^# ' "$dir/nccl.log" | tail -1); $((SECONDS - t)) s; group-moves-$n/"
-  grep -h 'wrong$' "$dir/shim.log" | grep -v ' 0 wrong$' | head -10 | sed 's/^/  /' | tee -a "$summary"
+  group_check moves "$1" \
+    NCCLSHIM_MAX_BYTES=all_gather:32M,reduce_scatter:32M,broadcast:32M,reduce:32M,all_to_all:32M,gather:32M,scatter:32M
 }
 
 # --- PyTorch's coalescing manager timed (torch_coalesced.py): eight small bf16 all-reduces,
-# all-gathers or reduce-scatters in one group, as DDP, FSDP and optimizers issue them, eager and in a CUDA graph; runs without and
-# with the shim alternate, twice each; fails where the shim is above TORCH_GATE_LIMIT (1.05) x
-# NCCL, or a result is wrong ---
+# all-gathers or reduce-scatters in one group, as DDP, FSDP and optimizers issue them, eager and
+# in a CUDA graph; runs without and with the shim alternate, twice each; fails where the shim is
+# above TORCH_GATE_LIMIT (1.05) x NCCL, or a result is wrong ---
 torch_coalesced_suite() {
   local n=$1 dir=$out/torch-coalesced-$n t=$SECONDS status=0 round
   rm -rf "$dir" && mkdir -p "$dir"
