@@ -72,12 +72,12 @@ pub const CORE: &[Variable] = &[
     row(
         "NCCLSHIM_CORE",
         "`1`",
-        "`0`: no core (everything forwards; the ranks still compare settings when a communicator is set up: two small exchanges, in shared memory or through NCCL). `force`: every call the core can take: all-reduces of any size, the other collectives as far as the core's staging holds them (32 MiB)",
+        "`0`: no core (everything forwards; the ranks still compare settings when a communicator is set up: two small exchanges, in shared memory or through NCCL). `force`: every call the core can take: every collective at any size",
     ),
     row(
         "NCCLSHIM_MAX_BYTES",
         "by ranks, measured",
-        "the largest call of each collective the core takes, as `COLLECTIVE:SIZE` entries separated by commas (`all_gather:128K,reduce:0`), in bytes as nccl-tests counts them (all ranks' chunks together; a broadcast's, reduce's or all-reduce's one buffer). `all_reduce`: two-shot above the one-shot limit, by default 256 MiB for ranks of one process on 2 GPUs, 32 MiB for separate processes on 2 and for one process on 3–4, 16 MiB otherwise. `all_gather`, `reduce_scatter`, `broadcast`, `reduce`, `all_to_all`, `gather`, `scatter`: by default the sizes measured faster than NCCL for the ranks' GPUs and number of ranks (the small calls up to a size, and spans of larger ones where the core wins again; those every rank's GPU has; none where not measured; `ncclshim doctor` shows them); a setting takes every call up to its size and no span above, at most as far as the core's staging holds them (32 MiB of all ranks' chunks; 32 MiB for a broadcast and a scatter's one chunk); `0`: none, NCCL takes them. A collective not named keeps its default",
+        "the largest call of each collective the core takes, as `COLLECTIVE:SIZE` entries separated by commas (`all_gather:128K,reduce:0`), in bytes as nccl-tests counts them (all ranks' chunks together; a broadcast's, reduce's or all-reduce's one buffer). `all_reduce`: two-shot above the one-shot limit, by default 256 MiB for ranks of one process on 2 GPUs, 32 MiB for separate processes on 2 and for one process on 3–4, 16 MiB otherwise. `all_gather`, `reduce_scatter`, `broadcast`, `reduce`, `all_to_all`, `gather`, `scatter`: by default the sizes measured faster than NCCL for the ranks' GPUs and number of ranks (the small calls up to a size, and spans of larger ones where the core wins again; those every rank's GPU has; none where not measured; `ncclshim doctor` shows them); a setting takes every call up to its size and no span above (past 32 MiB of all ranks' chunks, or of a broadcast's or scatter's one chunk, the core goes through its staging in windows where the peers cannot reach the buffers); `0`: none, NCCL takes them. A collective not named keeps its default",
     ),
     row(
         "NCCLSHIM_TIMEOUT",

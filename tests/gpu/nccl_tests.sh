@@ -12,8 +12,8 @@
 # NCCL_TESTS_GATE_SETS (only these of the gate's sets, e.g. "plain -r2 -g -r2g -m2 -m4 -m8 -m4g
 # -m8g"); for the tune group NCCL_TESTS_TUNES (the settings to weigh), NCCL_TESTS_TUNE_SETS,
 # NCCL_TESTS_TUNE_MODES ("mpi group"), NCCL_TESTS_TUNE_ROUNDS and NCCL_TESTS_TUNE_MAX (below).
-# Groups: basic (every binary), reg1, reg2, graph, types, core, coregraph, coretypes, batch,
-# batchgraph, large, gate (all_reduce's speed per size, shim and NCCL alone taking turns), tune
+# Groups: basic (every binary), reg1, reg2, graph, types, core, coregraph, corelarge,
+# corewindows, coretypes, batch, batchgraph, large, gate (all_reduce's speed per size, shim and NCCL alone taking turns), tune
 # (the shim under other settings beside it) and limits.
 # Writes OUTDIR/nccl-tests/ (one log per run), OUTDIR/nccl-tests-ratios.md (shim / real per
 # size), OUTDIR/nccl-tests-gate.md (the gate's best times) and one line per group of runs on
@@ -165,16 +165,24 @@ for mode in mpi group; do
   matrix types 2.28.9 "$mode" all_reduce -b 1K -e 1M -f 32 -w 2 -n 5 -c 1 -d all -o all
   matrix types 2.28.9 "$mode" reduce_scatter -b 1K -e 1M -f 32 -w 2 -n 5 -c 1 -d all -o all
 done
-# Every collective on the core (each up to its staged limit, 32 MiB), eager and in CUDA graphs:
-# results checked, and the core must have served them (its summary at exit names the kernel).
-core_settings=(NCCLSHIM_MAX_BYTES=all_gather:32M,reduce_scatter:32M,broadcast:32M,reduce:32M,all_to_all:32M,gather:32M,scatter:32M)
+# Every collective on the core (each up to 256 MiB), eager and in CUDA graphs: results checked,
+# and the core must have served them (its summary at exit names the kernel). Past what the
+# staging holds at once (32 MiB of slots), direct and, with the peers' buffers unmapped
+# (zero_copy:0, ranks of several processes), staged in windows, the last one short.
+core_settings=(NCCLSHIM_MAX_BYTES=all_gather:256M,reduce_scatter:256M,broadcast:256M,reduce:256M,all_to_all:256M,gather:256M,scatter:256M)
 shim_env=("${core_settings[@]}")
 for mode in mpi group; do
   for binary in all_gather reduce_scatter broadcast reduce alltoall gather scatter; do
     matrix core 2.28.9 "$mode" "$binary" "${sizes[@]}"
     matrix coregraph 2.28.9 "$mode" "$binary" "${sizes[@]}" -G 1
+    matrix corelarge 2.28.9 "$mode" "$binary" -b 48M -e 192M -f 2 -w 1 -n 2 -c 1
   done
 done
+shim_env=("${core_settings[@]}" NCCLSHIM_TUNE=zero_copy:0)
+for binary in all_gather reduce_scatter broadcast reduce alltoall gather scatter; do
+  matrix corewindows 2.28.9 mpi "$binary" -b 48M -e 192M -f 2 -w 1 -n 2 -c 1
+done
+shim_env=("${core_settings[@]}")
 matrix coretypes 2.28.9 mpi reduce -b 1K -e 1M -f 32 -w 2 -n 5 -c 1 -d all -o all
 matrix coretypes 2.28.9 mpi reduce_scatter -b 1K -e 1M -f 32 -w 2 -n 5 -c 1 -d all -o all
 shim_env=()
@@ -197,7 +205,7 @@ core_kernel() {
     *) echo "$1" ;;
   esac
 }
-for group in basic reg1 reg2 graph types core coregraph coretypes batch batchgraph large; do
+for group in basic reg1 reg2 graph types core coregraph corelarge corewindows coretypes batch batchgraph large; do
   status=0 problems="" count=0
   for name in "${pairs[@]}"; do
     [[ $name == $group-* ]] || continue
@@ -241,13 +249,13 @@ run_checked() {
   runs=$((runs + 1))
 }
 # Rounds of one set: NAME MODE BINARY ROUNDS STEP ARGS...; the shim and NCCL alone take turns,
-# each run sweeping 8 B to 32 MiB twice (-N 2), by a factor of STEP.
+# each run sweeping 8 B to TURNS_MAX (default 32M) twice (-N 2), by a factor of STEP.
 take_turns() {
   local name=$1 mode=$2 binary=$3 rounds=$4 step=$5 round lib
   shift 5
   for round in $(seq "$rounds"); do
     for lib in shim real; do
-      run_checked "$name-$lib-r$round" "$lib" "$mode" "$binary" -b 8 -e 32M -f "$step" -w 5 -n 20 -c 1 -N 2 "$@"
+      run_checked "$name-$lib-r$round" "$lib" "$mode" "$binary" -b 8 -e "${TURNS_MAX:-32M}" -f "$step" -w 5 -n 20 -c 1 -N 2 "$@"
     done
   done
 }
@@ -310,10 +318,11 @@ if [[ " ${NCCL_TESTS_GROUPS:-} " == *" tune "* ]] && [ -x "$dir/src-2.28.9/build
 fi
 
 # --- Limits: where each collective but all-reduce beats NCCL on these GPUs ---
-# Every such collective on the core up to the staged limit (32 MiB), against NCCL alone, with
-# plain buffers, symmetric windows (-R 2) and in CUDA graphs, one process per GPU and one for
-# all; each run sweeps the sizes twice (-N 2), NCCL_TESTS_LIMITS_ROUNDS rounds (default 1). Sizes
-# double, so that where the kernels change (the packets' last size, the next) both are measured.
+# Every such collective on the core up to NCCL_TESTS_LIMITS_MAX (default 256M), against NCCL
+# alone, with plain buffers, symmetric windows (-R 2) and in CUDA graphs, one process per GPU and
+# one for all; each run sweeps the sizes twice (-N 2), NCCL_TESTS_LIMITS_ROUNDS rounds (default
+# 1). Sizes double, so that where the kernels change (the packets' last size, the next) both are
+# measured.
 # nccl_tests_report.py --limits turns the best times into the row of this GPU for the shim's
 # table of measured limits (shim/src/core/measured_limits.tsv): nccl-tests-limits.md.
 # With NCCL_TESTS_BINARIES, only those of them: the row then has "-" for the others, whose
@@ -329,7 +338,7 @@ if wanted limits && [ -x "$dir/src-2.28.9/build/all_gather_perf" ]; then
         IFS=: read -r suffix args <<<"$set"
         name=limits-2.28.9-$mode-$binary$suffix
         limit_names+=("$name")
-        take_turns "$name" "$mode" "$binary" "${NCCL_TESTS_LIMITS_ROUNDS:-1}" 2 $args
+        TURNS_MAX=${NCCL_TESTS_LIMITS_MAX:-256M} take_turns "$name" "$mode" "$binary" "${NCCL_TESTS_LIMITS_ROUNDS:-1}" 2 $args
       done
     done
   done

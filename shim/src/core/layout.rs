@@ -14,9 +14,10 @@ pub const STAGING_HALF_BYTES: usize = 16 << 20;
 /// Largest one-shot: its slot per sender, in an area (more than `2 * STAGING_HALF_BYTES`)
 /// shared by MAX_RANKS senders (see device/all_reduce.cu).
 pub const ONE_SHOT_LIMIT_BYTES: usize = 2 * STAGING_HALF_BYTES / MAX_RANKS;
-/// The most bytes of slots the staged path of a collective other than all-reduce puts in one
-/// staging area: one slot (each rounded up to 16 bytes) per sender, or one in all for a broadcast
-/// and a scatter.
+/// The most bytes of slots one window of the staged path of a collective other than all-reduce
+/// puts in a staging area: one slot per sender, or one in all for a broadcast and a scatter, each
+/// a share of this in whole packs (`staged_window` in device/device.cuh, from `window`); larger
+/// chunks go in several windows.
 pub const GATHER_SCATTER_LIMIT_BYTES: usize = 2 * STAGING_HALF_BYTES;
 /// The low-latency inboxes: 2 parities x MAX_RANKS senders x packets of twice the payload.
 pub const INBOX_BYTES: usize = 2 * MAX_RANKS * 2 * LL_MAX_BYTES;
@@ -111,6 +112,11 @@ mod tests {
             "two-shot's slots end before its results"
         );
         assert!(s.results + s.window <= s.area);
+        assert_eq!(
+            GATHER_SCATTER_LIMIT_BYTES as u64,
+            2 * s.window,
+            "staged_window's"
+        );
         assert!(GATHER_SCATTER_LIMIT_BYTES as u64 <= s.area);
         assert_eq!(s.ll_inbox, 2 * s.area);
         assert_eq!(s.sentinel_inbox - s.ll_inbox, INBOX_BYTES as u64);

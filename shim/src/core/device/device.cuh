@@ -772,14 +772,21 @@ __device__ void copy_out(T* out, const T* src, u64 count, u64 begin, u64 end) {
 // One-shot uses MAX_RANKS slots of `one_shot_slot` in an area, one per sender; two-shot uses
 // nranks slots of one chunk and 16 bytes (at most window + 32 * nranks in all), then a result
 // area of `window` bytes at `results`; the other families' staged paths, one slot per sender (or
-// one in all) of one chunk rounded up to 16 bytes (chunk_slot; the host plans them only where
-// their slots fit in an area). The low-latency inboxes are 2 parities x MAX_RANKS senders x
-// packets of twice LL_MAX_BYTES, shared out among fewer senders in larger slots where there are
-// fewer ranks (ll_capacity); the sentinel inboxes 2 parities x MAX_RANKS senders x
-// SENTINEL_MAX_BYTES. A rank writes into an area (or inbox) of a peer in call E+2 only once it
-// has passed a barrier of (or received packets of) call E+1 with that peer, whose kernel of call
-// E+1 is then running, so its kernel of call E, which read the same area, is done.
+// one in all) of one chunk rounded up to 16 bytes (chunk_slot), or of one window of it where the
+// slots would not fit twice `window` bytes (staged_window). The low-latency inboxes are 2
+// parities x MAX_RANKS senders x packets of twice LL_MAX_BYTES, shared out among fewer senders in
+// larger slots where there are fewer ranks (ll_capacity); the sentinel inboxes 2 parities x
+// MAX_RANKS senders x SENTINEL_MAX_BYTES. A rank writes into an area (or inbox) of a peer in call
+// E+2 only once it has passed a barrier of (or received packets of) call E+1 with that peer,
+// whose kernel of call E+1 is then running, so its kernel of call E, which read the same area, is
+// done.
 __device__ __forceinline__ u64 area_offset(const Staging& staging, u32 epoch) { return (epoch & 1) * staging.area; }
+// The most bytes of a chunk one slot of the other families' staged paths holds, where `senders`
+// slots share an area (twice two-shot's window: GATHER_SCATTER_LIMIT_BYTES in layout.rs): whole
+// packs. Larger chunks go in windows of this size, each with an epoch of its own.
+__device__ __forceinline__ u64 staged_window(const Staging& staging, int senders) {
+  return 2 * staging.window / senders / 16 * 16;
+}
 // The most bytes one sender's packets carry to one receiver in a call on NR ranks (NR: 2, 4 or
 // 8, the fewest that hold the communicator's): the inboxes, laid out for MAX_RANKS senders of
 // LL_MAX_BYTES, in NR slots per parity (`ll_capacity` in layout.rs).

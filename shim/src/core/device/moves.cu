@@ -7,8 +7,8 @@
 // the end, so that no rank goes on (and reuses its buffers) while a peer still writes them.
 // Staged, a sender pushes each chunk into a slot of its receiver's staging (its own slot, or the
 // one slot where only the root sends; its own chunk too, since its output may not be
-// 16-aligned), they meet, and every receiver copies its slots out. The host plans the staged
-// path only where the slots fit in an area.
+// 16-aligned), they meet, and every receiver copies its slots out; chunks larger than a slot go
+// in windows (`staged_window`), as two-shot's.
 //
 // Pack j of every chunk is handled by the same thread in every phase on every rank (push_range
 // and copy_out partition alike), so per-block barriers are enough, and a thread reads its packs
@@ -24,12 +24,12 @@ __device__ __forceinline__ bool in_place(int rank, const T* in, const T* out, u6
   return in + own.from * count == out + own.to * count;
 }
 
-template <int KIND, typename T>
-__device__ void move(const Peers& peers, int rank, int nranks, const T* in, T* out, u64 count, const Staging& staging,
-                     const volatile int* abort, const Views& views, int root) {
-  const Start start = start_call(peers, rank, nranks, views, abort);
-  const u64 area = area_offset(staging, start.epoch), slot = chunk_slot(count, sizeof(T));
-  const u64 my_slot = root_sends<KIND>() ? 0 : rank;
+// Pushes elements [begin, end) of every chunk this rank carries: receiver d's goes to `to(d, r)`
+// (r: the pair's route), which takes element `begin` at its start. A chunk every receiver gets
+// alike is read once for all of them.
+template <int KIND, typename T, typename To>
+__device__ __forceinline__ void push_chunks(int rank, int nranks, const T* in, const T* out, u64 count, int root,
+                                            u64 begin, u64 end, To to) {
   char* dst[MAX_RANKS];
   int ndst = 0;
   // Starting with the next rank: the ranks' first stores go to different GPUs.
@@ -37,26 +37,56 @@ __device__ void move(const Peers& peers, int rank, int nranks, const T* in, T* o
     int d = (rank + i) % nranks;
     Route r = route<KIND>(rank, d, root);
     if (!r.carries || (d == rank && in_place<KIND>(rank, in, out, count, root))) continue;
-    char* to = start.direct ? (char*)start.outs[d] + r.to * count * sizeof(T)
-                            : peers.staging[d] + area + my_slot * slot;
+    char* at = to(d, r);
     if (same_chunk_to_all<KIND>()) {
-      dst[ndst++] = to;
+      dst[ndst++] = at;
     } else {
-      push_range(in + r.from * count, count, 0, count, &to, 1);
+      push_range(in + r.from * count, count, begin, end, &at, 1);
     }
   }
-  if (ndst > 0) push_range(in, count, 0, count, dst, ndst);
-  barrier(peers, rank, nranks, BARRIER_START, start.epoch, abort);
-  if (!start.direct) {
+  if (ndst > 0) push_range(in, count, begin, end, dst, ndst);
+}
+
+// The staged path, window by window, each with an epoch of its own from `epoch` on (the staging
+// areas alternate as between calls) and all blocks meeting between windows, as two-shot's
+// windows do. Returns the last epoch used.
+template <int KIND, typename T>
+__device__ __forceinline__ u32 move_staged(const Peers& peers, int rank, int nranks, const T* in, T* out, u64 count,
+                                           const Staging& staging, const volatile int* abort, int root, u32 epoch) {
+  const u64 window = staged_window(staging, root_sends<KIND>() ? 1 : nranks) / sizeof(T);
+  const u64 my_slot = root_sends<KIND>() ? 0 : rank;
+  u32 w = 0;
+  for (u64 begin = 0; w == 0 || begin < count; begin += window, w++) {
+    if (w > 0) grid_barrier(peers, rank, w - 1, abort);
+    const u64 end = count - begin < window ? count : begin + window;
+    const u64 area = area_offset(staging, epoch + w), slot = chunk_slot(end - begin, sizeof(T));
+    push_chunks<KIND>(rank, nranks, in, out, count, root, begin, end,
+                      [&](int d, Route) { return peers.staging[d] + area + my_slot * slot; });
+    barrier(peers, rank, nranks, BARRIER_START, epoch + w, abort);
     for (int i = 1; i <= nranks; i++) {
       int s = (rank + i) % nranks;
       Route r = route<KIND>(s, rank, root);
       if (!r.carries || (s == rank && in_place<KIND>(rank, in, out, count, root))) continue;
       const u64 their_slot = root_sends<KIND>() ? 0 : s;
-      copy_out(out + r.to * count, (const T*)(peers.staging[rank] + area + their_slot * slot), count, 0, count);
+      copy_out(out + r.to * count, (const T*)(peers.staging[rank] + area + their_slot * slot), count, begin, end);
     }
   }
-  end_call(peers, rank, start.epoch);
+  return epoch + w - 1;
+}
+
+template <int KIND, typename T>
+__device__ void move(const Peers& peers, int rank, int nranks, const T* in, T* out, u64 count, const Staging& staging,
+                     const volatile int* abort, const Views& views, int root) {
+  const Start start = start_call(peers, rank, nranks, views, abort);
+  u32 last = start.epoch;
+  if (start.direct) {
+    push_chunks<KIND>(rank, nranks, in, out, count, root, 0, count,
+                      [&](int d, Route r) { return (char*)start.outs[d] + r.to * count * sizeof(T); });
+    barrier(peers, rank, nranks, BARRIER_START, start.epoch, abort);
+  } else {
+    last = move_staged<KIND, T>(peers, rank, nranks, in, out, count, staging, abort, root, start.epoch);
+  }
+  end_call(peers, rank, last);
 }
 
 // A collective's kernel (the host's algorithm) of this shape, for each one entry.cu lists.
