@@ -6,7 +6,8 @@
 //! whose operations return at once (tests/c/fake_operations_nccl.c): once without and once with
 //! the trace (`NCCLSHIM_TRACE`), each in a process of its own; and a group of a send and a
 //! receive (`ncclGroupStart`, `ncclSend`, `ncclRecv`, `ncclGroupEnd`), as PyTorch issues its
-//! point-to-point calls.
+//! point-to-point calls; and, untraced, a group of eight all-gathers of no element, as
+//! nccl-tests times zero bytes with `-m 8`.
 //!   make microbench
 
 use std::ffi::{c_char, c_int, c_void};
@@ -160,6 +161,33 @@ fn operations(fake_path: &std::path::Path) {
         "group: send, recv",
         send_and_receive(&fake),
         send_and_receive(&shim),
+    );
+    // Not traced: eight calls a round would write eight times the trace (the full run's is
+    // about 3 GB already).
+    if std::env::var_os("NCCLSHIM_TRACE").is_some() {
+        return;
+    }
+    let empty_gathers = |library: &Library| {
+        // SAFETY: both libraries export these with NCCL's signatures.
+        let (start, gather, end) = unsafe {
+            (
+                *library.get::<Group>("ncclGroupStart").unwrap(),
+                *library.get::<AllGather>("ncclAllGather").unwrap(),
+                *library.get::<Group>("ncclGroupEnd").unwrap(),
+            )
+        };
+        move |_: u32| unsafe {
+            start();
+            for _ in 0..8 {
+                gather(buffer, buffer, 0, 7, comm, buffer);
+            }
+            black_box(end());
+        }
+    };
+    compare(
+        "group: 8 all-gathers of 0",
+        empty_gathers(&fake),
+        empty_gathers(&shim),
     );
 }
 
