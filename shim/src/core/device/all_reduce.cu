@@ -59,21 +59,13 @@ __device__ void two_shot_staged(const Peers& peers, int rank, int nranks, const 
 }
 
 // Messages larger than the staging go through it in windows of `staging.window` bytes, each run
-// as if it were a call of its own, with an epoch of its own (so the staging areas alternate as
-// between calls), and all blocks meet between windows (as kernels do between calls: the proof
-// of the staging layout above needs it, since a window's blocks may handle other elements than
-// the previous one's). Returns the last epoch used.
+// as if it were a call of its own (for_each_window). Returns the last epoch used.
 template <typename T, int OP>
 __device__ u32 two_shot_windows(const Peers& peers, int rank, int nranks, const T* in, T* out, u64 count,
                                 const Staging& staging, const volatile int* abort, u32 epoch) {
-  const u64 window = staging.window / sizeof(T);
-  u32 w = 0;
-  for (u64 done = 0; done < count; done += window, w++) {
-    if (w > 0) grid_barrier(peers, rank, w - 1, abort);
-    u64 n = count - done < window ? count - done : window;
-    two_shot_staged<T, OP>(peers, rank, nranks, in + done, out + done, n, staging, abort, epoch + w);
-  }
-  return epoch + w - 1;
+  return for_each_window(peers, rank, count, staging.window / sizeof(T), epoch, abort, [&](u64 begin, u64 end, u32 e) {
+    two_shot_staged<T, OP>(peers, rank, nranks, in + begin, out + begin, end - begin, staging, abort, e);
+  });
 }
 
 // The direct kernel's fallback (the staged two-shot), not inlined: inlined, it made the compiler
@@ -105,24 +97,21 @@ __device__ void two_shot(const Peers& peers, int rank, int nranks, const T* in, 
 template <typename T, int OP>
 __device__ void direct(const Peers& peers, int rank, int nranks, const T* in, T* out, u64 count, const Staging& staging,
                        const volatile int* abort, const Views& views, int) {
-  const Start start = start_call(peers, rank, nranks, views, abort);
-  u32 last = start.epoch;
-  if (start.direct) {
-    u64 begin, end;
-    chunk_bounds<T>(rank, nranks, count, &begin, &end);
-    const char* src[MAX_RANKS];
-    char* copies[MAX_RANKS];
-    int ncopies = 0;
-    for (int r = 0; r < nranks; r++) {
-      src[r] = (const char*)start.ins[r] + begin * sizeof(T);
-      if (r != rank) copies[ncopies++] = (char*)start.outs[r] + begin * sizeof(T);
-    }
-    reduce_range<T, OP>(src, nranks, count, begin, end, out, copies, ncopies);
-    barrier(peers, rank, nranks, BARRIER_START, start.epoch, abort);
-  } else {
-    last = direct_fallback<T, OP>(peers, rank, nranks, in, out, count, staging, abort, start.epoch);
-  }
-  end_call(peers, rank, last);
+  direct_or_staged(
+      peers, rank, nranks, views, abort,
+      [&](const Start& start) {
+        u64 begin, end;
+        chunk_bounds<T>(rank, nranks, count, &begin, &end);
+        const char* src[MAX_RANKS];
+        char* copies[MAX_RANKS];
+        int ncopies = 0;
+        for (int r = 0; r < nranks; r++) {
+          src[r] = (const char*)start.ins[r] + begin * sizeof(T);
+          if (r != rank) copies[ncopies++] = (char*)start.outs[r] + begin * sizeof(T);
+        }
+        reduce_range<T, OP>(src, nranks, count, begin, end, out, copies, ncopies);
+      },
+      [&](u32 epoch) { return direct_fallback<T, OP>(peers, rank, nranks, in, out, count, staging, abort, epoch); });
 }
 
 // Low latency (small messages): no staging, no barrier. Each rank writes its input straight into

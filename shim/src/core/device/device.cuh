@@ -616,37 +616,50 @@ __device__ __forceinline__ Pack load_pack(const T* src, u64 j, bool aligned) {
   return p.pack;
 }
 
-// Pushes this thread's share of elements [begin, end) of `in` (`begin` a multiple of the pack)
-// into `dst[0..ndst)`, 16-aligned buffers that take element i at byte (i - begin) * sizeof(T).
 // Copy loops take UNROLL of a thread's packs at a time, all loads before any store: each load
 // waits a memory round trip, and one in flight per thread leaves HBM and NVLink idle.
 #define UNROLL 4
 
-template <typename T>
-__device__ void push_range(const T* in, u64 count, u64 begin, u64 end, char* const* dst, int ndst) {
+// Pushes this thread's share of elements [begin, end) (`begin` a multiple of the pack) of
+// `in[d]` into `dst[d]` for every d < ndst, or with SHARED of `in[0]` into every `dst[d]` (read
+// once for all); the `dst` are 16-aligned and take element i at byte (i - begin) * sizeof(T).
+// All destinations go in one pass, so that a copy within the GPU and a push over NVLink run side
+// by side, not one after the other. Every destination's pack j is this thread's, as in copy_out.
+template <bool SHARED, typename T>
+__device__ void push_packs(const T* const* in, u64 count, u64 begin, u64 end, char* const* dst, int ndst) {
   const int N = PackOf<T>::N;
-  bool aligned = aligned16(in);
   u64 whole_end = (end < count / N * N ? end : count / N * N) / N;
   const u64 G = grid_threads();
   u64 j = first_pack(begin / N);
   for (; j + (UNROLL - 1) * G < whole_end; j += UNROLL * G) {
-    Pack p[UNROLL];
+    for (int s = 0; s < (SHARED ? 1 : ndst); s++) {
+      const bool aligned = aligned16(in[s]);
+      Pack p[UNROLL];
 #pragma unroll
-    for (int u = 0; u < UNROLL; u++) p[u] = load_pack(in, j + u * G, aligned);
-    for (int d = 0; d < ndst; d++) {
+      for (int u = 0; u < UNROLL; u++) p[u] = load_pack(in[s], j + u * G, aligned);
+      for (int d = SHARED ? 0 : s; d < (SHARED ? ndst : s + 1); d++) {
 #pragma unroll
-      for (int u = 0; u < UNROLL; u++) *(Pack*)(dst[d] + ((j + u * G) * N - begin) * sizeof(T)) = p[u];
+        for (int u = 0; u < UNROLL; u++) *(Pack*)(dst[d] + ((j + u * G) * N - begin) * sizeof(T)) = p[u];
+      }
     }
   }
   for (; j < whole_end; j += G) {
-    Pack p = load_pack(in, j, aligned);
-    for (int d = 0; d < ndst; d++) *(Pack*)(dst[d] + (j * N - begin) * sizeof(T)) = p;
+    for (int s = 0; s < (SHARED ? 1 : ndst); s++) {
+      Pack p = load_pack(in[s], j, aligned16(in[s]));
+      for (int d = SHARED ? 0 : s; d < (SHARED ? ndst : s + 1); d++)
+        *(Pack*)(dst[d] + (j * N - begin) * sizeof(T)) = p;
+    }
   }
   u64 e;
   if (my_tail_element<T>(count, begin, end, &e)) {
-    T v = in[e];
-    for (int d = 0; d < ndst; d++) *(T*)(dst[d] + (e - begin) * sizeof(T)) = v;
+    for (int d = 0; d < ndst; d++) *(T*)(dst[d] + (e - begin) * sizeof(T)) = in[SHARED ? 0 : d][e];
   }
+}
+
+// push_packs of one source into every destination.
+template <typename T>
+__device__ __forceinline__ void push_range(const T* in, u64 count, u64 begin, u64 end, char* const* dst, int ndst) {
+  push_packs<true>(&in, count, begin, end, dst, ndst);
 }
 
 // Reduces packs j, j + G, ... (U of them) of `src[0..nranks)` into `out` and `copies[0..ncopies)`,
@@ -976,6 +989,38 @@ __device__ __forceinline__ Start start_call(const Peers& peers, int rank, int nr
   publish(peers, rank, nranks, views, epoch);
   bool direct = gather_published(peers, rank, nranks, epoch, abort, ins, outs);
   return Start{epoch, direct, ins, outs};
+}
+
+// The whole of a call whose kernel may go direct: `direct(start)` where every rank's buffers are
+// usable, then one meeting, so that no rank goes on (and reuses its buffers) while a peer still
+// reads or writes them; else `staged(epoch)`, which returns the last epoch it used.
+template <typename Direct, typename Staged>
+__device__ __forceinline__ void direct_or_staged(const Peers& peers, int rank, int nranks, const Views& views,
+                                                 const volatile int* abort, Direct direct, Staged staged) {
+  const Start start = start_call(peers, rank, nranks, views, abort);
+  u32 last = start.epoch;
+  if (start.direct) {
+    direct(start);
+    barrier(peers, rank, nranks, BARRIER_START, start.epoch, abort);
+  } else {
+    last = staged(start.epoch);
+  }
+  end_call(peers, rank, last);
+}
+
+// Runs `body(begin, end, epoch)` for elements [0, count) in windows of `window` elements (once,
+// empty, where count is 0): window w with epoch `epoch + w` (the staging areas alternate as
+// between calls) and every block of the grid done with a window before any starts the next,
+// since a block's elements differ from one window to the next. Returns the last epoch used.
+template <typename Body>
+__device__ __forceinline__ u32 for_each_window(const Peers& peers, int rank, u64 count, u64 window, u32 epoch,
+                                               const volatile int* abort, Body body) {
+  u32 w = 0;
+  for (u64 begin = 0; w == 0 || begin < count; begin += window, w++) {
+    if (w > 0) grid_barrier(peers, rank, w - 1, abort);
+    body(begin, count - begin < window ? count : begin + window, epoch + w);
+  }
+  return epoch + w - 1;
 }
 
 // ---- routes -------------------------------------------------------------------------------------

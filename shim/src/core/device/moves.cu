@@ -24,12 +24,13 @@ __device__ __forceinline__ bool in_place(int rank, const T* in, const T* out, u6
   return in + own.from * count == out + own.to * count;
 }
 
-// Pushes elements [begin, end) of every chunk this rank carries: receiver d's goes to `to(d, r)`
-// (r: the pair's route), which takes element `begin` at its start. A chunk every receiver gets
-// alike is read once for all of them.
+// Pushes elements [begin, end) of every chunk this rank carries, all in one pass: receiver d's
+// goes to `to(d, r)` (r: the pair's route), which takes element `begin` at its start. A chunk
+// every receiver gets alike is read once for all of them.
 template <int KIND, typename T, typename To>
 __device__ __forceinline__ void push_chunks(int rank, int nranks, const T* in, const T* out, u64 count, int root,
                                             u64 begin, u64 end, To to) {
+  const T* src[MAX_RANKS];
   char* dst[MAX_RANKS];
   int ndst = 0;
   // Starting with the next rank: the ranks' first stores go to different GPUs.
@@ -37,32 +38,23 @@ __device__ __forceinline__ void push_chunks(int rank, int nranks, const T* in, c
     int d = (rank + i) % nranks;
     Route r = route<KIND>(rank, d, root);
     if (!r.carries || (d == rank && in_place<KIND>(rank, in, out, count, root))) continue;
-    char* at = to(d, r);
-    if (same_chunk_to_all<KIND>()) {
-      dst[ndst++] = at;
-    } else {
-      push_range(in + r.from * count, count, begin, end, &at, 1);
-    }
+    src[ndst] = in + r.from * count;
+    dst[ndst++] = to(d, r);
   }
-  if (ndst > 0) push_range(in, count, begin, end, dst, ndst);
+  if (ndst > 0) push_packs<same_chunk_to_all<KIND>()>(src, count, begin, end, dst, ndst);
 }
 
-// The staged path, window by window, each with an epoch of its own from `epoch` on (the staging
-// areas alternate as between calls) and all blocks meeting between windows, as two-shot's
-// windows do. Returns the last epoch used.
+// The staged path, window by window (for_each_window). Returns the last epoch used.
 template <int KIND, typename T>
 __device__ __forceinline__ u32 move_staged(const Peers& peers, int rank, int nranks, const T* in, T* out, u64 count,
                                            const Staging& staging, const volatile int* abort, int root, u32 epoch) {
   const u64 window = staged_window(staging, root_sends<KIND>() ? 1 : nranks) / sizeof(T);
   const u64 my_slot = root_sends<KIND>() ? 0 : rank;
-  u32 w = 0;
-  for (u64 begin = 0; w == 0 || begin < count; begin += window, w++) {
-    if (w > 0) grid_barrier(peers, rank, w - 1, abort);
-    const u64 end = count - begin < window ? count : begin + window;
-    const u64 area = area_offset(staging, epoch + w), slot = chunk_slot(end - begin, sizeof(T));
+  return for_each_window(peers, rank, count, window, epoch, abort, [&](u64 begin, u64 end, u32 e) {
+    const u64 area = area_offset(staging, e), slot = chunk_slot(end - begin, sizeof(T));
     push_chunks<KIND>(rank, nranks, in, out, count, root, begin, end,
                       [&](int d, Route) { return peers.staging[d] + area + my_slot * slot; });
-    barrier(peers, rank, nranks, BARRIER_START, epoch + w, abort);
+    barrier(peers, rank, nranks, BARRIER_START, e, abort);
     for (int i = 1; i <= nranks; i++) {
       int s = (rank + i) % nranks;
       Route r = route<KIND>(s, rank, root);
@@ -70,23 +62,19 @@ __device__ __forceinline__ u32 move_staged(const Peers& peers, int rank, int nra
       const u64 their_slot = root_sends<KIND>() ? 0 : s;
       copy_out(out + r.to * count, (const T*)(peers.staging[rank] + area + their_slot * slot), count, begin, end);
     }
-  }
-  return epoch + w - 1;
+  });
 }
 
 template <int KIND, typename T>
 __device__ void move(const Peers& peers, int rank, int nranks, const T* in, T* out, u64 count, const Staging& staging,
                      const volatile int* abort, const Views& views, int root) {
-  const Start start = start_call(peers, rank, nranks, views, abort);
-  u32 last = start.epoch;
-  if (start.direct) {
-    push_chunks<KIND>(rank, nranks, in, out, count, root, 0, count,
-                      [&](int d, Route r) { return (char*)start.outs[d] + r.to * count * sizeof(T); });
-    barrier(peers, rank, nranks, BARRIER_START, start.epoch, abort);
-  } else {
-    last = move_staged<KIND, T>(peers, rank, nranks, in, out, count, staging, abort, root, start.epoch);
-  }
-  end_call(peers, rank, last);
+  direct_or_staged(
+      peers, rank, nranks, views, abort,
+      [&](const Start& start) {
+        push_chunks<KIND>(rank, nranks, in, out, count, root, 0, count,
+                          [&](int d, Route r) { return (char*)start.outs[d] + r.to * count * sizeof(T); });
+      },
+      [&](u32 epoch) { return move_staged<KIND, T>(peers, rank, nranks, in, out, count, staging, abort, root, epoch); });
 }
 
 // A collective's kernel (the host's algorithm) of this shape, for each one entry.cu lists.

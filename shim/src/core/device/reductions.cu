@@ -6,37 +6,32 @@
 // usable, `Views`), staged otherwise. Element i is handled by the same thread in every phase on
 // every rank, so per-block barriers are enough, as in two-shot.
 
-// The staged path of both, window by window (staged_window), each with an epoch of its own from
-// `epoch` on and all blocks meeting between windows, as two-shot's windows do: reduce-scatter's
-// (root < 0) pushes each rank's chunk of this rank's input into that rank's staging; reduce's
-// pushes the input into the root's. Returns the last epoch used.
+// The staged path of both, window by window (for_each_window): reduce-scatter's (root < 0)
+// pushes each rank's chunk of this rank's input into that rank's staging, all in one pass;
+// reduce's pushes the input into the root's. Returns the last epoch used.
 template <typename T, int OP>
 __device__ __forceinline__ u32 reduce_staged(const Peers& peers, int rank, int nranks, const T* in, T* out, u64 count,
                                              const Staging& staging, const volatile int* abort, int root, u32 epoch) {
   const u64 window = staged_window(staging, nranks) / sizeof(T);
-  const char* src[MAX_RANKS];
-  u32 w = 0;
-  for (u64 begin = 0; w == 0 || begin < count; begin += window, w++) {
-    if (w > 0) grid_barrier(peers, rank, w - 1, abort);
-    const u64 end = count - begin < window ? count : begin + window;
-    const u64 area = area_offset(staging, epoch + w), slot = chunk_slot(end - begin, sizeof(T));
-    if (root < 0) {
-      for (int i = 1; i <= nranks; i++) {
-        int p = (rank + i) % nranks;
-        char* dst = peers.staging[p] + area + rank * slot;
-        push_range(in + p * count, count, begin, end, &dst, 1);
-      }
-    } else {
-      char* dst = peers.staging[root] + area + rank * slot;
-      push_range(in, count, begin, end, &dst, 1);
+  return for_each_window(peers, rank, count, window, epoch, abort, [&](u64 begin, u64 end, u32 e) {
+    const u64 area = area_offset(staging, e), slot = chunk_slot(end - begin, sizeof(T));
+    const T* from[MAX_RANKS];
+    char* dst[MAX_RANKS];
+    const int ndst = root < 0 ? nranks : 1;
+    for (int i = 0; i < ndst; i++) {
+      // Reduce-scatter starts with the next rank: the ranks' first stores go to different GPUs.
+      int p = root < 0 ? (rank + 1 + i) % nranks : root;
+      from[i] = root < 0 ? in + p * count : in;
+      dst[i] = peers.staging[p] + area + rank * slot;
     }
-    barrier(peers, rank, nranks, BARRIER_START, epoch + w, abort);
+    push_packs<false>(from, count, begin, end, dst, ndst);
+    barrier(peers, rank, nranks, BARRIER_START, e, abort);
     if (root < 0 || rank == root) {
+      const char* src[MAX_RANKS];
       for (int r = 0; r < nranks; r++) src[r] = peers.staging[rank] + area + r * slot;
       reduce_range<T, OP>(src, nranks, count, begin, end, out, (char* const*)0, 0);
     }
-  }
-  return epoch + w - 1;
+  });
 }
 
 // Reduce-scatter: every rank's chunk of `count` elements, reduced in rank order from every
@@ -46,18 +41,15 @@ __device__ __forceinline__ u32 reduce_staged(const Peers& peers, int rank, int n
 template <typename T, int OP>
 __device__ void reduce_scatter(const Peers& peers, int rank, int nranks, const T* in, T* out, u64 count,
                                const Staging& staging, const volatile int* abort, const Views& views, int) {
-  const Start start = start_call(peers, rank, nranks, views, abort);
-  u32 last = start.epoch;
-  if (start.direct) {
-    const char* src[MAX_RANKS];
-    char* no_copies[1] = {0};
-    for (int p = 0; p < nranks; p++) src[p] = (const char*)start.ins[p] + rank * count * sizeof(T);
-    reduce_range<T, OP>(src, nranks, count, 0, count, out, no_copies, 0);
-    barrier(peers, rank, nranks, BARRIER_START, start.epoch, abort);
-  } else {
-    last = reduce_staged<T, OP>(peers, rank, nranks, in, out, count, staging, abort, -1, start.epoch);
-  }
-  end_call(peers, rank, last);
+  direct_or_staged(
+      peers, rank, nranks, views, abort,
+      [&](const Start& start) {
+        const char* src[MAX_RANKS];
+        char* no_copies[1] = {0};
+        for (int p = 0; p < nranks; p++) src[p] = (const char*)start.ins[p] + rank * count * sizeof(T);
+        reduce_range<T, OP>(src, nranks, count, 0, count, out, no_copies, 0);
+      },
+      [&](u32 epoch) { return reduce_staged<T, OP>(peers, rank, nranks, in, out, count, staging, abort, -1, epoch); });
 }
 
 // Reduce: every rank's input reduced, in rank order, into the root's output. Direct, each rank
@@ -68,17 +60,14 @@ __device__ void reduce_scatter(const Peers& peers, int rank, int nranks, const T
 template <typename T, int OP>
 __device__ void reduce(const Peers& peers, int rank, int nranks, const T* in, T* out, u64 count, const Staging& staging,
                        const volatile int* abort, const Views& views, int root) {
-  const Start start = start_call(peers, rank, nranks, views, abort);
-  u32 last = start.epoch;
-  if (start.direct) {
-    const char* src[MAX_RANKS];
-    u64 begin, end;
-    chunk_bounds<T>(rank, nranks, count, &begin, &end);
-    for (int r = 0; r < nranks; r++) src[r] = (const char*)start.ins[r] + begin * sizeof(T);
-    reduce_range<T, OP>(src, nranks, count, begin, end, (T*)start.outs[root], (char* const*)0, 0);
-    barrier(peers, rank, nranks, BARRIER_START, start.epoch, abort);
-  } else {
-    last = reduce_staged<T, OP>(peers, rank, nranks, in, out, count, staging, abort, root, start.epoch);
-  }
-  end_call(peers, rank, last);
+  direct_or_staged(
+      peers, rank, nranks, views, abort,
+      [&](const Start& start) {
+        const char* src[MAX_RANKS];
+        u64 begin, end;
+        chunk_bounds<T>(rank, nranks, count, &begin, &end);
+        for (int r = 0; r < nranks; r++) src[r] = (const char*)start.ins[r] + begin * sizeof(T);
+        reduce_range<T, OP>(src, nranks, count, begin, end, (T*)start.outs[root], (char* const*)0, 0);
+      },
+      [&](u32 epoch) { return reduce_staged<T, OP>(peers, rank, nranks, in, out, count, staging, abort, root, epoch); });
 }
