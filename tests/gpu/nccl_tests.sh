@@ -186,10 +186,13 @@ shim_env=("${core_settings[@]}")
 matrix coretypes 2.28.9 mpi reduce -b 1K -e 1M -f 32 -w 2 -n 5 -c 1 -d all -o all
 matrix coretypes 2.28.9 mpi reduce_scatter -b 1K -e 1M -f 32 -w 2 -n 5 -c 1 -d all -o all
 shim_env=()
-# Four all-reduces aggregated in one group (-m 4): the core issues them as one launch.
+# Four calls aggregated in one group (-m 4), every collective with the defaults: the core
+# issues a group's calls as one launch, its small ones of one collective as one call.
 for mode in mpi group; do
-  matrix batch 2.28.9 "$mode" all_reduce "${sizes[@]}" -m 4
-  matrix batchgraph 2.28.9 "$mode" all_reduce "${sizes[@]}" -m 4 -G 1
+  for binary in all_reduce all_gather reduce_scatter broadcast reduce alltoall gather scatter; do
+    matrix batch 2.28.9 "$mode" "$binary" "${sizes[@]}" -m 4
+    matrix batchgraph 2.28.9 "$mode" "$binary" "${sizes[@]}" -m 4 -G 1
+  done
 done
 
 # Large all-reduces with ncclMemAlloc buffers, one process driving every GPU: the direct
@@ -328,14 +331,24 @@ fi
 # With NCCL_TESTS_BINARIES, only those of them: the row then has "-" for the others, whose
 # values in the table stand. NCCL_TESTS_LIMITS_MODES: only these modes ("mpi group"), e.g. one
 # per call on a machine where both don't fit one; the report then reads both calls' logs.
-limit_sets=(":" "-r2:-R 2" "-g:-G 1")
+# One process per GPU, also with the peers' buffers unmapped (-zc: NCCLSHIM_TUNE=zero_copy:0),
+# as memory no peer can map makes them (PyTorch's expandable segments, pools of
+# cudaMallocAsync): the staged paths, which the limits must hold for too.
+limit_sets=(":" "-r2:-R 2" "-g:-G 1" "-zc:")
 if wanted limits && [ -x "$dir/src-2.28.9/build/all_gather_perf" ]; then
-  shim_env=("${core_settings[@]}") limit_names=() status=0 problems="" runs=0
+  limit_names=() status=0 problems="" runs=0
   for mode in ${NCCL_TESTS_LIMITS_MODES:-mpi group}; do
     for binary in all_gather reduce_scatter broadcast reduce alltoall gather scatter; do
       [ -z "${NCCL_TESTS_BINARIES:-}" ] || [[ " $NCCL_TESTS_BINARIES " == *" $binary "* ]] || continue
       for set in "${limit_sets[@]}"; do
         IFS=: read -r suffix args <<<"$set"
+        # NCCL_TESTS_LIMITS_SETS: only these sets, by suffix ("plain" for the first), e.g. "-zc".
+        [ -z "${NCCL_TESTS_LIMITS_SETS:-}" ] || [[ " $NCCL_TESTS_LIMITS_SETS " == *" ${suffix:-plain} "* ]] || continue
+        shim_env=("${core_settings[@]}")
+        if [ "$suffix" = -zc ]; then
+          [ "$mode" = mpi ] || continue
+          shim_env+=(NCCLSHIM_TUNE=zero_copy:0)
+        fi
         name=limits-2.28.9-$mode-$binary$suffix
         limit_names+=("$name")
         TURNS_MAX=${NCCL_TESTS_LIMITS_MAX:-256M} take_turns "$name" "$mode" "$binary" "${NCCL_TESTS_LIMITS_ROUNDS:-1}" 2 $args

@@ -283,13 +283,15 @@ def winning_spans(worst):
 def limits(gpu, nranks, directory, names):
     """Worst ratio per collective and size, against NCCL at its best on the same buffers: plain
     buffers against NCCL's plain, windows (-R 2) against the faster of NCCL's two, graphs (-G)
-    against NCCL's graphs."""
+    against NCCL's graphs, the peers' buffers unmapped (-zc: the staged paths) against NCCL's
+    plain."""
     print(f"# Where each collective's core beats NCCL: {gpu}, {nranks} ranks\n")
-    print(f"Worst shim / NCCL time over modes (one process per GPU, one for all), sets (plain, -R 2, -G 1) "
+    print(f"Worst shim / NCCL time over modes (one process per GPU, one for all), sets (plain, -R 2, -G 1, "
+          f"unmapped -zc) "
           f"and placements; a limit is the spans of sizes where every cell is at most {LIMIT_RATIO}.\n")
     row, problems = [], []
     for binary, column in LIMIT_COLUMNS:
-        ours = [n for n in names if re.search(rf"-{binary}(-r2|-g)?$", n)]
+        ours = [n for n in names if re.search(rf"-{binary}(-r2|-g|-zc)?$", n)]
         if not ours:
             # Not measured in this run (NCCL_TESTS_BINARIES): the table's value stands.
             row.append("-")

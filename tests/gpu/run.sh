@@ -280,7 +280,8 @@ zero_copy_suite() {
   verdict "zero-copy (1 GPU)" $status "first calls on new buffers $first ms; core all-reduce (eager, graph replays, timed trace): $right of $all right; $((SECONDS - t)) s; logs in zero-copy/"
 }
 
-# --- PyTorch's all-reduce timed (torch_bench.py; TORCH_BENCH_COLLECTIVES names others too):
+# --- PyTorch's all-reduce timed (torch_bench.py; TORCH_BENCH_COLLECTIVES names others too,
+# TORCH_BENCH_MIB other sizes):
 # bf16, one process per GPU under torchrun, eager and in a CUDA graph; runs without and with
 # the shim alternate, twice each, and
 # torch_bench_report.py puts the medians side by side and fails where the shim is above

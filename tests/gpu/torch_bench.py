@@ -6,8 +6,9 @@ OUT.json. torch_bench_report.py puts runs with and without ncclshim side by side
     python3 -m torch.distributed.run --standalone --nproc_per_node N torch_bench.py OUT.json
 
 TORCH_BENCH_COLLECTIVES: which ones, a space between them (default all_reduce): all_reduce,
-reduce_scatter (reduce_scatter_tensor), all_gather (all_gather_into_tensor), broadcast (from
-the last rank). A size is the bytes of the larger tensor, as nccl-tests counts them.
+reduce_scatter (reduce_scatter_tensor), all_gather (all_gather_into_tensor), all_gather_in_place
+(the same, each rank's input its part of the output, as FSDP's), broadcast (from the last rank). A size is the bytes of the larger tensor, as nccl-tests counts them.
+TORCH_BENCH_MIB: the sizes in MiB, a space between them (default 1 2 4 8 16 32 64).
 """
 import json
 import os
@@ -19,7 +20,7 @@ import torch.distributed as dist
 
 from torch_collectives import mapped_nccl
 
-SIZES = [1 << 20, 2 << 20, 4 << 20, 8 << 20, 16 << 20, 32 << 20, 64 << 20]
+SIZES = [int(mib) << 20 for mib in os.environ.get("TORCH_BENCH_MIB", "1 2 4 8 16 32 64").split()]
 CALLS = 20  # all-reduces per timed batch
 BATCHES = 9
 
@@ -86,6 +87,12 @@ def prepared(collective, size, rank, world):
     if collective == "all_gather":
         inp = torch.zeros(n // world, dtype=torch.bfloat16, device="cuda")
         out = torch.zeros(n, dtype=torch.bfloat16, device="cuda")
+        want = torch.cat([pattern(n // world, 7 * r) for r in range(world)])
+        return (lambda: dist.all_gather_into_tensor(out, inp)), (lambda: inp.copy_(pattern(n // world, 7 * rank))), want, out
+    if collective == "all_gather_in_place":
+        # As FSDP gathers its parameters: each rank's shard is its part of the output.
+        out = torch.zeros(n, dtype=torch.bfloat16, device="cuda")
+        inp = out[rank * (n // world):(rank + 1) * (n // world)]
         want = torch.cat([pattern(n // world, 7 * r) for r in range(world)])
         return (lambda: dist.all_gather_into_tensor(out, inp)), (lambda: inp.copy_(pattern(n // world, 7 * rank))), want, out
     if collective == "broadcast":
