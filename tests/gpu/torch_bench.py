@@ -7,7 +7,8 @@ OUT.json. torch_bench_report.py puts runs with and without ncclshim side by side
 
 TORCH_BENCH_COLLECTIVES: which ones, a space between them (default all_reduce): all_reduce,
 reduce_scatter (reduce_scatter_tensor), all_gather (all_gather_into_tensor), all_gather_in_place
-(the same, each rank's input its part of the output, as FSDP's), broadcast (from the last rank). A size is the bytes of the larger tensor, as nccl-tests counts them.
+(the same, each rank's input its part of the output, as FSDP's), broadcast (from the last
+rank). A size is the bytes of the larger tensor, as nccl-tests counts them.
 TORCH_BENCH_MIB: the sizes in MiB, a space between them (default 1 2 4 8 16 32 64).
 """
 import json
@@ -84,15 +85,11 @@ def prepared(collective, size, rank, world):
         mine = slice(rank * (n // world), (rank + 1) * (n // world))
         want = sum(pattern(n, r).float() for r in range(world))[mine].to(torch.bfloat16)
         return (lambda: dist.reduce_scatter_tensor(out, inp)), (lambda: inp.copy_(pattern(n, rank))), want, out
-    if collective == "all_gather":
-        inp = torch.zeros(n // world, dtype=torch.bfloat16, device="cuda")
+    if collective in ("all_gather", "all_gather_in_place"):
         out = torch.zeros(n, dtype=torch.bfloat16, device="cuda")
-        want = torch.cat([pattern(n // world, 7 * r) for r in range(world)])
-        return (lambda: dist.all_gather_into_tensor(out, inp)), (lambda: inp.copy_(pattern(n // world, 7 * rank))), want, out
-    if collective == "all_gather_in_place":
-        # As FSDP gathers its parameters: each rank's shard is its part of the output.
-        out = torch.zeros(n, dtype=torch.bfloat16, device="cuda")
-        inp = out[rank * (n // world):(rank + 1) * (n // world)]
+        # In place as FSDP gathers its parameters: each rank's shard is its part of the output.
+        inp = (out[rank * (n // world):(rank + 1) * (n // world)] if collective == "all_gather_in_place"
+               else torch.zeros(n // world, dtype=torch.bfloat16, device="cuda"))
         want = torch.cat([pattern(n // world, 7 * r) for r in range(world)])
         return (lambda: dist.all_gather_into_tensor(out, inp)), (lambda: inp.copy_(pattern(n // world, 7 * rank))), want, out
     if collective == "broadcast":
