@@ -258,7 +258,8 @@ torch_suite() {
 
 # --- Zero-copy between processes, on one GPU (CUDA IPC works between processes of one device):
 # the core's own GPU tests (shim/bin/core-tests, built by make gpu-bundle): two processes offer
-# and map each other's buffers (cudaMalloc and cuMem), with the GPU of the mapping one busy; the
+# and map each other's buffers (cudaMalloc and cuMem, a buffer across two cuMem allocations of one
+# reservation, one of them made again at its place), with the GPU of the mapping one busy; the
 # same without buffer ids must read a stale mapping (the check the ids are for); the core's
 # direct all-reduce between two processes through zero-copy, in and out of place, misaligned,
 # on buffers made again at the same addresses, in a CUDA graph, and through the routed path

@@ -72,6 +72,10 @@ pub struct AllocationFacts {
     pub legacy_ipc: bool,
     /// cuMem memory made shareable as a file descriptor.
     pub posix_fd: bool,
+    /// The address range reserved around it (start, size): for cuMem memory, one that may
+    /// hold several allocations side by side (PyTorch's expandable segments); for cudaMalloc
+    /// memory, its own range.
+    pub reservation: (DevicePtr, u64),
 }
 
 /// The allocation holding `pointer` on device `ordinal` (`None` for host memory, another
@@ -82,17 +86,23 @@ pub fn allocation_facts(pointer: DevicePtr, ordinal: i32) -> Option<AllocationFa
     let mut legacy_ipc: c_int = 0;
     let mut device: c_int = -1;
     let mut handle_types: u64 = 0;
+    let mut reservation_start: DevicePtr = 0;
+    let mut reservation_size: usize = 0;
     let mut attributes = [
         CU_POINTER_ATTRIBUTE_BUFFER_ID,
         CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
         CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
         CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES,
+        CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+        CU_POINTER_ATTRIBUTE_RANGE_SIZE,
     ];
-    let mut data: [*mut c_void; 4] = [
+    let mut data: [*mut c_void; 6] = [
         (&raw mut id).cast(),
         (&raw mut legacy_ipc).cast(),
         (&raw mut device).cast(),
         (&raw mut handle_types).cast(),
+        (&raw mut reservation_start).cast(),
+        (&raw mut reservation_size).cast(),
     ];
     // SAFETY: one output of the attribute's type per attribute.
     let asked = unsafe { pointer_attributes(pointer, &mut attributes, &mut data) };
@@ -115,6 +125,7 @@ pub fn allocation_facts(pointer: DevicePtr, ordinal: i32) -> Option<AllocationFa
         id,
         legacy_ipc: legacy_ipc != 0,
         posix_fd: handle_types & posix_fd != 0,
+        reservation: (reservation_start, reservation_size as u64),
     })
 }
 

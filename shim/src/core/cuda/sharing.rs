@@ -3,6 +3,7 @@
 
 use std::ffi::{c_int, c_uint, c_void};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::device::Device;
@@ -46,17 +47,60 @@ pub fn export_fd(base: DevicePtr) -> Cuda<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// A range of a device's address space reserved for mappings of other processes' cuMem
+/// allocations; given back when dropped, once nothing is mapped there (every mapping in it
+/// holds it).
+pub struct Reservation {
+    pub pointer: DevicePtr,
+    pub size: u64,
+    device: Device,
+}
+
+impl Reservation {
+    pub fn new(device: Device, size: u64) -> Cuda<Reservation> {
+        let _context = device.enter()?;
+        let mut pointer: DevicePtr = 0;
+        // SAFETY: reserves a fresh range of `size` bytes; the address is written.
+        check("cuMemAddressReserve", unsafe {
+            sys::cuMemAddressReserve(&mut pointer, size as usize, 0, 0, 0)
+        })?;
+        Ok(Reservation {
+            pointer,
+            size,
+            device,
+        })
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if let Ok(_context) = self.device.enter() {
+            // SAFETY: our reserved range, where nothing is mapped any more.
+            unsafe { sys::cuMemAddressFree(self.pointer, self.size as usize) };
+        }
+    }
+}
+
 /// Another process's cuMem allocation mapped into a device's address space from its file
 /// descriptor, readable and writable by that device; unmapped when dropped.
 pub struct VmmMapping {
     pub pointer: DevicePtr,
     size: usize,
     device: Device,
+    /// The range it is mapped in: its own, or one shared with its neighbours (`import`).
+    _within: Arc<Reservation>,
 }
 
 impl VmmMapping {
-    pub fn import(device: Device, fd: BorrowedFd<'_>, size: u64) -> Cuda<VmmMapping> {
-        let size = size as usize;
+    /// Maps the allocation of `size` bytes behind `fd`: at `offset` in `within` where given
+    /// and free (so that allocations side by side in their own process are side by side here
+    /// too), in a range of its own otherwise.
+    pub fn import(
+        device: Device,
+        fd: BorrowedFd<'_>,
+        size: u64,
+        within: Option<(&Arc<Reservation>, u64)>,
+    ) -> Cuda<VmmMapping> {
         let _context = device.enter()?;
         let mut handle: sys::CUmemGenericAllocationHandle = 0;
         // SAFETY: a descriptor of the POSIX type; the driver reads it as an int-sized value.
@@ -67,7 +111,24 @@ impl VmmMapping {
                 sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
             )
         })?;
-        let mapped = Self::map(device, handle, size);
+        let fits = |(reservation, offset): &(&Arc<Reservation>, u64)| {
+            offset
+                .checked_add(size)
+                .is_some_and(|end| end <= reservation.size)
+        };
+        // Where the place is taken (a mapping of an allocation that was there before), apart.
+        let mapped = within
+            .filter(fits)
+            .and_then(|(reservation, offset)| {
+                Self::map(device, handle, size, reservation.clone(), offset).ok()
+            })
+            .map_or_else(
+                || {
+                    let own = Arc::new(Reservation::new(device, size)?);
+                    Self::map(device, handle, size, own, 0)
+                },
+                Ok,
+            );
         // SAFETY: the mapping (if made) keeps the memory; our handle is no longer needed.
         unsafe { sys::cuMemRelease(handle) };
         mapped
@@ -76,29 +137,30 @@ impl VmmMapping {
     fn map(
         device: Device,
         handle: sys::CUmemGenericAllocationHandle,
-        size: usize,
+        size: u64,
+        within: Arc<Reservation>,
+        offset: u64,
     ) -> Cuda<VmmMapping> {
-        let mut pointer: DevicePtr = 0;
-        // SAFETY: reserves a fresh range of `size` bytes; the address is written.
-        check("cuMemAddressReserve", unsafe {
-            sys::cuMemAddressReserve(&mut pointer, size, 0, 0, 0)
+        let pointer = within.pointer + offset;
+        let size = size as usize;
+        // SAFETY: a free place in our reserved range (the driver refuses one that is mapped)
+        // and an imported handle of `size` bytes.
+        check("cuMemMap", unsafe {
+            sys::cuMemMap(pointer, size, 0, handle, 0)
         })?;
-        // From here the range is freed (and unmapped) by `mapping`'s drop, whatever fails.
+        // From here the place is unmapped by `mapping`'s drop, whatever fails.
         let mapping = VmmMapping {
             pointer,
             size,
             device,
+            _within: within,
         };
         LIVE.mappings.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: our reserved range and an imported handle of `size` bytes.
-        check("cuMemMap", unsafe {
-            sys::cuMemMap(pointer, size, 0, handle, 0)
-        })?;
         let access = sys::CUmemAccessDesc {
             location: device_location(device.ordinal),
             flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
         };
-        // SAFETY: the range just mapped; one descriptor.
+        // SAFETY: the place just mapped; one descriptor.
         check("cuMemSetAccess", unsafe {
             sys::cuMemSetAccess(pointer, size, &access, 1)
         })?;
@@ -110,11 +172,9 @@ impl Drop for VmmMapping {
     fn drop(&mut self) {
         LIVE.mappings.fetch_sub(1, Ordering::Relaxed);
         if let Ok(_context) = self.device.enter() {
-            // SAFETY: our reserved range (mapped or not), no longer used by any kernel.
-            unsafe {
-                sys::cuMemUnmap(self.pointer, self.size);
-                sys::cuMemAddressFree(self.pointer, self.size);
-            }
+            // SAFETY: our mapping, no longer used by any kernel; the range goes with the last
+            // mapping holding it.
+            unsafe { sys::cuMemUnmap(self.pointer, self.size) };
         }
     }
 }

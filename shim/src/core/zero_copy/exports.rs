@@ -25,16 +25,19 @@ pub enum Sharing {
 }
 
 /// A device allocation as the driver names it: its range and its unique id (an allocation freed
-/// and made again at the same address gets another id).
+/// and made again at the same address gets another id), and the range reserved around it
+/// (start, size), which cuMem allocations may share side by side.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Allocation {
     pub base: u64,
     pub size: u64,
     pub id: u64,
     pub sharing: Sharing,
+    pub reservation: (u64, u64),
 }
 
 impl Allocation {
+    #[cfg(test)]
     pub fn holds(&self, pointer: u64, bytes: u64) -> bool {
         pointer >= self.base
             && pointer
@@ -260,6 +263,7 @@ mod tests {
             size: 1 << 20,
             id,
             sharing: Sharing::LegacyIpc,
+            reservation: (base, 1 << 20),
         }
     }
 

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use super::super::cuda::Stream;
 use super::super::cuda::{self, Device, DeviceBuffer, HostControl, OwnedStream};
 use super::super::types::Collective::AllReduce;
-use super::{Allocation, DeviceMemory, Mapped, Marker, Memory, Service, Shared, ZeroCopy};
+use super::{Allocation, DeviceMemory, Mapped, Marker, Memory, Origin, Service, Shared, ZeroCopy};
 
 /// The driver's memory, with every buffer id hidden: what zero-copy would be without them.
 struct WithoutIds(DeviceMemory);
@@ -23,8 +23,13 @@ impl Memory for WithoutIds {
     fn share(&self, allocation: &Allocation) -> Result<Shared, String> {
         self.0.share(allocation)
     }
-    fn open(&self, shared: Shared, size: u64) -> Result<Box<dyn Mapped>, String> {
-        self.0.open(shared, size)
+    fn open(
+        &self,
+        shared: Shared,
+        size: u64,
+        origin: Option<Origin>,
+    ) -> Result<Box<dyn Mapped>, String> {
+        self.0.open(shared, size, origin)
     }
     fn marker(&self, stream: Stream) -> Option<Marker> {
         self.0.marker(stream)
@@ -57,9 +62,24 @@ fn post(dir: &Path, name: &str, text: &str) {
 /// `chunks` cuMem allocations of `chunk` bytes each mapped one after the other in one
 /// reservation, shareable as file descriptors: one as ncclMemAlloc makes them, several as
 /// PyTorch's expandable segments do (the driver's range attributes then give the reservation;
-/// cuMemGetAddressRange and the buffer id, each allocation). Returns the reservation's start. Leaked: the process ends
-/// soon after.
+/// cuMemGetAddressRange and the buffer id, each allocation). Returns the reservation's start.
+/// Leaked: the process ends soon after.
 fn cumem(device: Device, chunk: usize, chunks: u64) -> u64 {
+    use cudarc::driver::sys;
+    let mut start: u64 = 0;
+    // SAFETY: reserves a fresh range; the address is written.
+    let reserved =
+        unsafe { sys::cuMemAddressReserve(&mut start, chunks as usize * chunk, 0, 0, 0) };
+    assert_eq!(reserved, sys::CUresult::CUDA_SUCCESS);
+    for k in 0..chunks {
+        map_chunk(device, start + k * chunk as u64, chunk);
+    }
+    start
+}
+
+/// A new cuMem allocation of `chunk` bytes, shareable as a file descriptor, mapped at `at` (a
+/// free place of a reservation of ours) for `device`.
+fn map_chunk(device: Device, at: u64, chunk: usize) {
     use cudarc::driver::sys;
     // SAFETY: plain data; the fields the driver reads are set below.
     let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
@@ -68,35 +88,25 @@ fn cumem(device: Device, chunk: usize, chunks: u64) -> u64 {
     prop.location.id = device.ordinal;
     prop.requestedHandleTypes =
         sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-    let mut start: u64 = 0;
-    // SAFETY: driver calls on our own reservation and allocations; results checked.
+    let access = sys::CUmemAccessDesc {
+        location: prop.location,
+        flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    };
+    let mut handle = 0;
+    // SAFETY: driver calls on our own reservation and a new allocation; results checked. The
+    // handle is released at once: the mapping keeps the memory until unmapped.
     unsafe {
-        assert_eq!(
-            sys::cuMemAddressReserve(&mut start, chunks as usize * chunk, 0, 0, 0),
-            sys::CUresult::CUDA_SUCCESS
+        let results = [
+            sys::cuMemCreate(&mut handle, chunk, &prop, 0),
+            sys::cuMemMap(at, chunk, 0, handle, 0),
+            sys::cuMemRelease(handle),
+            sys::cuMemSetAccess(at, chunk, &access, 1),
+        ];
+        assert!(
+            results.iter().all(|&r| r == sys::CUresult::CUDA_SUCCESS),
+            "{results:?}"
         );
-        for k in 0..chunks {
-            let mut handle = 0;
-            assert_eq!(
-                sys::cuMemCreate(&mut handle, chunk, &prop, 0),
-                sys::CUresult::CUDA_SUCCESS
-            );
-            let at = start + k * chunk as u64;
-            assert_eq!(
-                sys::cuMemMap(at, chunk, 0, handle, 0),
-                sys::CUresult::CUDA_SUCCESS
-            );
-            let access = sys::CUmemAccessDesc {
-                location: prop.location,
-                flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-            };
-            assert_eq!(
-                sys::cuMemSetAccess(at, chunk, &access, 1),
-                sys::CUresult::CUDA_SUCCESS
-            );
-        }
     }
-    start
 }
 
 /// A kernel that spins until word 0 of a host control block is raised: keeps a GPU busy.
@@ -212,7 +222,7 @@ fn role(rank: usize, dir: &Path, processes: Vec<u64>, ids: bool) {
         let start = cumem(device, chunk, 1);
         stream.fill(start, 0x33, chunk).unwrap();
         let inside = start + 256;
-        let allocation = super::shareable_allocation(inside, device.ordinal);
+        let allocation = super::device_memory::shareable_allocation(inside, device.ordinal);
         println!("round 3: allocation {allocation:x?}");
         let started = Instant::now();
         let (addresses, _) = member
@@ -224,9 +234,9 @@ fn role(rank: usize, dir: &Path, processes: Vec<u64>, ids: bool) {
             started.elapsed().as_secs_f64() * 1e3
         );
         // Several allocations in one reservation (PyTorch's expandable segments): a buffer in
-        // one of them is mapped alone; one across two cannot be.
+        // one of them, and one across both, which rank 1 maps side by side.
         let pair = cumem(device, chunk, 2);
-        stream.fill(pair + chunk as u64, 0x44, chunk).unwrap();
+        stream.fill(pair, 0x44, 2 * chunk).unwrap();
         let second = pair + chunk as u64 + 512;
         let started = Instant::now();
         let (in_second, _) = member
@@ -234,19 +244,54 @@ fn role(rank: usize, dir: &Path, processes: Vec<u64>, ids: bool) {
             .expect("rank 1 maps the second allocation alone");
         println!(
             "round 3: in the second of two allocations: {:x?}, rank 1's address {:#x}, first call {:.1} ms",
-            super::shareable_allocation(second, device.ordinal),
+            super::device_memory::shareable_allocation(second, device.ordinal),
             in_second.input[1],
             started.elapsed().as_secs_f64() * 1e3
         );
         let across = pair + chunk as u64 - 256;
-        assert!(member.addresses(across, 4096, across, 4096).is_none());
+        let started = Instant::now();
+        let (across_both, _) = member
+            .addresses(across, 4096, across, 4096)
+            .expect("rank 1 maps both allocations side by side");
+        println!(
+            "round 3: across two allocations: rank 1's address {:#x}, first call {:.1} ms",
+            across_both.input[1],
+            started.elapsed().as_secs_f64() * 1e3
+        );
+        assert_eq!(across_both.input[1] + 256 + 512, in_second.input[1]);
         post(dir, "round3", &format!("{} 51", addresses.input[1]));
         assert_eq!(await_file(dir, "read3"), "right");
         post(dir, "round4", &format!("{} 68", in_second.input[1]));
         assert_eq!(await_file(dir, "read4"), "right");
+        post(dir, "round5", &format!("{} 68", across_both.input[1]));
+        assert_eq!(await_file(dir, "read5"), "right");
+        // The second allocation freed and made again at its place (PyTorch's expandable segments
+        // after empty_cache): rank 1, its GPU busy, closes its old mapping and maps the new one
+        // at the same place, so a buffer across both stays one range.
+        // Without ids the new allocation looks like the old one: not offered again.
+        if ids {
+            // SAFETY: our own mapping, used by nothing queued.
+            let unmapped = unsafe { cudarc::driver::sys::cuMemUnmap(pair + chunk as u64, chunk) };
+            assert_eq!(unmapped, cudarc::driver::sys::CUresult::CUDA_SUCCESS);
+            map_chunk(device, pair + chunk as u64, chunk);
+            stream.fill(pair + chunk as u64, 0x66, chunk).unwrap();
+            let started = Instant::now();
+            let (again, _) = member
+                .addresses(across, 4096, across, 4096)
+                .expect("rank 1 maps the new allocation in time");
+            println!(
+                "round 6: made again: rank 1's address {:#x}, first call {:.1} ms",
+                again.input[1],
+                started.elapsed().as_secs_f64() * 1e3
+            );
+            assert_eq!(again.input[1], across_both.input[1], "not at its place");
+            post(dir, "round6", &format!("{} 102", in_second.input[1]));
+            assert_eq!(await_file(dir, "read6"), "right");
+        }
     } else {
         let busy = Busy::start(device);
-        for round in [1, 2, 3, 4] {
+        let rounds = if ids { 6 } else { 5 };
+        for round in 1..=rounds {
             let text = await_file(dir, &format!("round{round}"));
             let (address, value) = text.split_once(' ').unwrap();
             let (address, value): (u64, u8) = (address.parse().unwrap(), value.parse().unwrap());

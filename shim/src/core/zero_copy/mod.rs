@@ -3,16 +3,20 @@
 //! which each rank must first map. Each rank offers its peers every allocation its calls use,
 //! once (`exports`): a CUDA IPC handle for cudaMalloc memory, a file descriptor for shareable
 //! cuMem memory (`fd_passing`); the peers map it on their service thread (`service`) and answer
-//! where (`wire`). A call whose allocations every peer has mapped gives the kernel every rank's
-//! address of its buffers; the others (first meetings not answered in time, memory that cannot
-//! be shared) let the kernel take the staged path, which every rank then takes alike
-//! (device/all_reduce.cu, "Direct").
+//! where (`wire`). A buffer across cuMem allocations side by side in one reservation (PyTorch's
+//! expandable segments) is offered allocation by allocation; the peers map each at its offset in
+//! a mirror of that reservation (`device_memory`), so that it is one range there too. A call
+//! whose allocations every peer has mapped gives the kernel every rank's address of its
+//! buffers; the others (first meetings not answered in time, memory that cannot be shared) let
+//! the kernel take the staged path, which every rank then takes alike (device/all_reduce.cu,
+//! "Direct").
 //!
 //! The first call on an allocation waits for its peers' answers (one round trip through the
 //! service threads, and the time to map it); later calls find it in the table. An allocation
 //! freed and made again at the same address is another allocation (the driver's buffer id),
 //! offered anew: no call ever reads through a stale mapping.
 
+mod device_memory;
 mod exports;
 mod fd_passing;
 #[cfg(test)]
@@ -21,18 +25,20 @@ mod service;
 mod wire;
 
 use std::collections::{HashMap, VecDeque};
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
-use super::cuda::{self, Device, Event, IpcHandle, IpcMapping, Stream, VmmMapping};
+use super::cuda::{IpcHandle, Stream};
 use super::policy::MAX_RANKS;
 use crate::log::{log_info, log_warn};
+pub use device_memory::DeviceMemory;
 pub use exports::{Allocation, Done, Sharing};
-use exports::{Exports, Placement, Retired};
+use exports::{CAPACITY, Exports, Placement, Retired};
+use service::Outgoing;
 pub use service::Service;
-use wire::{Kind, Message};
+use wire::{Kind, Message, Piece};
 
 /// How long calls wait, in all, for the peers to map a new allocation: answers take a
 /// millisecond or so, but a peer's CUDA calls can be held up (by its own program's, such as a
@@ -44,6 +50,9 @@ const ANSWER_LIMIT: Duration = Duration::from_secs(2);
 /// meanwhile (seen on H100), which must not happen while kernels wait for a peer.
 /// Past this many, the oldest are closed anyway (on a thread of their own).
 const PARKED_LIMIT: usize = 64;
+/// Most allocations one side of a call may span (a tensor of PyTorch's expandable segments
+/// spans one per 20 MiB); past it, the call is staged.
+const MAX_PIECES: usize = 64;
 
 /// What a peer needs to map an allocation.
 pub enum Shared {
@@ -56,10 +65,24 @@ pub trait Memory: Send + Sync {
     /// The allocation holding `pointer`, if it is one that peers can map (of this rank's GPU).
     fn allocation_of(&self, pointer: u64) -> Option<Allocation>;
     fn share(&self, allocation: &Allocation) -> Result<Shared, String>;
-    /// Maps a peer's allocation of `size` bytes.
-    fn open(&self, shared: Shared, size: u64) -> Result<Box<dyn Mapped>, String>;
+    /// Maps a peer's allocation of `size` bytes; a cuMem one where it sits in its process
+    /// (`origin`), so that allocations side by side there are side by side here where they can
+    /// be.
+    fn open(
+        &self,
+        shared: Shared,
+        size: u64,
+        origin: Option<Origin>,
+    ) -> Result<Box<dyn Mapped>, String>;
     /// A marker on `stream` behind the work queued there so far.
     fn marker(&self, stream: Stream) -> Option<Marker>;
+}
+
+/// Where a peer's cuMem allocation sits: its process (identity) and its place there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Origin {
+    pub process: u64,
+    pub piece: Piece,
 }
 
 /// A point on a stream, shared by the positions one call used.
@@ -68,6 +91,42 @@ pub type Marker = Arc<dyn Done + Send + Sync>;
 /// A peer's allocation mapped here; unmapped when dropped.
 pub trait Mapped: Send {
     fn address(&self) -> u64;
+    /// Whether it holds a place in a mirror of a peer's reservation (device_memory.rs), which
+    /// the allocation made next there wants: closed as soon as it is gone, never parked.
+    fn in_mirror(&self) -> bool {
+        false
+    }
+}
+
+/// Why a buffer cannot go zero-copy; each said once per communicator (NCCL_DEBUG=INFO).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Staged {
+    Unaligned,
+    /// Host memory, or device memory no other process can map.
+    NotShareable,
+    /// Across allocations that are not cuMem ones side by side in one reservation, or too many.
+    AcrossAllocations,
+    TableFull,
+    PeerCouldNotMap,
+    /// A peer mapped the allocations it spans apart (a place in its mirror was taken).
+    NotSideBySide,
+    NoAnswerInTime,
+}
+
+impl Staged {
+    fn says(self) -> &'static str {
+        match self {
+            Staged::Unaligned => "not 16-aligned",
+            Staged::NotShareable => "memory no other process can map",
+            Staged::AcrossAllocations => {
+                "across allocations that are not cuMem ones side by side in one reservation (or over 64 of them)"
+            }
+            Staged::TableFull => "every place of the table of offered allocations in use",
+            Staged::PeerCouldNotMap => "a peer could not map it",
+            Staged::NotSideBySide => "a peer mapped the allocations it spans apart",
+            Staged::NoAnswerInTime => "a peer did not answer in time",
+        }
+    }
 }
 
 /// Every rank's address of one call's buffers, as the direct kernel takes them.
@@ -77,15 +136,27 @@ pub struct Addresses {
     pub output: [u64; MAX_RANKS],
 }
 
-/// The positions a call used, to be marked once its kernel is queued.
+/// The positions a call used, to be marked once its kernel is queued (one bit each).
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Uses([Option<usize>; 2]);
+pub struct Uses([u64; CAPACITY / 64]);
+
+impl Uses {
+    fn add(&mut self, position: usize) {
+        self.0[position / 64] |= 1 << (position % 64);
+    }
+
+    fn positions(self) -> impl Iterator<Item = usize> {
+        (0..CAPACITY).filter(move |&p| self.0[p / 64] & (1 << (p % 64)) != 0)
+    }
+}
 
 /// (rank, position) -> (generation, mapping) of what a rank mapped of its peers' offers.
 type Imports = HashMap<(usize, usize), (u64, Box<dyn Mapped>)>;
 
 /// One rank's zero-copy side of one communicator.
 pub struct ZeroCopy {
+    /// Itself, for the messages it posts.
+    me: Weak<ZeroCopy>,
     /// The key every rank agreed on at set-up.
     comm: u64,
     rank: usize,
@@ -105,6 +176,8 @@ pub struct ZeroCopy {
     served: AtomicU64,
     staged: AtomicU64,
     offered: AtomicU64,
+    /// The reasons (`Staged`, one bit each) already said.
+    said: AtomicU64,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -122,7 +195,8 @@ impl ZeroCopy {
         memory: Box<dyn Memory>,
     ) -> Arc<ZeroCopy> {
         let nranks = processes.len();
-        let member = Arc::new(ZeroCopy {
+        let member = Arc::new_cyclic(|me| ZeroCopy {
+            me: me.clone(),
             comm,
             rank,
             processes,
@@ -136,6 +210,7 @@ impl ZeroCopy {
             served: AtomicU64::new(0),
             staged: AtomicU64::new(0),
             offered: AtomicU64::new(0),
+            said: AtomicU64::new(0),
         });
         service.join(comm, &member);
         member
@@ -172,40 +247,142 @@ impl ZeroCopy {
         if self.broken.load(Ordering::Relaxed) {
             return None;
         }
-        let input = self.side(send, send_bytes)?;
-        let output = self.side(recv, recv_bytes)?;
-        let addresses = Addresses {
-            input: input.map_or([0; MAX_RANKS], |(addresses, _)| addresses),
-            output: output.map_or([0; MAX_RANKS], |(addresses, _)| addresses),
+        let mut uses = Uses::default();
+        let sides = self
+            .side(send, send_bytes, &mut uses)
+            .and_then(|input| Ok((input, self.side(recv, recv_bytes, &mut uses)?)));
+        let (input, output) = match sides {
+            Ok(sides) => sides,
+            Err(why) => {
+                if self.said.fetch_or(1 << why as u64, Ordering::Relaxed) & (1 << why as u64) == 0 {
+                    log_info!(
+                        "zero-copy: rank {} takes the staged path for a buffer: {}",
+                        self.rank,
+                        why.says()
+                    );
+                }
+                return None;
+            }
         };
-        let uses = Uses([input.map(|(_, p)| p), output.map(|(_, p)| p)]);
+        let addresses = Addresses {
+            input: input.unwrap_or([0; MAX_RANKS]),
+            output: output.unwrap_or([0; MAX_RANKS]),
+        };
         Some((addresses, uses))
     }
 
-    /// Every rank's address of `bytes` at `pointer` and its position; `Some(None)` for a side the
-    /// peers do not touch (no bytes), `None` where they cannot.
-    fn side(&self, pointer: u64, bytes: u64) -> Option<Option<([u64; MAX_RANKS], usize)>> {
+    /// Every rank's address of `bytes` at `pointer`, its positions added to `uses`; `None` for
+    /// a side the peers do not touch (no bytes); why not where they cannot.
+    fn side(
+        &self,
+        pointer: u64,
+        bytes: u64,
+        uses: &mut Uses,
+    ) -> Result<Option<[u64; MAX_RANKS]>, Staged> {
         if bytes == 0 {
-            return Some(None);
+            return Ok(None);
         }
         // 16-aligned, as the direct kernels need.
         if !pointer.is_multiple_of(16) {
-            return None;
+            return Err(Staged::Unaligned);
         }
-        let (bases, base, position) = self.offsets_of(pointer, bytes)?;
+        let mut pieces = [None; MAX_PIECES];
+        let count = self.pieces_of(pointer, bytes, &mut pieces)?;
+        let base = pieces[0].ok_or(Staged::NotShareable)?.base;
+        let mut placed = [(0, 0); MAX_PIECES];
+        let pieces = pieces[..count].iter().flatten().copied();
+        let bases = self.offsets_of(pieces, &mut placed[..count])?;
+        placed[..count]
+            .iter()
+            .for_each(|&(position, _)| uses.add(position));
         // Past the ranks: zeros, never read.
-        let addresses = bases.map(|b| b.wrapping_add(pointer - base));
-        Some(Some((addresses, position)))
+        Ok(Some(bases.map(|b| b.wrapping_add(pointer - base))))
     }
 
-    /// Every rank's address of the allocation holding `pointer`, its base here and its
-    /// position.
-    fn offsets_of(&self, pointer: u64, bytes: u64) -> Option<([u64; MAX_RANKS], u64, usize)> {
-        let allocation = self.memory.allocation_of(pointer)?;
-        if !allocation.holds(pointer, bytes) {
-            return None;
+    /// The allocations `bytes` at `pointer` lie in, into `pieces`, and how many: one, or
+    /// several side by side in one reservation (PyTorch's expandable segments), up to
+    /// MAX_PIECES.
+    fn pieces_of(
+        &self,
+        pointer: u64,
+        bytes: u64,
+        pieces: &mut [Option<Allocation>; MAX_PIECES],
+    ) -> Result<usize, Staged> {
+        let end = pointer.checked_add(bytes).ok_or(Staged::NotShareable)?;
+        let first = self
+            .memory
+            .allocation_of(pointer)
+            .ok_or(Staged::NotShareable)?;
+        let mut piece = first;
+        for (count, slot) in pieces.iter_mut().enumerate() {
+            *slot = Some(piece);
+            let piece_end = piece.base + piece.size;
+            if end <= piece_end {
+                return Ok(count + 1);
+            }
+            // Only cuMem allocations can be mapped side by side in a peer (a mirror of their
+            // reservation, device_memory.rs).
+            let next = self
+                .memory
+                .allocation_of(piece_end)
+                .ok_or(Staged::AcrossAllocations)?;
+            let side_by_side = next.base == piece_end
+                && next.reservation == first.reservation
+                && first.sharing == Sharing::PosixFd
+                && next.sharing == Sharing::PosixFd;
+            if !side_by_side {
+                return Err(Staged::AcrossAllocations);
+            }
+            piece = next;
         }
+        Err(Staged::AcrossAllocations)
+    }
+
+    /// Every rank's address of the first of `pieces` (allocations side by side, their
+    /// positions written to `placed`), offering them to the peers first where needed; why not
+    /// unless every peer mapped them all, side by side as here.
+    fn offsets_of(
+        &self,
+        pieces: impl Iterator<Item = Allocation>,
+        placed: &mut [(usize, u64)],
+    ) -> Result<[u64; MAX_RANKS], Staged> {
         let mut exports = lock(&self.exports);
+        let mut bases = [0; MAX_PIECES];
+        for ((allocation, place), base) in pieces.zip(placed.iter_mut()).zip(bases.iter_mut()) {
+            *place = self
+                .place(&mut exports, allocation)
+                .ok_or(Staged::TableFull)?;
+            *base = allocation.base;
+        }
+        let offered_last = placed
+            .iter()
+            .map(|&(position, _)| exports.offered_at(position))
+            .max()
+            .unwrap_or_else(Instant::now);
+        let deadline = offered_last + ANSWER_LIMIT;
+        loop {
+            match side_by_side(&exports, placed, &bases, self.processes.len()) {
+                Some(result) => return result,
+                None if self.broken.load(Ordering::Relaxed) => {
+                    return Err(Staged::NoAnswerInTime);
+                }
+                None => {}
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Staged::NoAnswerInTime);
+            }
+            exports = self
+                .answered
+                .wait_timeout(exports, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// The position and generation of `allocation` in the table, offering it to the peers
+    /// where it is new; `None` where the table has no room.
+    fn place(&self, exports: &mut Exports<Marker>, allocation: Allocation) -> Option<(usize, u64)> {
         let mut retired: Vec<Retired> = Vec::new();
         let alive = |a: &Allocation| self.memory.allocation_of(a.base) == Some(*a);
         let placement = exports.place(allocation, alive, &mut retired);
@@ -219,12 +396,12 @@ impl ZeroCopy {
                 None,
             );
         }
-        let (position, generation) = match placement {
-            Placement::Full => return None,
+        match placement {
+            Placement::Full => None,
             Placement::Known {
                 position,
                 generation,
-            } => (position, generation),
+            } => Some((position, generation)),
             Placement::New {
                 position,
                 generation,
@@ -235,39 +412,28 @@ impl ZeroCopy {
                     Ok(Shared::Ipc(handle)) => {
                         self.tell_peers(Kind::Export, position, generation, size, handle, None)
                     }
-                    Ok(Shared::Fd(fd)) => self.tell_peers(
-                        Kind::ExportFd,
-                        position,
-                        generation,
-                        size,
-                        [0; 64],
-                        Some(fd.as_fd()),
-                    ),
+                    Ok(Shared::Fd(fd)) => {
+                        let piece = Piece {
+                            reservation: allocation.reservation,
+                            base: allocation.base,
+                            id: allocation.id,
+                        };
+                        self.tell_peers(
+                            Kind::ExportFd,
+                            position,
+                            generation,
+                            size,
+                            piece.to_handle(),
+                            Some(fd),
+                        )
+                    }
                     // Never shareable: answered "no" for every peer, so that no call waits.
                     Err(_) => (0..self.processes.len())
                         .filter(|&r| r != self.rank)
                         .for_each(|r| exports.answer(position, generation, r, 0)),
                 }
-                (position, generation)
+                Some((position, generation))
             }
-        };
-        let deadline = exports.offered_at(position) + ANSWER_LIMIT;
-        loop {
-            match exports.addresses(position, generation) {
-                Some(Ok(addresses)) => return Some((addresses, allocation.base, position)),
-                Some(Err(())) => return None,
-                None if self.broken.load(Ordering::Relaxed) => return None,
-                None => {}
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return None;
-            }
-            exports = self
-                .answered
-                .wait_timeout(exports, left)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
         }
     }
 
@@ -277,7 +443,7 @@ impl ZeroCopy {
         // Without a marker (none could be made) the positions are kept, as for a graph.
         let marker = stream.and_then(|stream| self.memory.marker(stream));
         let mut exports = lock(&self.exports);
-        for position in uses.0.into_iter().flatten() {
+        for position in uses.positions() {
             exports.used(position, marker.clone());
         }
     }
@@ -289,8 +455,18 @@ impl ZeroCopy {
                 self.rank
             );
         }
+        // Callers waiting for answers go on at once.
+        self.answered.notify_all();
     }
 
+    /// A message to the process `process` could not be sent.
+    fn unreachable(&self, process: u64, error: &std::io::Error) {
+        let rank = self.processes.iter().position(|&p| p == process);
+        let rank = rank.map_or_else(|| "?".to_string(), |r| r.to_string());
+        self.give_up(&format!("rank {rank} cannot be reached ({error})"));
+    }
+
+    /// Posts a message to every peer (the same descriptor with each, if any).
     fn tell_peers(
         &self,
         kind: Kind,
@@ -298,7 +474,7 @@ impl ZeroCopy {
         generation: u64,
         value: u64,
         handle: IpcHandle,
-        fd: Option<BorrowedFd<'_>>,
+        fd: Option<OwnedFd>,
     ) {
         let message = Message {
             kind,
@@ -309,11 +485,15 @@ impl ZeroCopy {
             value,
             handle,
         };
+        let fd = fd.map(Arc::new);
         for (r, &process) in self.processes.iter().enumerate() {
-            if r != self.rank
-                && let Err(e) = self.service.send(process, &message, fd)
-            {
-                self.give_up(&format!("rank {r} cannot be reached ({e})"));
+            if r != self.rank {
+                self.service.post(Outgoing {
+                    process,
+                    message,
+                    fd: fd.clone(),
+                    sender: self.me.clone(),
+                });
             }
         }
     }
@@ -328,12 +508,24 @@ impl ZeroCopy {
         }
         match message.kind {
             Kind::Export | Kind::ExportFd => {
-                let shared = match (message.kind, fd) {
-                    (Kind::Export, _) => Some(Shared::Ipc(message.handle)),
-                    (_, fd) => fd.map(Shared::Fd),
+                let (shared, origin) = match (message.kind, fd) {
+                    (Kind::Export, _) => (Some(Shared::Ipc(message.handle)), None),
+                    (_, fd) => {
+                        let origin = Origin {
+                            process: self.processes[from],
+                            piece: Piece::from_handle(&message.handle),
+                        };
+                        (fd.map(Shared::Fd), Some(origin))
+                    }
                 };
-                let (address, replaced) =
-                    self.map(from, position, message.generation, shared, message.value);
+                let (address, replaced) = self.map(
+                    from,
+                    position,
+                    message.generation,
+                    shared,
+                    message.value,
+                    origin,
+                );
                 let answer = Message {
                     kind: Kind::Ack,
                     from: self.rank as u32,
@@ -341,9 +533,12 @@ impl ZeroCopy {
                     handle: [0; 64],
                     ..message
                 };
-                if let Err(e) = service.send(self.processes[from], &answer, None) {
-                    self.give_up(&format!("rank {from} cannot be reached ({e})"));
-                }
+                service.post(Outgoing {
+                    process: self.processes[from],
+                    message: answer,
+                    fd: None,
+                    sender: self.me.clone(),
+                });
                 if let Some(replaced) = replaced {
                     self.park(service, replaced);
                 }
@@ -367,8 +562,11 @@ impl ZeroCopy {
     }
 
     /// Keeps the mapping of an allocation that is gone until the communicator goes, or closes
-    /// the oldest such one past PARKED_LIMIT.
+    /// the oldest such one past PARKED_LIMIT; closes one in a mirror now.
     fn park(&self, service: &Service, mapping: Box<dyn Mapped>) {
+        if mapping.in_mirror() {
+            return;
+        }
         let mut parked = lock(&self.parked);
         parked.push_back(mapping);
         if parked.len() > PARKED_LIMIT
@@ -387,6 +585,7 @@ impl ZeroCopy {
         generation: u64,
         shared: Option<Shared>,
         size: u64,
+        origin: Option<Origin>,
     ) -> (u64, Option<Box<dyn Mapped>>) {
         let mut imports = lock(&self.imports);
         if let Some((known, mapped)) = imports.get(&(from, position)) {
@@ -397,11 +596,15 @@ impl ZeroCopy {
                 return (0, None);
             }
         }
-        // The allocation this replaces is no longer used by any kernel (exports.rs).
-        let replaced = imports.remove(&(from, position)).map(|(_, mapped)| mapped);
+        // The allocation this replaces is no longer used by any kernel (exports.rs). One in a
+        // mirror is closed before its successor, most likely made at its place, is mapped.
+        let mut replaced = imports.remove(&(from, position)).map(|(_, mapped)| mapped);
+        if replaced.as_ref().is_some_and(|m| m.in_mirror()) {
+            replaced = None;
+        }
         let opened = shared
             .ok_or_else(|| "no file descriptor came".to_string())
-            .and_then(|shared| self.memory.open(shared, size));
+            .and_then(|shared| self.memory.open(shared, size, origin));
         let address = match opened {
             Ok(mapped) => {
                 let address = mapped.address();
@@ -433,80 +636,27 @@ impl Drop for ZeroCopy {
     }
 }
 
-/// Memory of one GPU, through the driver.
-pub struct DeviceMemory(pub Device);
-
-impl Mapped for IpcMapping {
-    fn address(&self) -> u64 {
-        self.pointer
-    }
-}
-
-impl Mapped for VmmMapping {
-    fn address(&self) -> u64 {
-        self.pointer
-    }
-}
-
-impl Done for Event {
-    fn done(&self) -> bool {
-        self.query()
-    }
-}
-
-/// The allocation holding `pointer` where another process can map it: cudaMalloc memory of
-/// device `ordinal` (CUDA IPC), or cuMem memory made shareable as a file descriptor (such as
-/// ncclMemAlloc's, or a chunk of PyTorch's expandable segments); its range and the driver's
-/// unique id for it. `None` for any other memory.
-fn shareable_allocation(pointer: u64, ordinal: i32) -> Option<Allocation> {
-    let facts = cuda::allocation_facts(pointer, ordinal)?;
-    let sharing = match (facts.legacy_ipc, facts.posix_fd) {
-        (true, _) => Sharing::LegacyIpc,
-        (false, true) => Sharing::PosixFd,
-        (false, false) => return None,
-    };
-    Some(Allocation {
-        base: facts.base,
-        size: facts.size,
-        id: facts.id,
-        sharing,
-    })
-}
-
-impl Memory for DeviceMemory {
-    fn allocation_of(&self, pointer: u64) -> Option<Allocation> {
-        shareable_allocation(pointer, self.0.ordinal)
-    }
-
-    fn share(&self, allocation: &Allocation) -> Result<Shared, String> {
-        // A call being captured into a graph may offer its buffers.
-        let _relaxed = cuda::RelaxedCapture::new();
-        let _context = self.0.enter().map_err(|e| e.to_string())?;
-        match allocation.sharing {
-            Sharing::LegacyIpc => cuda::ipc_handle(allocation.base).map(Shared::Ipc),
-            Sharing::PosixFd => cuda::export_fd(allocation.base).map(Shared::Fd),
+/// Every rank's address of the first of the allocations at `placed` (whose bases here are
+/// `bases`), once every peer has answered for all: why not unless each peer mapped them all side
+/// by side as here, `None` while answers are missing.
+fn side_by_side(
+    exports: &Exports<Marker>,
+    placed: &[(usize, u64)],
+    bases: &[u64],
+    nranks: usize,
+) -> Option<Result<[u64; MAX_RANKS], Staged>> {
+    let mut first = [0; MAX_RANKS];
+    for (k, (&(position, generation), &base)) in placed.iter().zip(bases).enumerate() {
+        let Ok(addresses) = exports.addresses(position, generation)? else {
+            return Some(Err(Staged::PeerCouldNotMap));
+        };
+        if k == 0 {
+            first = addresses;
+        } else if (0..nranks).any(|r| addresses[r] != first[r].wrapping_add(base - bases[0])) {
+            return Some(Err(Staged::NotSideBySide));
         }
-        .map_err(|e| e.to_string())
     }
-
-    fn open(&self, shared: Shared, size: u64) -> Result<Box<dyn Mapped>, String> {
-        match shared {
-            Shared::Ipc(handle) => {
-                IpcMapping::open(self.0, &handle).map(|m| Box::new(m) as Box<dyn Mapped>)
-            }
-            Shared::Fd(fd) => {
-                VmmMapping::import(self.0, fd.as_fd(), size).map(|m| Box::new(m) as Box<dyn Mapped>)
-            }
-        }
-        .map_err(|e| e.to_string())
-    }
-
-    fn marker(&self, stream: Stream) -> Option<Marker> {
-        let _context = self.0.enter_if_needed().ok()?;
-        // SAFETY: the caller's stream, of this device, where a call was just queued.
-        let event = unsafe { Event::record(self.0, stream) }.ok()?;
-        Some(Arc::new(event))
-    }
+    Some(Ok(first))
 }
 
 #[cfg(test)]
@@ -515,7 +665,8 @@ mod tests {
     use std::sync::atomic::AtomicUsize;
 
     /// One rank's GPU memory, made up: allocations are numbers; a peer's allocation "maps" at an
-    /// address made of its base and id, so that a stale mapping shows.
+    /// address made of its base and id, so that a stale mapping shows, or, one with an origin,
+    /// at its offset in a mirror of its reservation where that place is free.
     #[derive(Default)]
     struct FakeMemory {
         allocations: Mutex<Vec<Allocation>>,
@@ -524,22 +675,34 @@ mod tests {
         refuse: bool,
         /// How long mapping takes.
         delay: Duration,
+        /// (peer process, reservation start) -> the mirror's address here.
+        mirrors: Mutex<HashMap<(u64, u64), u64>>,
+        /// Places in mirrors mapped now.
+        taken: Arc<Mutex<Vec<u64>>>,
     }
 
     struct FakeMapping {
         address: u64,
         open: Arc<AtomicUsize>,
+        taken: Arc<Mutex<Vec<u64>>>,
     }
 
     impl Mapped for FakeMapping {
         fn address(&self) -> u64 {
             self.address
         }
+        fn in_mirror(&self) -> bool {
+            self.address < 0x7000_0000_0000
+        }
     }
 
     impl Drop for FakeMapping {
         fn drop(&mut self) {
             self.open.fetch_sub(1, Ordering::SeqCst);
+            let mut taken = lock(&self.taken);
+            if let Some(place) = taken.iter().position(|&a| a == self.address) {
+                taken.swap_remove(place);
+            }
         }
     }
 
@@ -571,7 +734,12 @@ mod tests {
                 }
             }
         }
-        fn open(&self, shared: Shared, _size: u64) -> Result<Box<dyn Mapped>, String> {
+        fn open(
+            &self,
+            shared: Shared,
+            _size: u64,
+            origin: Option<Origin>,
+        ) -> Result<Box<dyn Mapped>, String> {
             if self.refuse {
                 return Err("refused".into());
             }
@@ -590,10 +758,22 @@ mod tests {
             };
             let base = u64::from_le_bytes(identity[..8].try_into().unwrap());
             let id = u64::from_le_bytes(identity[8..16].try_into().unwrap());
+            let mut taken = lock(&self.taken);
+            let in_mirror = origin.and_then(|o| {
+                let mut mirrors = lock(&self.mirrors);
+                let next = 0x5000_0000_0000 + ((mirrors.len() as u64) << 36);
+                let mirror = *mirrors
+                    .entry((o.process, o.piece.reservation.0))
+                    .or_insert(next);
+                Some(mirror + o.piece.offset()?).filter(|a| !taken.contains(a))
+            });
+            let address = in_mirror.unwrap_or(0x7000_0000_0000 + (id << 32) + (base & 0xffff_ffff));
+            taken.push(address);
             self.open.fetch_add(1, Ordering::SeqCst);
             Ok(Box::new(FakeMapping {
-                address: 0x7000_0000_0000 + (id << 32) + (base & 0xffff_ffff),
+                address,
                 open: self.open.clone(),
+                taken: self.taken.clone(),
             }))
         }
         fn marker(&self, _stream: Stream) -> Option<Marker> {
@@ -648,6 +828,17 @@ mod tests {
     }
 
     fn allocate_shared(memory: &FakeMemory, base: u64, id: u64, sharing: Sharing) {
+        allocate_in(memory, base, id, sharing, (base, 1 << 20));
+    }
+
+    /// An allocation of 1 MiB at `base` in the range `reservation` (start, size).
+    fn allocate_in(
+        memory: &FakeMemory,
+        base: u64,
+        id: u64,
+        sharing: Sharing,
+        reservation: (u64, u64),
+    ) {
         let mut allocations = lock(&memory.allocations);
         allocations.retain(|a| a.base != base);
         allocations.push(Allocation {
@@ -655,6 +846,7 @@ mod tests {
             size: 1 << 20,
             id,
             sharing,
+            reservation,
         });
     }
 
@@ -706,9 +898,128 @@ mod tests {
             .addresses(0x80_0040, 4096, 0x90_0000, 4096)
             .expect("every peer maps it");
         for peer in [0, 1] {
-            assert_eq!(addresses.input[peer], 0x7003_0080_0040);
+            // The first mirror of the peer's: the allocation's own reservation.
+            assert_eq!(addresses.input[peer], 0x5000_0000_0040);
             assert_eq!(addresses.output[peer], 0x7004_0090_0000);
         }
+    }
+
+    /// A buffer across cuMem allocations side by side in one reservation (PyTorch's expandable
+    /// segments): every peer maps them side by side in a mirror, and the call goes zero-copy.
+    #[test]
+    fn a_buffer_across_allocations_side_by_side_is_one_range_at_every_peer() {
+        const MIB: u64 = 1 << 20;
+        let ranks = ranks(3, false);
+        let (member, memory) = &ranks[1];
+        let start = 0x4000_0000;
+        for k in 0..3 {
+            let base = start + 4 * MIB + k * MIB;
+            allocate_in(memory, base, 10 + k, Sharing::PosixFd, (start, 64 * MIB));
+        }
+        let pointer = start + 4 * MIB + MIB / 2;
+        let (addresses, uses) = member
+            .addresses(pointer, 2 * MIB, pointer, 2 * MIB)
+            .expect("every peer maps the three side by side");
+        assert_eq!(uses.positions().count(), 3);
+        assert_eq!(addresses.input[1], pointer);
+        for peer in [0, 2] {
+            let mirror = addresses.input[peer] - 4 * MIB - MIB / 2;
+            assert!(mirror >= 0x5000_0000_0000, "mapped apart: {mirror:#x}");
+            assert_eq!(addresses.output[peer], addresses.input[peer]);
+        }
+        // Past the last allocation of the reservation, or into one of another reservation or
+        // a cudaMalloc one: staged.
+        assert!(member.addresses(pointer, 3 * MIB, 0, 0).is_none());
+        allocate_in(
+            memory,
+            start + 7 * MIB,
+            20,
+            Sharing::PosixFd,
+            (start + 7 * MIB, MIB),
+        );
+        assert!(member.addresses(pointer, 3 * MIB, 0, 0).is_none());
+        allocate(memory, start + 7 * MIB, 21);
+        assert!(member.addresses(pointer, 3 * MIB, 0, 0).is_none());
+        assert!(member.addresses(start + 7 * MIB, 64, 0, 0).is_some());
+    }
+
+    /// Every rank offers many allocations at once (a large tensor of expandable segments on each
+    /// side): more messages than a peer's queue holds. No rank's service may wait on a peer
+    /// whose service waits on it: every call gets its answers.
+    #[test]
+    fn ranks_offering_many_allocations_at_once_all_get_their_answers() {
+        const MIB: u64 = 1 << 20;
+        let ranks = ranks(2, false);
+        let start = 0x1_0000_0000;
+        let pieces = MAX_PIECES as u64;
+        for (rank, (_, memory)) in ranks.iter().enumerate() {
+            // Ids of each rank's own (as each process's driver gives them).
+            let id = 1000 * (rank as u64 + 1);
+            for k in 0..2 * pieces {
+                let reservation = (start, 2 * pieces * MIB);
+                allocate_in(
+                    memory,
+                    start + k * MIB,
+                    id + k,
+                    Sharing::PosixFd,
+                    reservation,
+                );
+            }
+        }
+        let started = Instant::now();
+        let (done, finished) = std::sync::mpsc::channel();
+        for (member, _) in &ranks {
+            let (member, done) = (member.clone(), done.clone());
+            // Not joined: a thread that hangs fails the test by the timeout below.
+            std::thread::spawn(move || {
+                let bytes = pieces * MIB;
+                let _ = done.send(
+                    member
+                        .addresses(start, bytes, start + bytes, bytes)
+                        .is_some(),
+                );
+            });
+        }
+        for _ in &ranks {
+            let answered = finished.recv_timeout(Duration::from_secs(10));
+            assert_eq!(answered, Ok(true), "a call hung or went staged");
+        }
+        assert!(started.elapsed() < ANSWER_LIMIT);
+    }
+
+    /// An allocation made again in a reservation (as PyTorch's expandable segments do after
+    /// `empty_cache`, which every CUDA graph capture calls) takes its place in the peer's mirror:
+    /// the mapping of the one before is closed first, and a buffer across it stays zero-copy.
+    /// Where the place is taken all the same, it is mapped apart and such a buffer is staged.
+    #[test]
+    fn an_allocation_made_again_takes_its_place_in_the_mirror_or_is_staged() {
+        const MIB: u64 = 1 << 20;
+        let ranks = ranks(2, false);
+        let (member, memory) = &ranks[0];
+        let start = 0x8000_0000;
+        let reservation = (start, 16 * MIB);
+        allocate_in(memory, start, 1, Sharing::PosixFd, reservation);
+        allocate_in(memory, start + MIB, 2, Sharing::PosixFd, reservation);
+        let across = start + MIB / 2;
+        let before = member.addresses(across, MIB, 0, 0).expect("side by side").0;
+        allocate_in(memory, start + MIB, 3, Sharing::PosixFd, reservation);
+        let after = member.addresses(across, MIB, 0, 0).expect("at its place").0;
+        assert_eq!(after.input[1], before.input[1]);
+        assert_eq!(
+            ranks[1].1.open.load(Ordering::SeqCst),
+            2,
+            "the old one closed"
+        );
+        // The place of the next one is held by something else at the peer.
+        let mirror = before.input[1] - MIB / 2;
+        lock(&ranks[1].1.taken).push(mirror + MIB);
+        allocate_in(memory, start + MIB, 4, Sharing::PosixFd, reservation);
+        assert!(member.addresses(across, MIB, 0, 0).is_none());
+        let within = member
+            .addresses(start + MIB, 64, 0, 0)
+            .expect("mapped apart")
+            .0;
+        assert!(within.input[1] >= 0x7000_0000_0000);
     }
 
     /// Freed and made again at the same address, an allocation is mapped anew: a call never

@@ -3,11 +3,14 @@
 //! that takes every message for every communicator of this process and hands it to its member
 //! (`ZeroCopy`). The thread maps what peers offer, away from the callers' threads: an offer is
 //! answered even while this process's program is busy elsewhere, so a caller waiting for its
-//! peers' answers never waits for its peers' next call.
+//! peers' answers never waits for its peers' next call. Messages go out from a thread of their
+//! own (`post`): a send waits while the peer's queue is full (a few datagrams, the system's
+//! `net.unix.max_dgram_qlen`), and neither the serving thread (which must keep draining this
+//! process's queue) nor a caller holding its communicator's table may wait on a peer that waits
+//! on them.
 
 use std::collections::HashMap;
-use std::io;
-use std::os::fd::BorrowedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixDatagram};
 use std::sync::mpsc::{self, Sender};
@@ -17,8 +20,18 @@ use super::fd_passing;
 use super::wire::{MESSAGE_BYTES, Message};
 use super::{Mapped, ZeroCopy};
 
+/// A message on its way, and the member to tell if it cannot go.
+pub struct Outgoing {
+    pub process: u64,
+    pub message: Message,
+    /// Shared by the messages of one offer to every peer.
+    pub fd: Option<Arc<OwnedFd>>,
+    pub sender: Weak<ZeroCopy>,
+}
+
 pub struct Service {
     socket: UnixDatagram,
+    outbox: Mutex<Sender<Outgoing>>,
     members: Mutex<HashMap<u64, Weak<ZeroCopy>>>,
     /// Mappings to close, on a thread of their own: unmapping may wait for the GPU, whose
     /// kernels may wait for a peer that waits for this service's next answer.
@@ -54,8 +67,10 @@ impl Service {
             .name("ncclshim-unmap".into())
             .spawn(move || closing.into_iter().for_each(drop))
             .map_err(|e| format!("zero-copy thread: {e}"))?;
+        let (outbox, outgoing) = mpsc::channel::<Outgoing>();
         let service = Arc::new(Service {
             socket,
+            outbox: Mutex::new(outbox),
             members: Mutex::new(HashMap::new()),
             closer: Mutex::new(closer),
         });
@@ -63,6 +78,11 @@ impl Service {
         std::thread::Builder::new()
             .name("ncclshim-zero-copy".into())
             .spawn(move || serving.serve())
+            .map_err(|e| format!("zero-copy thread: {e}"))?;
+        let sending = service.clone();
+        std::thread::Builder::new()
+            .name("ncclshim-zc-send".into())
+            .spawn(move || outgoing.into_iter().for_each(|o| sending.deliver(o)))
             .map_err(|e| format!("zero-copy thread: {e}"))?;
         Ok(service)
     }
@@ -93,27 +113,48 @@ impl Service {
         self.members.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Sends `message` to the process whose identity is `process`, with `fd` if given (the
-    /// receiver gets its own descriptor of the same file).
-    pub fn send(
-        &self,
-        process: u64,
-        message: &Message,
-        fd: Option<BorrowedFd<'_>>,
-    ) -> io::Result<()> {
-        let Some(fd) = fd else {
-            let address = SocketAddr::from_abstract_name(name(process).as_bytes())?;
-            return self
-                .socket
-                .send_to_addr(&message.encode(), &address)
-                .map(|_| ());
-        };
-        fd_passing::send(
-            &self.socket,
-            name(process).as_bytes(),
-            &message.encode(),
+    /// Sends a message soon, on the sending thread; if it cannot go, its sender gives up.
+    pub fn post(&self, outgoing: Outgoing) {
+        let posted = self
+            .outbox
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .send(outgoing);
+        // The thread is gone (it never ends by itself): as a peer that cannot be reached.
+        if let Err(unsent) = posted
+            && let Some(member) = unsent.0.sender.upgrade()
+        {
+            member.give_up("its messages cannot be sent");
+        }
+    }
+
+    /// Sends `outgoing` (the receiver gets its own descriptor of the same file, if any), waiting
+    /// while the peer's queue is full.
+    fn deliver(&self, outgoing: Outgoing) {
+        let Outgoing {
+            process,
+            message,
             fd,
-        )
+            sender,
+        } = outgoing;
+        let sent = match &fd {
+            None => SocketAddr::from_abstract_name(name(process).as_bytes()).and_then(|address| {
+                self.socket
+                    .send_to_addr(&message.encode(), &address)
+                    .map(|_| ())
+            }),
+            Some(fd) => fd_passing::send(
+                &self.socket,
+                name(process).as_bytes(),
+                &message.encode(),
+                fd.as_fd(),
+            ),
+        };
+        if let Err(e) = sent
+            && let Some(member) = sender.upgrade()
+        {
+            member.unreachable(process, &e);
+        }
     }
 
     fn serve(self: Arc<Self>) {

@@ -12,7 +12,8 @@ pub const MESSAGE_BYTES: usize = 104;
 pub enum Kind {
     /// Exporter to importers: `handle` opens the allocation of `size` bytes at `position`.
     Export,
-    /// As `Export`, for an allocation passed as the file descriptor sent with the message.
+    /// As `Export`, for a cuMem allocation passed as the file descriptor sent with the
+    /// message; `handle` holds where it sits in its process (`Piece`).
     ExportFd,
     /// Importer to exporter: where it mapped `position`'s allocation (`value`, 0: it could not).
     Ack,
@@ -79,6 +80,44 @@ impl Message {
     }
 }
 
+/// Where a cuMem allocation sits in its process: its reservation (start, size), which it may
+/// share with others side by side (PyTorch's expandable segments), its base there and the
+/// driver's id for it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Piece {
+    pub reservation: (u64, u64),
+    pub base: u64,
+    pub id: u64,
+}
+
+impl Piece {
+    /// In the bytes of an `ExportFd` message's handle, which no IPC handle uses.
+    pub fn to_handle(self) -> IpcHandle {
+        let mut handle = [0u8; 64];
+        let fields = [self.reservation.0, self.reservation.1, self.base, self.id];
+        for (k, field) in fields.into_iter().enumerate() {
+            handle[8 * k..8 * k + 8].copy_from_slice(&field.to_le_bytes());
+        }
+        handle
+    }
+
+    pub fn from_handle(handle: &IpcHandle) -> Piece {
+        let at = |k: usize| u64::from_le_bytes(handle[8 * k..8 * k + 8].try_into().unwrap());
+        Piece {
+            reservation: (at(0), at(1)),
+            base: at(2),
+            id: at(3),
+        }
+    }
+
+    /// Its offset in its reservation, if it lies within it.
+    pub fn offset(&self) -> Option<u64> {
+        let (start, size) = self.reservation;
+        let offset = self.base.checked_sub(start)?;
+        (offset < size).then_some(offset)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -102,6 +141,22 @@ mod tests {
             };
             assert_eq!(Message::decode(&message.encode()), Some(message));
         }
+    }
+
+    #[test]
+    fn a_piece_rides_in_the_handle() {
+        let piece = Piece {
+            reservation: (0x7f00_0000_0000, 90 << 30),
+            base: 0x7f00_0140_0000,
+            id: 12345,
+        };
+        assert_eq!(Piece::from_handle(&piece.to_handle()), piece);
+        assert_eq!(piece.offset(), Some(0x140_0000));
+        let outside = Piece {
+            base: 0x7e00_0000_0000,
+            ..piece
+        };
+        assert_eq!(outside.offset(), None);
     }
 
     #[test]
