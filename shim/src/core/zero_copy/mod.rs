@@ -248,9 +248,16 @@ impl ZeroCopy {
             return None;
         }
         let mut uses = Uses::default();
-        let sides = self
-            .side(send, send_bytes, &mut uses)
-            .and_then(|input| Ok((input, self.side(recv, recv_bytes, &mut uses)?)));
+        // In place (as PyTorch's all-reduces are): one look-up serves both sides.
+        let in_place = recv == send && recv_bytes == send_bytes;
+        let sides = self.side(send, send_bytes, &mut uses).and_then(|input| {
+            let output = if in_place {
+                input
+            } else {
+                self.side(recv, recv_bytes, &mut uses)?
+            };
+            Ok((input, output))
+        });
         let (input, output) = match sides {
             Ok(sides) => sides,
             Err(why) => {
@@ -679,6 +686,8 @@ mod tests {
         mirrors: Mutex<HashMap<(u64, u64), u64>>,
         /// Places in mirrors mapped now.
         taken: Arc<Mutex<Vec<u64>>>,
+        /// Look-ups of the allocation holding a pointer.
+        lookups: AtomicUsize,
     }
 
     struct FakeMapping {
@@ -708,6 +717,7 @@ mod tests {
 
     impl Memory for Arc<FakeMemory> {
         fn allocation_of(&self, pointer: u64) -> Option<Allocation> {
+            self.lookups.fetch_add(1, Ordering::SeqCst);
             lock(&self.allocations)
                 .iter()
                 .find(|a| a.holds(pointer, 1))
@@ -885,6 +895,24 @@ mod tests {
             member.addresses(0x90_0000, 16, 0x40_0000, 16).is_none(),
             "not shareable"
         );
+    }
+
+    /// A call in place looks its buffer up once; one out of place, once a side.
+    #[test]
+    fn a_call_in_place_looks_its_buffer_up_once() {
+        let ranks = ranks(2, false);
+        let (member, memory) = &ranks[0];
+        allocate(memory, 0x10_0000, 1);
+        allocate(memory, 0x40_0000, 2);
+        assert!(member.addresses(0x10_0000, 4096, 0x40_0000, 4096).is_some());
+        let lookups = || memory.lookups.load(Ordering::SeqCst);
+        let before = lookups();
+        let (in_place, _) = member.addresses(0x10_0000, 4096, 0x10_0000, 4096).unwrap();
+        assert_eq!(lookups() - before, 1);
+        assert_eq!(in_place.input, in_place.output);
+        let before = lookups();
+        assert!(member.addresses(0x10_0000, 4096, 0x40_0000, 4096).is_some());
+        assert_eq!(lookups() - before, 2);
     }
 
     /// cuMem allocations travel as file descriptors (SCM_RIGHTS), mixed with IPC ones.
