@@ -320,16 +320,21 @@ impl CoreComm {
                 root: call.plan.root,
             };
         }
-        self.order.before_launch(stream)?;
-        // SAFETY: `Args`, the kernel's one parameter.
-        unsafe { self.launch_with(function, first.blocks, first.threads, stream, &mut args) }?;
+        let launched = self.order.before_launch(stream).and_then(|()| {
+            // SAFETY: `Args`, the kernel's one parameter.
+            unsafe { self.launch_with(function, first.blocks, first.threads, stream, &mut args) }
+        });
         if let Some(zero_copy) = &self.zero_copy {
-            let marked = (!cuda::capturing(stream)).then_some(stream);
-            uses.into_iter()
-                .flatten()
-                .for_each(|used| zero_copy.used(used, marked));
+            if launched.is_ok() {
+                let marked = (!cuda::capturing(stream)).then_some(stream);
+                uses.into_iter()
+                    .flatten()
+                    .for_each(|used| zero_copy.used(used, marked));
+            }
+            // What the launch's calls offered is marked, or no kernel uses it.
+            zero_copy.launched();
         }
-        Ok(())
+        launched
     }
 
     /// The communicator's side of a kernel's arguments, for `ncalls` calls (all N left empty).

@@ -3,8 +3,9 @@
 
 use std::ffi::{c_int, c_uint, c_void};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::mpsc::{self, Sender};
+use std::sync::{Arc, OnceLock};
 
 use super::device::Device;
 use super::error::{Cuda, check};
@@ -74,11 +75,37 @@ impl Reservation {
 
 impl Drop for Reservation {
     fn drop(&mut self) {
-        if let Ok(_context) = self.device.enter() {
-            // SAFETY: our reserved range, where nothing is mapped any more.
-            unsafe { sys::cuMemAddressFree(self.pointer, self.size as usize) };
+        let range = (self.device, self.pointer, self.size as usize);
+        // Not on the thread that drops it (zero-copy's, which peers wait on to answer): whether
+        // the driver waits for the GPU here is not known. Inline where that thread is missing.
+        match unreserving().map(|thread| thread.send(range)) {
+            Some(Ok(())) => {}
+            Some(Err(unsent)) => free_range(unsent.0),
+            None => free_range(range),
         }
     }
+}
+
+fn free_range((device, pointer, size): (Device, DevicePtr, usize)) {
+    if let Ok(_context) = device.enter() {
+        // SAFETY: our reserved range, where nothing is mapped any more.
+        unsafe { sys::cuMemAddressFree(pointer, size) };
+    }
+}
+
+/// The thread that gives reservations back, started on first use (`None` if it cannot be).
+fn unreserving() -> Option<&'static Sender<(Device, DevicePtr, usize)>> {
+    static THREAD: OnceLock<Option<Sender<(Device, DevicePtr, usize)>>> = OnceLock::new();
+    THREAD
+        .get_or_init(|| {
+            let (sender, ranges) = mpsc::channel();
+            std::thread::Builder::new()
+                .name("ncclshim-unreserve".into())
+                .spawn(move || ranges.into_iter().for_each(free_range))
+                .ok()
+                .map(|_| sender)
+        })
+        .as_ref()
 }
 
 /// Another process's cuMem allocation mapped into a device's address space from its file
@@ -143,8 +170,8 @@ impl VmmMapping {
     ) -> Cuda<VmmMapping> {
         let pointer = within.pointer + offset;
         let size = size as usize;
-        // SAFETY: a free place in our reserved range (the driver refuses one that is mapped)
-        // and an imported handle of `size` bytes.
+        // SAFETY: a place of our reserved range that the caller knows free (and the driver
+        // refuses one that is mapped), and an imported handle of `size` bytes.
         check("cuMemMap", unsafe {
             sys::cuMemMap(pointer, size, 0, handle, 0)
         })?;

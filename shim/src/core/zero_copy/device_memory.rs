@@ -30,16 +30,30 @@ impl Mapped for VmmMapping {
     }
 }
 
-/// A mapping that communicators of this process over the same peer share, and whether it is at
-/// its place in a mirror.
-struct SharedMapping(Arc<VmmMapping>, bool);
+/// A peer's cuMem allocation mapped here: at its place in a mirror, where communicators of this
+/// process over the same peer share it, or apart, its own.
+struct SharedMapping {
+    /// Taken when dropped.
+    mapping: Option<Arc<VmmMapping>>,
+    in_mirror: bool,
+}
 
 impl Mapped for SharedMapping {
     fn address(&self) -> u64 {
-        self.0.pointer
+        self.mapping.as_ref().map_or(0, |m| m.pointer)
     }
     fn in_mirror(&self) -> bool {
-        self.1
+        self.in_mirror
+    }
+}
+
+impl Drop for SharedMapping {
+    fn drop(&mut self) {
+        // Closed, if this is its last holder, under the lock that places in mirrors are found
+        // free under: a place is never mapped again while it is being closed.
+        let guard = self.in_mirror.then(|| lock(&MIRRORS));
+        drop(self.mapping.take());
+        drop(guard);
     }
 }
 
@@ -75,12 +89,26 @@ type MirrorKey = (u64, u64, u64, i32);
 /// mapping here.
 type PieceKey = (u64, u64, u64, i32);
 
-/// What this process mapped of its peers' cuMem memory; held by the mappings, named here.
+/// What this process mapped of its peers' cuMem memory at its place in a mirror; held by the
+/// mappings, named here. Mappings in mirrors are made and closed under its lock, so what it
+/// says of a mirror's places is exact.
 #[derive(Default)]
 struct Mirrors {
     reservations: HashMap<MirrorKey, Weak<Reservation>>,
-    /// With whether it is at its place in the mirror.
-    pieces: HashMap<PieceKey, (Weak<VmmMapping>, bool)>,
+    /// With where: its mirror, offset and size.
+    pieces: HashMap<PieceKey, (Weak<VmmMapping>, MirrorKey, u64, u64)>,
+}
+
+impl Mirrors {
+    /// Whether `size` bytes at `offset` of the mirror `key` are free.
+    fn free(&self, key: MirrorKey, offset: u64, size: u64) -> bool {
+        !self.pieces.values().any(|(mapping, mirror, at, bytes)| {
+            *mirror == key
+                && mapping.strong_count() > 0
+                && *at < offset.saturating_add(size)
+                && offset < at.saturating_add(*bytes)
+        })
+    }
 }
 
 static MIRRORS: Mutex<Option<Mirrors>> = Mutex::new(None);
@@ -100,12 +128,11 @@ impl DeviceMemory {
         let piece_key = (origin.process, origin.piece.id, origin.piece.base, ordinal);
         let mut guard = lock(&MIRRORS);
         let mirrors = guard.get_or_insert_with(Mirrors::default);
-        if let Some((mapping, in_place)) = mirrors
-            .pieces
-            .get(&piece_key)
-            .and_then(|(mapping, in_place)| Some((mapping.upgrade()?, *in_place)))
-        {
-            return Ok(SharedMapping(mapping, in_place));
+        if let Some(mapping) = mirrors.pieces.get(&piece_key).and_then(|p| p.0.upgrade()) {
+            return Ok(SharedMapping {
+                mapping: Some(mapping),
+                in_mirror: true,
+            });
         }
         let (start, reserved) = origin.piece.reservation;
         let mirror_key = (origin.process, start, reserved, ordinal);
@@ -119,39 +146,47 @@ impl DeviceMemory {
             // PyTorch about the GPU's memory), mapped apart.
             None => Reservation::new(self.0, reserved).ok().map(Arc::new),
         };
-        let within = mirror.as_ref().zip(origin.piece.offset());
+        let offset = origin
+            .piece
+            .offset()
+            .filter(|&offset| mirrors.free(mirror_key, offset, size));
+        let within = mirror.as_ref().zip(offset);
         let mapping = VmmMapping::import(self.0, shared.as_fd(), size, within)
             .map(Arc::new)
             .map_err(|e| e.to_string())?;
-        let in_place =
+        let in_mirror =
             within.map(|(mirror, offset)| mirror.pointer + offset) == Some(mapping.pointer);
-        if !in_place && !SAID_APART.swap(true, Ordering::Relaxed) {
-            log_info!(
-                "zero-copy: a peer's allocation mapped apart from its neighbours (mirror {}, place {})",
-                if mirror.is_some() {
-                    "reserved"
-                } else {
-                    "not reserved"
-                },
-                if within.is_some() {
-                    "taken or refused"
-                } else {
-                    "outside it"
-                }
-            );
-        }
         // Forget what no mapping holds any more (mapping is rare; so is this look).
         mirrors.reservations.retain(|_, m| m.strong_count() > 0);
-        mirrors.pieces.retain(|_, (m, _)| m.strong_count() > 0);
+        mirrors.pieces.retain(|_, p| p.0.strong_count() > 0);
         if let Some(mirror) = &mirror {
             mirrors
                 .reservations
                 .insert(mirror_key, Arc::downgrade(mirror));
         }
-        mirrors
-            .pieces
-            .insert(piece_key, (Arc::downgrade(&mapping), in_place));
-        Ok(SharedMapping(mapping, in_place))
+        match (in_mirror, offset) {
+            (true, Some(offset)) => {
+                let place = (Arc::downgrade(&mapping), mirror_key, offset, size);
+                mirrors.pieces.insert(piece_key, place);
+            }
+            // Apart, and its own: another communicator's offer of it tries its place again.
+            _ => {
+                if !SAID_APART.swap(true, Ordering::Relaxed) {
+                    log_info!(
+                        "zero-copy: a peer's allocation mapped apart from its neighbours ({})",
+                        match (&mirror, origin.piece.offset()) {
+                            (None, _) => "no mirror could be reserved",
+                            (_, None) => "outside its reservation",
+                            _ => "its place taken",
+                        }
+                    );
+                }
+            }
+        }
+        Ok(SharedMapping {
+            mapping: Some(mapping),
+            in_mirror,
+        })
     }
 }
 

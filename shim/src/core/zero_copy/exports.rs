@@ -94,6 +94,9 @@ pub struct Exports<E> {
     slots: Vec<Option<Export<E>>>,
     last_generation: u64,
     tick: u64,
+    /// Positions placed at this tick or later may be in a call that is not queued yet (its
+    /// uses not marked): never replaced.
+    unqueued_from: u64,
 }
 
 impl<E: Done> Exports<E> {
@@ -104,6 +107,7 @@ impl<E: Done> Exports<E> {
             slots: (0..CAPACITY).map(|_| None).collect(),
             last_generation: 0,
             tick: 0,
+            unqueued_from: 0,
         }
     }
 
@@ -148,13 +152,15 @@ impl<E: Done> Exports<E> {
         if let Some(position) = self.slots.iter().position(Option::is_none) {
             return self.offer(position, allocation);
         }
-        // The least recently used one that no graph holds and no kernel still uses.
+        // The least recently used one that no graph holds, no kernel still uses and no call
+        // about to be queued uses.
         let replaceable = self
             .slots
             .iter()
             .enumerate()
             .filter_map(|(position, slot)| slot.as_ref().map(|e| (position, e)))
             .filter(|(_, e)| !e.pinned && e.last_use.as_ref().is_none_or(Done::done))
+            .filter(|(_, e)| e.tick < self.unqueued_from)
             .min_by_key(|(_, e)| e.tick)
             .map(|(position, _)| position);
         match replaceable {
@@ -222,6 +228,12 @@ impl<E: Done> Exports<E> {
             Some(Some(export)) => export.offered_at,
             _ => Instant::now(),
         }
+    }
+
+    /// The calls placed so far are queued, their uses marked (`used`): what they placed and did
+    /// not use no kernel uses.
+    pub fn queued(&mut self) {
+        self.unqueued_from = self.tick + 1;
     }
 
     /// A call used `position`: behind `marker` (eager), or in a graph (`None`: kept for good).
@@ -385,6 +397,7 @@ mod tests {
             };
             exports.used(position, Some(marker.clone()));
         }
+        exports.queued();
         // Every position busy, every kernel still running: nothing can be had.
         let late = allocation(0x9_0000_0000, 5);
         assert_eq!(place(&mut exports, late), Placement::Full);
@@ -395,6 +408,7 @@ mod tests {
         assert_eq!(retired.len(), 1);
         assert_eq!(retired[0].position, 3);
         assert!(matches!(placed, Placement::New { position: 3, .. }));
+        exports.queued();
         // Full again: the least recently used position whose kernel is done goes.
         markers[10].0.set(true);
         markers[20].0.set(true);
@@ -403,6 +417,30 @@ mod tests {
         assert!(
             matches!(placed, Placement::New { position: 20, .. }),
             "{placed:?}"
+        );
+    }
+
+    /// A call's positions are marked once its kernel is queued, after the calls of its launch
+    /// placed theirs: until then, what they placed is kept, used or not.
+    #[test]
+    fn what_calls_not_queued_yet_placed_is_never_replaced() {
+        let mut exports = Exports::<Marker>::new(0, 2);
+        for i in 0..CAPACITY {
+            place(&mut exports, allocation((i as u64 + 1) << 30, 1));
+        }
+        assert_eq!(place(&mut exports, allocation(1 << 50, 1)), Placement::Full);
+        exports.queued();
+        // Queued without using them: the least recently used goes, then the next; the one
+        // just placed stays.
+        let first = place(&mut exports, allocation(1 << 51, 1));
+        assert!(
+            matches!(first, Placement::New { position: 0, .. }),
+            "{first:?}"
+        );
+        let second = place(&mut exports, allocation(1 << 52, 1));
+        assert!(
+            matches!(second, Placement::New { position: 1, .. }),
+            "{second:?}"
         );
     }
 
