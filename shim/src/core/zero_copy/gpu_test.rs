@@ -224,40 +224,19 @@ fn role(rank: usize, dir: &Path, processes: Vec<u64>, ids: bool) {
         let inside = start + 256;
         let allocation = super::device_memory::shareable_allocation(inside, device.ordinal);
         println!("round 3: allocation {allocation:x?}");
-        let started = Instant::now();
-        let (addresses, _) = member
-            .addresses(inside, 4096, inside, 4096)
-            .expect("rank 1 maps the cuMem buffer");
-        println!(
-            "round 3: rank 1's address {:#x}, first call {:.1} ms",
-            addresses.input[1],
-            started.elapsed().as_secs_f64() * 1e3
-        );
+        let addresses = first_call(&member, inside, "round 3: the cuMem buffer");
         // Several allocations in one reservation (PyTorch's expandable segments): a buffer in
         // one of them, and one across both, which rank 1 maps side by side.
         let pair = cumem(device, chunk, 2);
         stream.fill(pair, 0x44, 2 * chunk).unwrap();
         let second = pair + chunk as u64 + 512;
-        let started = Instant::now();
-        let (in_second, _) = member
-            .addresses(second, 4096, second, 4096)
-            .expect("rank 1 maps the second allocation alone");
         println!(
-            "round 3: in the second of two allocations: {:x?}, rank 1's address {:#x}, first call {:.1} ms",
-            super::device_memory::shareable_allocation(second, device.ordinal),
-            in_second.input[1],
-            started.elapsed().as_secs_f64() * 1e3
+            "round 3: the second of two allocations: {:x?}",
+            super::device_memory::shareable_allocation(second, device.ordinal)
         );
+        let in_second = first_call(&member, second, "round 3: in the second of two allocations");
         let across = pair + chunk as u64 - 256;
-        let started = Instant::now();
-        let (across_both, _) = member
-            .addresses(across, 4096, across, 4096)
-            .expect("rank 1 maps both allocations side by side");
-        println!(
-            "round 3: across two allocations: rank 1's address {:#x}, first call {:.1} ms",
-            across_both.input[1],
-            started.elapsed().as_secs_f64() * 1e3
-        );
+        let across_both = first_call(&member, across, "round 3: across two allocations");
         assert_eq!(across_both.input[1] + 256 + 512, in_second.input[1]);
         post(dir, "round3", &format!("{} 51", addresses.input[1]));
         assert_eq!(await_file(dir, "read3"), "right");
@@ -275,15 +254,7 @@ fn role(rank: usize, dir: &Path, processes: Vec<u64>, ids: bool) {
             assert_eq!(unmapped, cudarc::driver::sys::CUresult::CUDA_SUCCESS);
             map_chunk(device, pair + chunk as u64, chunk);
             stream.fill(pair + chunk as u64, 0x66, chunk).unwrap();
-            let started = Instant::now();
-            let (again, _) = member
-                .addresses(across, 4096, across, 4096)
-                .expect("rank 1 maps the new allocation in time");
-            println!(
-                "round 6: made again: rank 1's address {:#x}, first call {:.1} ms",
-                again.input[1],
-                started.elapsed().as_secs_f64() * 1e3
-            );
+            let again = first_call(&member, across, "round 6: made again");
             assert_eq!(again.input[1], across_both.input[1], "not at its place");
             post(dir, "round6", &format!("{} 102", in_second.input[1]));
             assert_eq!(await_file(dir, "read6"), "right");
@@ -308,6 +279,21 @@ fn role(rank: usize, dir: &Path, processes: Vec<u64>, ids: bool) {
         drop(busy);
     }
     drop(member);
+}
+
+/// Every rank's address of 4 KiB at `pointer`, in place, which rank 1 must map in time; says
+/// how long the call took (the first on a new buffer waits for rank 1's answer).
+fn first_call(member: &ZeroCopy, pointer: u64, what: &str) -> super::Addresses {
+    let started = Instant::now();
+    let (addresses, _) = member
+        .addresses(pointer, 4096, pointer, 4096)
+        .unwrap_or_else(|| panic!("{what}: rank 1 did not map it"));
+    println!(
+        "{what}: rank 1's address {:#x}, first call {:.1} ms",
+        addresses.input[1],
+        started.elapsed().as_secs_f64() * 1e3
+    );
+    addresses
 }
 
 /// The core's direct all-reduce between two processes on one GPU (their kernels take turns on
