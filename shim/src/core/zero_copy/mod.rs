@@ -293,39 +293,42 @@ impl ZeroCopy {
         if !pointer.is_multiple_of(16) {
             return Err(Staged::Unaligned);
         }
-        let mut pieces = [None; MAX_PIECES];
-        let count = self.pieces_of(pointer, bytes, &mut pieces)?;
-        let base = pieces[0].ok_or(Staged::NotShareable)?.base;
+        let (pieces, count) = self.pieces_of(pointer, bytes)?;
+        let pieces = &pieces[..count];
         let mut placed = [(0, 0); MAX_PIECES];
-        let pieces = pieces[..count].iter().flatten().copied();
         let bases = self.offsets_of(pieces, &mut placed[..count])?;
         placed[..count]
             .iter()
             .for_each(|&(position, _)| uses.add(position));
         // Past the ranks: zeros, never read.
-        Ok(Some(bases.map(|b| b.wrapping_add(pointer - base))))
+        Ok(Some(
+            bases.map(|b| b.wrapping_add(pointer - pieces[0].base)),
+        ))
     }
 
-    /// The allocations `bytes` at `pointer` lie in, into `pieces`, and how many: one, or
-    /// several side by side in one reservation (PyTorch's expandable segments), up to
-    /// MAX_PIECES.
+    /// The allocations `bytes` at `pointer` lie in, and how many of them (the first ones of the
+    /// array): one, or several side by side in one reservation (PyTorch's expandable segments),
+    /// up to MAX_PIECES.
     fn pieces_of(
         &self,
         pointer: u64,
         bytes: u64,
-        pieces: &mut [Option<Allocation>; MAX_PIECES],
-    ) -> Result<usize, Staged> {
+    ) -> Result<([Allocation; MAX_PIECES], usize), Staged> {
         let end = pointer.checked_add(bytes).ok_or(Staged::NotShareable)?;
         let first = self
             .memory
             .allocation_of(pointer)
             .ok_or(Staged::NotShareable)?;
-        let mut piece = first;
-        for (count, slot) in pieces.iter_mut().enumerate() {
-            *slot = Some(piece);
-            let piece_end = piece.base + piece.size;
+        // Past the count: copies of the first, never read.
+        let mut pieces = [first; MAX_PIECES];
+        let mut count = 1;
+        loop {
+            let piece_end = pieces[count - 1].base + pieces[count - 1].size;
             if end <= piece_end {
-                return Ok(count + 1);
+                return Ok((pieces, count));
+            }
+            if count == MAX_PIECES {
+                return Err(Staged::AcrossAllocations);
             }
             // Only cuMem allocations can be mapped side by side in a peer (a mirror of their
             // reservation, device_memory.rs).
@@ -340,9 +343,9 @@ impl ZeroCopy {
             if !side_by_side {
                 return Err(Staged::AcrossAllocations);
             }
-            piece = next;
+            pieces[count] = next;
+            count += 1;
         }
-        Err(Staged::AcrossAllocations)
     }
 
     /// Every rank's address of the first of `pieces` (allocations side by side, their
@@ -350,16 +353,14 @@ impl ZeroCopy {
     /// unless every peer mapped them all, side by side as here.
     fn offsets_of(
         &self,
-        pieces: impl Iterator<Item = Allocation>,
+        pieces: &[Allocation],
         placed: &mut [(usize, u64)],
     ) -> Result<[u64; MAX_RANKS], Staged> {
         let mut exports = lock(&self.exports);
-        let mut bases = [0; MAX_PIECES];
-        for ((allocation, place), base) in pieces.zip(placed.iter_mut()).zip(bases.iter_mut()) {
+        for (&allocation, place) in pieces.iter().zip(placed.iter_mut()) {
             *place = self
                 .place(&mut exports, allocation)
                 .ok_or(Staged::TableFull)?;
-            *base = allocation.base;
         }
         let offered_last = placed
             .iter()
@@ -368,7 +369,7 @@ impl ZeroCopy {
             .unwrap_or_else(Instant::now);
         let deadline = offered_last + ANSWER_LIMIT;
         loop {
-            match side_by_side(&exports, placed, &bases, self.processes.len()) {
+            match side_by_side(&exports, placed, pieces, self.processes.len()) {
                 Some(result) => return result,
                 None if self.broken.load(Ordering::Relaxed) => {
                     return Err(Staged::NoAnswerInTime);
@@ -649,23 +650,24 @@ impl Drop for ZeroCopy {
     }
 }
 
-/// Every rank's address of the first of the allocations at `placed` (whose bases here are
-/// `bases`), once every peer has answered for all: why not unless each peer mapped them all side
-/// by side as here, `None` while answers are missing.
+/// Every rank's address of the first of `pieces`, placed at `placed`, once every peer has
+/// answered for all: why not unless each peer mapped them all side by side as here, `None` while
+/// answers are missing.
 fn side_by_side(
     exports: &Exports<Marker>,
     placed: &[(usize, u64)],
-    bases: &[u64],
+    pieces: &[Allocation],
     nranks: usize,
 ) -> Option<Result<[u64; MAX_RANKS], Staged>> {
     let mut first = [0; MAX_RANKS];
-    for (k, (&(position, generation), &base)) in placed.iter().zip(bases).enumerate() {
+    for (k, (&(position, generation), piece)) in placed.iter().zip(pieces).enumerate() {
         let Ok(addresses) = exports.addresses(position, generation)? else {
             return Some(Err(Staged::PeerCouldNotMap));
         };
+        let apart = piece.base - pieces[0].base;
         if k == 0 {
             first = addresses;
-        } else if (0..nranks).any(|r| addresses[r] != first[r].wrapping_add(base - bases[0])) {
+        } else if (0..nranks).any(|r| addresses[r] != first[r].wrapping_add(apart)) {
             return Some(Err(Staged::NotSideBySide));
         }
     }
