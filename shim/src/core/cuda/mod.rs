@@ -1,7 +1,8 @@
 //! The CUDA driver calls the core makes, each wrapped into a `Result` with the call named in the
 //! error (`error`), by what they are about: a GPU and its contexts (`device`), memory
 //! (`memory`), memory shared between processes (`sharing`), the kernels' host control block
-//! (`host_control`), streams and events (`stream`), kernels (`module`). cudarc's `result` layer
+//! (`host_control`), streams and events (`stream`), kernels (`module`), releasing resources
+//! away from a thread that must not wait for the GPU (`release`). cudarc's `result` layer
 //! where it has the call; raw `sys` calls (IPC, peer access, host-mapped memory, context
 //! push/pop) only here.
 
@@ -11,6 +12,7 @@ mod handles;
 mod host_control;
 mod memory;
 mod module;
+mod release;
 mod sharing;
 mod stream;
 
@@ -20,6 +22,7 @@ pub use handles::*;
 pub use host_control::*;
 pub use memory::*;
 pub use module::*;
+pub use release::release_later;
 pub use sharing::*;
 pub use stream::*;
 

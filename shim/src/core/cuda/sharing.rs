@@ -3,14 +3,14 @@
 
 use std::ffi::{c_int, c_uint, c_void};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{self, Sender};
-use std::sync::{Arc, OnceLock};
 
 use super::device::Device;
 use super::error::{Cuda, check};
 use super::handles::DevicePtr;
 use super::memory::{LIVE, device_location};
+use super::release::release_later;
 use cudarc::driver::sys;
 
 pub type IpcHandle = [u8; 64];
@@ -54,7 +54,8 @@ pub fn export_fd(base: DevicePtr) -> Cuda<OwnedFd> {
 pub struct Reservation {
     pub pointer: DevicePtr,
     pub size: u64,
-    device: Device,
+    /// Taken when dropped.
+    range: Option<AddressRange>,
 }
 
 impl Reservation {
@@ -68,44 +69,41 @@ impl Reservation {
         Ok(Reservation {
             pointer,
             size,
-            device,
+            range: Some(AddressRange {
+                device,
+                pointer,
+                size: size as usize,
+            }),
         })
     }
 }
 
 impl Drop for Reservation {
     fn drop(&mut self) {
-        let range = (self.device, self.pointer, self.size as usize);
-        // Not on the thread that drops it (zero-copy's, which peers wait on to answer): whether
-        // the driver waits for the GPU here is not known. Inline where that thread is missing.
-        match unreserving().map(|thread| thread.send(range)) {
-            Some(Ok(())) => {}
-            Some(Err(unsent)) => free_range(unsent.0),
-            None => free_range(range),
+        // Given back on the releasing thread, not on zero-copy's that drops it (whether the
+        // driver waits for the GPU here is not known); here where that thread is missing.
+        if let Some(range) = self.range.take()
+            && let Err(range) = release_later(range)
+        {
+            drop(range);
         }
     }
 }
 
-fn free_range((device, pointer, size): (Device, DevicePtr, usize)) {
-    if let Ok(_context) = device.enter() {
-        // SAFETY: our reserved range, where nothing is mapped any more.
-        unsafe { sys::cuMemAddressFree(pointer, size) };
-    }
+/// A reserved range of a device's address space, given back when dropped.
+struct AddressRange {
+    device: Device,
+    pointer: DevicePtr,
+    size: usize,
 }
 
-/// The thread that gives reservations back, started on first use (`None` if it cannot be).
-fn unreserving() -> Option<&'static Sender<(Device, DevicePtr, usize)>> {
-    static THREAD: OnceLock<Option<Sender<(Device, DevicePtr, usize)>>> = OnceLock::new();
-    THREAD
-        .get_or_init(|| {
-            let (sender, ranges) = mpsc::channel();
-            std::thread::Builder::new()
-                .name("ncclshim-unreserve".into())
-                .spawn(move || ranges.into_iter().for_each(free_range))
-                .ok()
-                .map(|_| sender)
-        })
-        .as_ref()
+impl Drop for AddressRange {
+    fn drop(&mut self) {
+        if let Ok(_context) = self.device.enter() {
+            // SAFETY: our reserved range, where nothing is mapped any more.
+            unsafe { sys::cuMemAddressFree(self.pointer, self.size) };
+        }
+    }
 }
 
 /// Another process's cuMem allocation mapped into a device's address space from its file

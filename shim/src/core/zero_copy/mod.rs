@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
-use super::cuda::{IpcHandle, Stream};
+use super::cuda::{IpcHandle, Stream, release_later};
 use super::policy::MAX_RANKS;
 use crate::log::{log_info, log_warn};
 pub use device_memory::DeviceMemory;
@@ -554,7 +554,7 @@ impl ZeroCopy {
                     sender: self.me.clone(),
                 });
                 if let Some(replaced) = replaced {
-                    self.park(service, replaced);
+                    self.park(replaced);
                 }
             }
             Kind::Ack => {
@@ -569,7 +569,7 @@ impl ZeroCopy {
                     && let Some((_, retired)) = imports.remove(&(from, position))
                 {
                     drop(imports);
-                    self.park(service, retired);
+                    self.park(retired);
                 }
             }
         }
@@ -577,7 +577,7 @@ impl ZeroCopy {
 
     /// Keeps the mapping of an allocation that is gone until the communicator goes, or closes
     /// the oldest such one past PARKED_LIMIT; closes one in a mirror now.
-    fn park(&self, service: &Service, mapping: Box<dyn Mapped>) {
+    fn park(&self, mapping: Box<dyn Mapped>) {
         if mapping.in_mirror() {
             return;
         }
@@ -586,7 +586,11 @@ impl ZeroCopy {
         if parked.len() > PARKED_LIMIT
             && let Some(oldest) = parked.pop_front()
         {
-            service.close_later(oldest);
+            // Closing waits for the GPU: on the releasing thread, or kept rather than closed
+            // here.
+            if let Err(kept) = release_later(oldest) {
+                std::mem::forget(kept);
+            }
         }
     }
 

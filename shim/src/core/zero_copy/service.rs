@@ -16,9 +16,9 @@ use std::os::unix::net::{SocketAddr, UnixDatagram};
 use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
+use super::ZeroCopy;
 use super::fd_passing;
 use super::wire::{MESSAGE_BYTES, Message};
-use super::{Mapped, ZeroCopy};
 
 /// A message on its way, and the member to tell if it cannot go.
 pub struct Outgoing {
@@ -33,9 +33,6 @@ pub struct Service {
     socket: UnixDatagram,
     outbox: Mutex<Sender<Outgoing>>,
     members: Mutex<HashMap<u64, Weak<ZeroCopy>>>,
-    /// Mappings to close, on a thread of their own: unmapping may wait for the GPU, whose
-    /// kernels may wait for a peer that waits for this service's next answer.
-    closer: Mutex<Sender<Box<dyn Mapped>>>,
 }
 
 /// The abstract socket name of the process whose identity is `process`.
@@ -62,17 +59,11 @@ impl Service {
             .map_err(|e| format!("zero-copy socket name: {e}"))?;
         let socket =
             UnixDatagram::bind_addr(&address).map_err(|e| format!("zero-copy socket: {e}"))?;
-        let (closer, closing) = mpsc::channel::<Box<dyn Mapped>>();
-        std::thread::Builder::new()
-            .name("ncclshim-unmap".into())
-            .spawn(move || closing.into_iter().for_each(drop))
-            .map_err(|e| format!("zero-copy thread: {e}"))?;
         let (outbox, outgoing) = mpsc::channel::<Outgoing>();
         let service = Arc::new(Service {
             socket,
             outbox: Mutex::new(outbox),
             members: Mutex::new(HashMap::new()),
-            closer: Mutex::new(closer),
         });
         let serving = service.clone();
         std::thread::Builder::new()
@@ -90,19 +81,6 @@ impl Service {
     /// Messages for communicator `comm` go to `member` from now on.
     pub fn join(&self, comm: u64, member: &Arc<ZeroCopy>) {
         self.lock().insert(comm, Arc::downgrade(member));
-    }
-
-    /// Closes `mapping` soon, on the unmapping thread.
-    pub fn close_later(&self, mapping: Box<dyn Mapped>) {
-        let sent = self
-            .closer
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .send(mapping);
-        // The thread is gone (it never ends by itself): keep the mapping rather than block.
-        if let Err(returned) = sent {
-            std::mem::forget(returned.0);
-        }
     }
 
     pub fn leave(&self, comm: u64) {
