@@ -31,7 +31,7 @@ pub struct Outgoing {
 
 pub struct Service {
     socket: UnixDatagram,
-    outbox: Mutex<Sender<Outgoing>>,
+    outbox: Sender<Outgoing>,
     members: Mutex<HashMap<u64, Weak<ZeroCopy>>>,
 }
 
@@ -62,7 +62,7 @@ impl Service {
         let (outbox, outgoing) = mpsc::channel::<Outgoing>();
         let service = Arc::new(Service {
             socket,
-            outbox: Mutex::new(outbox),
+            outbox,
             members: Mutex::new(HashMap::new()),
         });
         let serving = service.clone();
@@ -93,11 +93,7 @@ impl Service {
 
     /// Sends a message soon, on the sending thread; if it cannot go, its sender gives up.
     pub fn post(&self, outgoing: Outgoing) {
-        let posted = self
-            .outbox
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .send(outgoing);
+        let posted = self.outbox.send(outgoing);
         // The thread is gone (it never ends by itself): as a peer that cannot be reached.
         if let Err(unsent) = posted
             && let Some(member) = unsent.0.sender.upgrade()
