@@ -285,7 +285,7 @@ zero_copy_suite() {
 # TORCH_BENCH_MIB other sizes):
 # bf16, one process per GPU under torchrun, eager and in a CUDA graph; runs without and with
 # the shim alternate, twice each, and
-# torch_bench_report.py puts the medians side by side and fails where the shim is above
+# torch_bench_report.py puts the best run of each side by side and fails where the shim is above
 # TORCH_GATE_LIMIT (1.05) x NCCL ---
 torch_bench_suite() {
   local n=$1 dir=$out/torch-bench-$n t=$SECONDS status=0 round alloc

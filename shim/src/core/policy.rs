@@ -784,8 +784,8 @@ mod tests {
             "{fewer}"
         );
         let nccl = "NCCL takes what it does faster";
-        assert_eq!(algorithm(&s, 32 << 20, 2), Some(Algorithm::TwoShot));
-        assert_eq!(algorithm(&s, (32 << 20) + 4, 2), None, "{nccl}");
+        assert_eq!(algorithm(&s, 64 << 20, 2), Some(Algorithm::TwoShot));
+        assert_eq!(algorithm(&s, (64 << 20) + 4, 2), None, "{nccl}");
         assert_eq!(algorithm(&s, 16 << 20, 4), Some(Algorithm::TwoShot));
         assert_eq!(algorithm(&s, (16 << 20) + 4, 4), None, "{nccl}");
         assert_eq!(plan_all_reduce(&s, 0, 7, 0, &procs(2)), None);
@@ -1018,7 +1018,8 @@ mod tests {
         assert_eq!(plan(&s, (256 << 20) + 4, 2, true), None);
         assert_eq!(plan(&s, 32 << 20, 4, true), Some(Algorithm::Direct));
         assert_eq!(plan(&s, 32 << 20, 4, false), None, "{farther}");
-        assert_eq!(plan(&staged, 64 << 20, 2, true), None, "{farther}");
+        assert_eq!(plan(&staged, 64 << 20, 2, true), Some(Algorithm::TwoShot));
+        assert_eq!(plan(&staged, (64 << 20) + 4, 2, true), None, "{farther}");
     }
 
     /// Unset, a collective's limit is the communicator's measured one, its spans of larger calls
@@ -1333,9 +1334,9 @@ mod tests {
         };
         let s = with(&[]);
         assert_eq!(plan(&s, 4 << 20, 2), Some(Algorithm::Direct));
-        assert_eq!(plan(&s, 32 << 20, 2), Some(Algorithm::Direct));
+        assert_eq!(plan(&s, 64 << 20, 2), Some(Algorithm::Direct));
         assert_eq!(
-            plan(&s, 64 << 20, 2),
+            plan(&s, (64 << 20) + 4, 2),
             None,
             "a call that falls back to staging must not lose to NCCL"
         );
