@@ -218,9 +218,7 @@ struct Seen {
     comm: usize,
     /// Its core, as looked up at its first such call: the group's later calls need no look-up.
     core: Arc<CoreComm>,
-    calls: usize,
-    /// Every one in the band where the core beats NCCL's one kernel per group.
-    all_in_band: bool,
+    so_far: policy::GroupSoFar,
     /// While every one so far fits at most MAX_FUSED_LAUNCHES fused launches
     /// (`Settings::fused_with`): how.
     fused: Option<Fused>,
@@ -229,7 +227,11 @@ struct Seen {
 impl Seen {
     /// They go to NCCL: the ones queued before the deciding call, it, and every later one.
     fn to_nccl(&self) -> bool {
-        policy::settings().group_goes_to_nccl(self.calls, self.all_in_band, self.fused.is_some())
+        policy::settings().group_goes_to_nccl(
+            &self.so_far,
+            self.core.facts.nranks,
+            self.fused.is_some(),
+        )
     }
 }
 
@@ -420,7 +422,6 @@ pub fn known(comm: ncclComm_t) -> Known {
 pub fn weigh(comm: ncclComm_t, core: &Arc<CoreComm>, plan: &Plan) -> bool {
     touch();
     let settings = policy::settings();
-    let bytes = plan.count * plan.dtype.size();
     let decided = SEEN.with(|seen| {
         let mut seen = seen.borrow_mut();
         let at = match seen.iter().position(|s| s.comm == comm as usize) {
@@ -429,17 +430,15 @@ pub fn weigh(comm: ncclComm_t, core: &Arc<CoreComm>, plan: &Plan) -> bool {
                 seen.push(Seen {
                     comm: comm as usize,
                     core: core.clone(),
-                    calls: 0,
-                    all_in_band: true,
+                    so_far: policy::GroupSoFar::NONE,
                     fused: None,
                 });
                 seen.len() - 1
             }
         };
         let s = &mut seen[at];
-        s.fused = settings.fused_with(s.fused, s.calls, plan, core.facts.nranks);
-        s.calls += 1;
-        s.all_in_band &= settings.in_group_band(bytes);
+        s.fused = settings.fused_with(s.fused, s.so_far.calls, plan, core.facts.nranks);
+        s.so_far = s.so_far.and(plan);
         s.to_nccl()
     });
     if decided {

@@ -22,28 +22,69 @@ const SENTINEL_BLOCKS: u32 = (SENTINEL_MAX_BYTES / 16 / 64) as u32;
 /// 0.92, `-m 2` 0.61.
 pub const GROUP_BAND_CALLS: usize = 4;
 
+/// The largest all-reduces of a group of two on one communicator that stay the core's, one after
+/// the other, where the band (`GROUP_CORE_BYTES`) ends lower: nccl-tests `-m 2` on 2 H100, one
+/// process per GPU, per operation: 0.75 - 0.88 of NCCL's time (its one kernel for the two) from
+/// 4 to 32 MiB on the peers' mapped buffers, and the staged path (buffers they cannot map) at
+/// most 0.97 (its lone call at 32 MiB); at 64 MiB 0.90 mapped but 1.04 staged. Groups of three
+/// or four calls lost at 4 MiB (1.05 - 1.10), and staged at 32 MiB, so they keep the band.
+pub const GROUP_PAIR_MAX_BYTES: usize = 32 << 20;
+
+/// What a group's calls of one communicator that the core would take have been so far
+/// (`group::weigh` adds them as they come).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GroupSoFar {
+    pub calls: usize,
+    /// The smallest and the largest, as `plan` counts them.
+    pub smallest: usize,
+    pub largest: usize,
+    /// Every one an all-reduce.
+    pub all_reduces: bool,
+}
+
+impl GroupSoFar {
+    pub const NONE: GroupSoFar = GroupSoFar {
+        calls: 0,
+        smallest: usize::MAX,
+        largest: 0,
+        all_reduces: true,
+    };
+
+    /// With one more call, planned as `plan`.
+    pub fn and(self, plan: &Plan) -> GroupSoFar {
+        let bytes = plan.count * plan.dtype.size();
+        GroupSoFar {
+            calls: self.calls + 1,
+            smallest: self.smallest.min(bytes),
+            largest: self.largest.max(bytes),
+            all_reduces: self.all_reduces && plan.algorithm.is_all_reduce(),
+        }
+    }
+}
+
 /// The most fused launches a group's calls of one communicator may take and stay the core's
 /// (`Settings::fused_with`): more small calls than that go to NCCL's one kernel.
 pub const MAX_FUSED_LAUNCHES: usize = 2;
 
 impl Settings {
-    /// Whether a call of `bytes` (as `plan` counts them) is in the band where the core's calls of
-    /// a group, one after the other, beat NCCL's one kernel for the group (`GROUP_CORE_BYTES`).
-    pub fn in_group_band(&self, bytes: usize) -> bool {
-        let (above, up_to) = self.group_core_bytes;
-        bytes > above && bytes <= up_to
-    }
-
     /// Whether a group's `calls` on one communicator that the core would take go to NCCL, all of
     /// them: NCCL runs a group's operations in one kernel with one synchronisation. So does the
     /// core where they fit at most MAX_FUSED_LAUNCHES fused launches (`fused`, see
     /// `fused_with`); otherwise it runs them one after the other, each meeting its peers, which
-    /// wins only where every one is in the band (`in_group_band`) and they are at most
-    /// GROUP_BAND_CALLS. A lone call stays the core's. The same answer on every rank: every
-    /// rank's group holds the same calls.
-    pub fn group_goes_to_nccl(&self, calls: usize, all_in_band: bool, fused: bool) -> bool {
-        let band = all_in_band && calls <= GROUP_BAND_CALLS;
-        calls >= 2 && !band && !fused && !self.force_core
+    /// wins only where every one is in the band (`GROUP_CORE_BYTES`: above its bottom and at most
+    /// its top) and they are at most GROUP_BAND_CALLS, or where they are two all-reduces on 2
+    /// ranks (as measured), up to GROUP_PAIR_MAX_BYTES. A lone call stays the core's. The same
+    /// answer on every rank: every rank's group holds the same calls.
+    pub fn group_goes_to_nccl(&self, group: &GroupSoFar, nranks: usize, fused: bool) -> bool {
+        let (above, up_to) = self.group_core_bytes;
+        // A band turned off (`group_core:0-0`) keeps no pairs either.
+        let top = match (group.calls, group.all_reduces, nranks, up_to) {
+            (2, true, 2, 1..) => up_to.max(GROUP_PAIR_MAX_BYTES),
+            _ => up_to,
+        };
+        let band =
+            group.calls <= GROUP_BAND_CALLS && group.smallest > above && group.largest <= top;
+        group.calls >= 2 && !band && !fused && !self.force_core
     }
 
     /// The group's `calls` calls of a communicator so far as fused launches would hold them
@@ -411,15 +452,49 @@ mod tests {
     #[test]
     fn a_group_goes_to_nccl_whole_unless_every_call_is_in_the_cores_band() {
         let goes = |s: &Settings, sizes: &[usize]| {
-            let all_in_band = sizes.iter().all(|&b| s.in_group_band(b));
-            s.group_goes_to_nccl(sizes.len(), all_in_band, false)
+            let group = GroupSoFar {
+                calls: sizes.len(),
+                smallest: sizes.iter().copied().min().unwrap_or(0),
+                largest: sizes.iter().copied().max().unwrap_or(0),
+                all_reduces: true,
+            };
+            s.group_goes_to_nccl(&group, 2, false)
         };
         let s = with(&[]);
         let (above, up_to) = GROUP_CORE_BYTES;
         assert!(goes(&s, &[8, 8]), "small calls");
-        assert!(goes(&s, &[above + 1, up_to + 1]), "a large one");
+        assert!(goes(&s, &[8, up_to]), "a small one");
+        assert!(goes(&s, &[above + 1, up_to, up_to + 1]), "a large one");
         assert!(goes(&s, &[above, up_to]));
         assert!(!goes(&s, &[above + 1, up_to]), "every one in the band");
+        let pairs = "two calls stay the core's to larger sizes";
+        assert!(!goes(&s, &[above + 1, GROUP_PAIR_MAX_BYTES]), "{pairs}");
+        assert!(!goes(&s, &[GROUP_PAIR_MAX_BYTES; 2]), "{pairs}");
+        assert!(goes(&s, &[up_to, GROUP_PAIR_MAX_BYTES + 1]), "{pairs}");
+        assert!(goes(&s, &[up_to + 1; 3]), "{pairs}");
+        let gathers = GroupSoFar {
+            calls: 2,
+            smallest: up_to,
+            largest: up_to + 1,
+            all_reduces: false,
+        };
+        assert!(
+            s.group_goes_to_nccl(&gathers, 2, false),
+            "pairs of all-reduces only"
+        );
+        let pair = GroupSoFar {
+            all_reduces: true,
+            ..gathers
+        };
+        assert!(!s.group_goes_to_nccl(&pair, 2, false));
+        assert!(
+            s.group_goes_to_nccl(&pair, 4, false),
+            "pairs on 2 ranks only"
+        );
+        assert!(goes(
+            &with(&[("NCCLSHIM_TUNE", "group_core:0-0")]),
+            &[up_to; 2]
+        ));
         let band = [up_to; GROUP_BAND_CALLS];
         assert!(!goes(&s, &band));
         assert!(
@@ -439,13 +514,13 @@ mod tests {
     /// NCCL.
     fn fused_group(s: &Settings, nranks: usize, calls: &[(usize, u32, u32)]) -> (bool, bool) {
         let mut fused = None;
-        let mut all_in_band = true;
-        for (k, &(count, dtype, op)) in calls.iter().enumerate() {
+        let mut group = GroupSoFar::NONE;
+        for &(count, dtype, op) in calls {
             let plan = plan_all_reduce(s, count, dtype, op, &procs(nranks)).unwrap();
-            fused = s.fused_with(fused, k, &plan, nranks);
-            all_in_band &= s.in_group_band(count * plan.dtype.size());
+            fused = s.fused_with(fused, group.calls, &plan, nranks);
+            group = group.and(&plan);
         }
-        let goes = s.group_goes_to_nccl(calls.len(), all_in_band, fused.is_some());
+        let goes = s.group_goes_to_nccl(&group, nranks, fused.is_some());
         (fused.is_some(), goes)
     }
 
@@ -582,7 +657,14 @@ mod tests {
         assert_eq!(group(2, &[gather(1), broadcast(0)]), None);
         let (gathered, goes) = (
             group(2, &[gather(1); 3]),
-            s.group_goes_to_nccl(3, false, true),
+            s.group_goes_to_nccl(
+                &GroupSoFar {
+                    calls: 3,
+                    ..GroupSoFar::NONE
+                },
+                2,
+                true,
+            ),
         );
         assert!(
             gathered.is_some() && !goes,

@@ -300,6 +300,11 @@ impl Algorithm {
         )
     }
 
+    /// Whether it is one of all-reduce's.
+    pub fn is_all_reduce(self) -> bool {
+        Collective::with_kernel(self).is_none() && !self.is_packet_kernel()
+    }
+
     /// Whether it is the packet kernel of a collective other than all-reduce.
     pub fn is_packet_kernel(self) -> bool {
         matches!(
@@ -507,9 +512,11 @@ mod tests {
             if let Some(ll) = Algorithm::low_latency_of(c) {
                 assert_eq!(ll.reduces(), c.reduces(), "{c:?}: its packet kernel");
                 assert!(ll.is_packet_kernel() && !ll.needs_resident_grid(), "{c:?}");
+                assert!(!ll.is_all_reduce(), "{c:?}");
             }
             if let Some(kernel) = Algorithm::of(c) {
                 assert_eq!(kernel.reduces(), c.reduces(), "{c:?}");
+                assert!(!kernel.is_all_reduce(), "{c:?}");
             }
             // As nccl-tests counts bytes: one buffer of a broadcast or reduce, all ranks' chunks
             // of the others.
@@ -524,6 +531,12 @@ mod tests {
             .flat_map(|c| c.functions())
             .copied()
             .collect();
+        let all_reduce = Algorithm::ALL.into_iter().filter(|a| a.is_all_reduce());
+        assert_eq!(
+            all_reduce.count(),
+            5,
+            "low-latency, one-shot, two-shot, direct, sentinel"
+        );
         let mut unique = names.clone();
         unique.sort();
         unique.dedup();
