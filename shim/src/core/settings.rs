@@ -310,8 +310,8 @@ impl Settings {
     /// The largest all-reduce the core takes: where its two-shot still beat NCCL (docs/
     /// performance.md). Direct (ranks of one process) took 2 ranks to 0.89 of NCCL's time at
     /// 256 MiB on H200, the largest size measured, and 4 ranks to 0.97 - 1.00 at 32 MiB; the
-    /// staged one 2 ranks to 0.89 at 32 MiB on H200 and 0.97 at 64 MiB on H100 (1.03 at 128), and
-    /// 4 to 0.96 at 16 MiB. More ranks: as far as the staging goes in one window, as before. Ranks
+    /// staged one 2 ranks to 0.89 at 32 MiB and 0.95 - 0.97 at 64 MiB on H200 and H100 (1.01 -
+    /// 1.03 at 128), and 4 to 0.96 at 16 MiB. More ranks: as far as the staging goes in one window, as before. Ranks
     /// of several processes keep the staged limits even with zero-copy: a call whose buffers a
     /// peer has not mapped falls back to the staged path.
     pub fn all_reduce_max(&self, nranks: usize, single_process: bool) -> usize {
