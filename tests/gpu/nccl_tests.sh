@@ -13,7 +13,7 @@
 # -m8g"); for the tune group NCCL_TESTS_TUNES (the settings to weigh), NCCL_TESTS_TUNE_SETS,
 # NCCL_TESTS_TUNE_MODES ("mpi group"), NCCL_TESTS_TUNE_ROUNDS and NCCL_TESTS_TUNE_MAX (below).
 # Groups: basic (every binary), reg1, reg2, graph, types, core, coregraph, corelarge,
-# corewindows, coretypes, batch, batchgraph, large, gate (all_reduce's speed per size, shim and NCCL alone taking turns), tune
+# corewindows, coretypes, batch, batchgraph, batchpairs, large, gate (all_reduce's speed per size, shim and NCCL alone taking turns), tune
 # (the shim under other settings beside it) and limits.
 # Writes OUTDIR/nccl-tests/ (one log per run), OUTDIR/nccl-tests-ratios.md (shim / real per
 # size), OUTDIR/nccl-tests-gate.md (the gate's best times) and one line per group of runs on
@@ -193,6 +193,8 @@ for mode in mpi group; do
     matrix batch 2.28.9 "$mode" "$binary" "${sizes[@]}" -m 4
     matrix batchgraph 2.28.9 "$mode" "$binary" "${sizes[@]}" -m 4 -G 1
   done
+  # Pairs of all-reduces, which the core keeps up to 32 MiB on 2 GPUs, one call after the other.
+  matrix batchpairs 2.28.9 "$mode" all_reduce -b 1M -e 64M -f 2 -w 5 -n 20 -c 1 -m 2
 done
 
 # Large all-reduces with ncclMemAlloc buffers, one process driving every GPU: the direct
@@ -208,7 +210,7 @@ core_kernel() {
     *) echo "$1" ;;
   esac
 }
-for group in basic reg1 reg2 graph types core coregraph corelarge corewindows coretypes batch batchgraph large; do
+for group in basic reg1 reg2 graph types core coregraph corelarge corewindows coretypes batch batchgraph batchpairs large; do
   status=0 problems="" count=0
   for name in "${pairs[@]}"; do
     [[ $name == $group-* ]] || continue
