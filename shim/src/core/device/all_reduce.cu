@@ -59,12 +59,13 @@ __device__ void two_shot_staged(const Peers& peers, int rank, int nranks, const 
 }
 
 // Messages larger than the staging go through it in windows of `staging.window` bytes, each run
-// as if it were a call of its own (for_each_window). Returns the last epoch used.
+// as if it were a call of its own (for_each_window; a window's element i is the same thread's in
+// every phase as in a call). Returns the last epoch used.
 template <typename T, int OP>
 __device__ u32 two_shot_windows(const Peers& peers, int rank, int nranks, const T* in, T* out, u64 count,
                                 const Staging& staging, const volatile int* abort, u32 epoch) {
-  return for_each_window(peers, rank, count, staging.window / sizeof(T), epoch, abort, [&](u64 begin, u64 end, u32 e) {
-    two_shot_staged<T, OP>(peers, rank, nranks, in + begin, out + begin, end - begin, staging, abort, e);
+  return for_each_window(peers, rank, count, staging.window / sizeof(T), epoch, abort, [&](u64 begin, u64 size, u32 e) {
+    two_shot_staged<T, OP>(peers, rank, nranks, in + begin, out + begin, size, staging, abort, e);
   });
 }
 

@@ -409,7 +409,7 @@ __device__ __forceinline__ void barrier(const Peers& peers, int rank, int nranks
 // in one call may be handled by block 0 in the next; with per-block counts the two could carry
 // the same epoch, and a stale packet or flag could pass for a fresh one.
 __device__ __forceinline__ u32* epoch_state(const Peers& peers, int rank) {
-  // [0]: epoch, [1]: blocks done, [2]: blocks past windows (grid_barrier), [3]: blocks past
+  // [0]: epoch, [1]: blocks done, [2]: blocks past the grid's meeting (grid_barrier), [3]: blocks past
   // calls of a batch (between_calls)
   return peers.flags[rank] + BARRIERS * MAX_BLOCKS * MAX_RANKS;
 }
@@ -458,11 +458,12 @@ __device__ __forceinline__ void blocks_meet(u32* count, u32 target, const volati
   __syncthreads();
 }
 
-// Waits for every block of this grid to finish window `window` of the call (see two_shot). The
-// host never launches more blocks than the GPU holds at once, so they all run. The count goes
-// back to zero in end_call, when no block waits on it any more.
-__device__ __forceinline__ void grid_barrier(const Peers& peers, int rank, u32 window, const volatile int* abort) {
-  blocks_meet<false>(&epoch_state(peers, rank)[2], gridDim.x * (window + 1), abort);
+// Waits for every block of this grid to get here: once a call at most (before a staged call's
+// last window, see for_each_window). The host never launches more blocks than the GPU holds at
+// once, so they all run. The count goes back to zero in end_call, when no block waits on it any
+// more.
+__device__ __forceinline__ void grid_barrier(const Peers& peers, int rank, const volatile int* abort) {
+  blocks_meet<false>(&epoch_state(peers, rank)[2], gridDim.x, abort);
 }
 
 // ---- batches ------------------------------------------------------------------------------------
@@ -1008,19 +1009,26 @@ __device__ __forceinline__ void direct_or_staged(const Peers& peers, int rank, i
   end_call(peers, rank, last);
 }
 
-// Runs `body(begin, end, epoch)` for elements [0, count) in windows of `window` elements (once,
-// empty, where count is 0): window w with epoch `epoch + w` (the staging areas alternate as
-// between calls) and every block of the grid done with a window before any starts the next,
-// since a block's elements differ from one window to the next. Returns the last epoch used.
+// Runs `body(begin, size, epoch)` for elements [0, count) in windows of `window` elements (once,
+// empty, where count is 0): window w, its `size` elements from `begin`, with epoch `epoch + w`
+// (the staging areas alternate as between calls). Returns the last epoch used. The body
+// addresses a window's elements from its start (its buffers moved on by `begin`), so that in
+// windows of one size each element's place is the same thread's, on every rank: a block's
+// meetings with the peers' same block then order all it touches from one window to the next
+// (the slots it pushes window w + 1 into were last read, in w - 1, by the peers' same block,
+// which has met it since), and it goes on to the next window without waiting for the rest of its
+// grid. Before a window of another size (the last), the grid meets.
 template <typename Body>
 __device__ __forceinline__ u32 for_each_window(const Peers& peers, int rank, u64 count, u64 window, u32 epoch,
                                                const volatile int* abort, Body body) {
-  u32 w = 0;
-  for (u64 begin = 0; w == 0 || begin < count; begin += window, w++) {
-    if (w > 0) grid_barrier(peers, rank, w - 1, abort);
-    body(begin, count - begin < window ? count : begin + window, epoch + w);
+  const u32 windows = count <= window ? 1 : (u32)((count + window - 1) / window);
+  for (u32 w = 0; w < windows; w++) {
+    const u64 begin = (u64)w * window;
+    const u64 size = count - begin < window ? count - begin : window;
+    if (w > 0 && size != window) grid_barrier(peers, rank, abort);
+    body(begin, size, epoch + w);
   }
-  return epoch + w - 1;
+  return epoch + windows - 1;
 }
 
 // ---- routes -------------------------------------------------------------------------------------

@@ -24,12 +24,12 @@ __device__ __forceinline__ bool in_place(int rank, const T* in, const T* out, u6
   return in + own.from * count == out + own.to * count;
 }
 
-// Pushes elements [begin, end) of every chunk this rank carries, all in one pass: receiver d's
-// goes to `to(d, r)` (r: the pair's route), which takes element `begin` at its start. A chunk
-// every receiver gets alike is read once for all of them.
+// Pushes `size` elements from `begin` of every chunk (of `count` elements) this rank carries,
+// all in one pass: receiver d's goes to `to(d, r)` (r: the pair's route), which takes element
+// `begin` at its start. A chunk every receiver gets alike is read once for all of them.
 template <int KIND, typename T, typename To>
 __device__ __forceinline__ void push_chunks(int rank, int nranks, const T* in, const T* out, u64 count, int root,
-                                            u64 begin, u64 end, To to) {
+                                            u64 begin, u64 size, To to) {
   const T* src[MAX_RANKS];
   char* dst[MAX_RANKS];
   int ndst = 0;
@@ -38,10 +38,10 @@ __device__ __forceinline__ void push_chunks(int rank, int nranks, const T* in, c
     int d = (rank + i) % nranks;
     Route r = route<KIND>(rank, d, root);
     if (!r.carries || (d == rank && in_place<KIND>(rank, in, out, count, root))) continue;
-    src[ndst] = in + r.from * count;
+    src[ndst] = in + r.from * count + begin;
     dst[ndst++] = to(d, r);
   }
-  if (ndst > 0) push_packs<same_chunk_to_all<KIND>()>(src, count, begin, end, dst, ndst);
+  if (ndst > 0) push_packs<same_chunk_to_all<KIND>()>(src, size, 0, size, dst, ndst);
 }
 
 // The staged path, window by window (for_each_window). Returns the last epoch used.
@@ -50,9 +50,9 @@ __device__ __forceinline__ u32 move_staged(const Peers& peers, int rank, int nra
                                            const Staging& staging, const volatile int* abort, int root, u32 epoch) {
   const u64 window = staged_window(staging, root_sends<KIND>() ? 1 : nranks) / sizeof(T);
   const u64 my_slot = root_sends<KIND>() ? 0 : rank;
-  return for_each_window(peers, rank, count, window, epoch, abort, [&](u64 begin, u64 end, u32 e) {
-    const u64 area = area_offset(staging, e), slot = chunk_slot(end - begin, sizeof(T));
-    push_chunks<KIND>(rank, nranks, in, out, count, root, begin, end,
+  return for_each_window(peers, rank, count, window, epoch, abort, [&](u64 begin, u64 size, u32 e) {
+    const u64 area = area_offset(staging, e), slot = chunk_slot(size, sizeof(T));
+    push_chunks<KIND>(rank, nranks, in, out, count, root, begin, size,
                       [&](int d, Route) { return peers.staging[d] + area + my_slot * slot; });
     barrier(peers, rank, nranks, BARRIER_START, e, abort);
     for (int i = 1; i <= nranks; i++) {
@@ -60,7 +60,7 @@ __device__ __forceinline__ u32 move_staged(const Peers& peers, int rank, int nra
       Route r = route<KIND>(s, rank, root);
       if (!r.carries || (s == rank && in_place<KIND>(rank, in, out, count, root))) continue;
       const u64 their_slot = root_sends<KIND>() ? 0 : s;
-      copy_out(out + r.to * count, (const T*)(peers.staging[rank] + area + their_slot * slot), count, begin, end);
+      copy_out(out + r.to * count + begin, (const T*)(peers.staging[rank] + area + their_slot * slot), size, 0, size);
     }
   });
 }

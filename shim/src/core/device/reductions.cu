@@ -13,23 +13,23 @@ template <typename T, int OP>
 __device__ __forceinline__ u32 reduce_staged(const Peers& peers, int rank, int nranks, const T* in, T* out, u64 count,
                                              const Staging& staging, const volatile int* abort, int root, u32 epoch) {
   const u64 window = staged_window(staging, nranks) / sizeof(T);
-  return for_each_window(peers, rank, count, window, epoch, abort, [&](u64 begin, u64 end, u32 e) {
-    const u64 area = area_offset(staging, e), slot = chunk_slot(end - begin, sizeof(T));
+  return for_each_window(peers, rank, count, window, epoch, abort, [&](u64 begin, u64 size, u32 e) {
+    const u64 area = area_offset(staging, e), slot = chunk_slot(size, sizeof(T));
     const T* from[MAX_RANKS];
     char* dst[MAX_RANKS];
     const int ndst = root < 0 ? nranks : 1;
     for (int i = 0; i < ndst; i++) {
       // Reduce-scatter starts with the next rank: the ranks' first stores go to different GPUs.
       int p = root < 0 ? (rank + 1 + i) % nranks : root;
-      from[i] = root < 0 ? in + p * count : in;
+      from[i] = (root < 0 ? in + p * count : in) + begin;
       dst[i] = peers.staging[p] + area + rank * slot;
     }
-    push_packs<false>(from, count, begin, end, dst, ndst);
+    push_packs<false>(from, size, 0, size, dst, ndst);
     barrier(peers, rank, nranks, BARRIER_START, e, abort);
     if (root < 0 || rank == root) {
       const char* src[MAX_RANKS];
       for (int r = 0; r < nranks; r++) src[r] = peers.staging[rank] + area + r * slot;
-      reduce_range<T, OP>(src, nranks, count, begin, end, out, (char* const*)0, 0);
+      reduce_range<T, OP>(src, nranks, size, 0, size, out + begin, (char* const*)0, 0);
     }
   });
 }
