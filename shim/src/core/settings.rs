@@ -308,16 +308,16 @@ impl Settings {
     }
 
     /// The largest all-reduce the core takes: where its two-shot still beat NCCL (docs/
-    /// performance.md). Direct (ranks of one process) took 2 ranks to 0.89 of NCCL's time at
-    /// 256 MiB on H200, the largest size measured, and 4 ranks to 0.97 - 1.00 at 32 MiB; the
-    /// staged one 2 ranks to 0.89 at 32 MiB and 0.95 - 0.97 at 64 MiB on H200 and H100 (1.01 -
-    /// 1.03 at 128), and 4 to 0.96 at 16 MiB. More ranks: as far as the staging goes in one window, as before. Ranks
-    /// of several processes keep the staged limits even with zero-copy: a call whose buffers a
-    /// peer has not mapped falls back to the staged path.
+    /// performance.md). On 2 ranks, direct and staged alike took 0.87 - 0.91 of NCCL's time at
+    /// 128 - 256 MiB, one process per GPU, on H100 and H200 (the staged one's windows no longer
+    /// wait for the whole grid); 256 MiB is the largest size measured. 4 ranks: direct (ranks of
+    /// one process) to 0.97 - 1.00 at 32 MiB, staged to 0.96 at 16 MiB. More ranks: as far as the
+    /// staging goes in one window, as before. Ranks of several processes keep the staged limits
+    /// even with zero-copy: a call whose buffers a peer has not mapped falls back to the staged
+    /// path.
     pub fn all_reduce_max(&self, nranks: usize, single_process: bool) -> usize {
         let by_ranks = match (nranks, self.uses_direct(single_process)) {
-            (..=2, true) => 256 << 20,
-            (..=2, false) => 64 << 20,
+            (..=2, _) => 256 << 20,
             (3..=4, true) => 32 << 20,
             _ => STAGING_HALF_BYTES,
         };
