@@ -308,7 +308,7 @@ impl Settings {
     }
 
     /// The largest all-reduce the core takes: where its two-shot still beat NCCL (docs/
-    /// performance.md). On 2 ranks, direct and staged alike took 0.87 - 0.91 of NCCL's time at
+    /// performance.md). On 2 ranks, direct and staged alike took 0.87 - 0.92 of NCCL's time at
     /// 128 - 256 MiB, one process per GPU, on H100 and H200 (the staged one's windows no longer
     /// wait for the whole grid); 256 MiB is the largest size measured. 4 ranks: direct (ranks of
     /// one process) to 0.97 - 1.00 at 32 MiB, staged to 0.96 at 16 MiB. More ranks: as far as the
