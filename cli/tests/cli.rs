@@ -50,7 +50,7 @@ fn doctor_names_the_libraries_and_passes_without_a_gpu() {
         "{said}"
     );
     assert!(
-        said.contains("all-reduce, one process per GPU: zero-copy direct two-shot up to 64 MiB"),
+        said.contains("all-reduce, one process per GPU: zero-copy direct two-shot up to 256 MiB"),
         "{said}"
     );
     assert!(
