@@ -193,8 +193,9 @@ for mode in mpi group; do
     matrix batch 2.28.9 "$mode" "$binary" "${sizes[@]}" -m 4
     matrix batchgraph 2.28.9 "$mode" "$binary" "${sizes[@]}" -m 4 -G 1
   done
-  # Pairs of all-reduces, which the core keeps up to 32 MiB on 2 GPUs, one call after the other.
-  matrix batchpairs 2.28.9 "$mode" all_reduce -b 1M -e 64M -f 2 -w 5 -n 20 -c 1 -m 2
+  # Pairs of all-reduces, which the core keeps up to 128 MiB on 2 GPUs, one call after the
+  # other, and past that size (NCCL's).
+  matrix batchpairs 2.28.9 "$mode" all_reduce -b 1M -e 256M -f 2 -w 5 -n 20 -c 1 -m 2
 done
 
 # Large all-reduces with ncclMemAlloc buffers, one process driving every GPU: the direct
