@@ -6,8 +6,8 @@
 //! whose operations return at once (tests/c/fake_operations_nccl.c): once without and once with
 //! the trace (`NCCLSHIM_TRACE`), each in a process of its own; and a group of a send and a
 //! receive (`ncclGroupStart`, `ncclSend`, `ncclRecv`, `ncclGroupEnd`), as PyTorch issues its
-//! point-to-point calls; and, untraced, a group of eight all-gathers of no element, as
-//! nccl-tests times zero bytes with `-m 8`.
+//! point-to-point calls; and, untraced, groups of eight all-gathers and of eight all-reduces of
+//! no element.
 //!   make microbench
 
 use std::ffi::{c_char, c_int, c_void};
@@ -188,6 +188,30 @@ fn operations(fake_path: &std::path::Path) {
         "group: 8 all-gathers of 0",
         empty_gathers(&fake),
         empty_gathers(&shim),
+    );
+    // All-reduces of no element forward as the others do: no look-up of their communicator,
+    // whose first all-reduce with data may set its core up.
+    let empty_reduces = |library: &Library| {
+        // SAFETY: both libraries export these with NCCL's signatures.
+        let (start, reduce, end) = unsafe {
+            (
+                *library.get::<Group>("ncclGroupStart").unwrap(),
+                *library.get::<AllReduce>("ncclAllReduce").unwrap(),
+                *library.get::<Group>("ncclGroupEnd").unwrap(),
+            )
+        };
+        move |_: u32| unsafe {
+            start();
+            for _ in 0..8 {
+                reduce(buffer, buffer, 0, 7, 0, comm, buffer);
+            }
+            black_box(end());
+        }
+    };
+    compare(
+        "group: 8 all-reduces of 0",
+        empty_reduces(&fake),
+        empty_reduces(&shim),
     );
 }
 

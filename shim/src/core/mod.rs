@@ -206,11 +206,12 @@ pub fn operation(call: &Call, forward: impl FnOnce() -> ncclResult_t + 'static) 
     // No element to move is never the core's (`policy::plan`): such a call forwards at NCCL's
     // own cost, without looking its communicator up (where a core kernel of that communicator
     // gave up, NCCL answers it; the next call with data, and ncclCommGetAsyncError, report it).
-    // An all-reduce still looks, as its first one may set a communicator's core up.
+    // Nor does an all-reduce of none set a waiting communicator's core up: its first with data
+    // does, the same call on every rank, as the count is.
     // Between here and `policy::plan` nothing any rank shares may change for a call the plan
     // then leaves to NCCL (`known`, `lookup`, `failed`, `lacks_buffer` change nothing): a rank
     // whose flags (`measured::in_use`) let it look may then forward alike with its peers.
-    if call.count == 0 && collective != Collective::AllReduce {
+    if call.count == 0 {
         return forward();
     }
     let comm = call.comm;
@@ -490,6 +491,35 @@ mod tests {
             "unknown comm"
         );
         lifecycle::forget(OPERATIONS_COMM);
+    }
+
+    /// An all-reduce of no element forwards without a look at its communicator: one waiting for
+    /// its first all-reduce still waits (its first with data sets it up), and one never seen
+    /// made stays unknown.
+    #[test]
+    fn an_all_reduce_of_nothing_sets_no_core_up() {
+        let (waiting, unseen) = (0xa110 as ncclComm_t, 0xa120 as ncclComm_t);
+        lifecycle::awaits_first_all_reduce(waiting);
+        let mut call = call_of("ncclAllReduce", 0);
+        for comm in [waiting, unseen] {
+            call.comm = comm;
+            let reached = std::rc::Rc::new(std::cell::Cell::new(false));
+            let seen = reached.clone();
+            let result = operation(&call, move || {
+                seen.set(true);
+                ncclSuccess
+            });
+            assert_eq!((reached.get(), result), (true, ncclSuccess));
+        }
+        assert!(matches!(
+            lifecycle::lookup(waiting),
+            lifecycle::Lookup::Waiting
+        ));
+        assert!(matches!(
+            lifecycle::lookup(unseen),
+            lifecycle::Lookup::Unknown
+        ));
+        lifecycle::forget(waiting);
     }
 
     /// Children of a blocking group, read at its end: one made nonblocking by its config waits
