@@ -6,16 +6,18 @@
 // each chunk it carries straight into its place in its receiver's output, and they meet once at
 // the end, so that no rank goes on (and reuses its buffers) while a peer still writes them.
 // Staged, a sender pushes each chunk into a slot of its receiver's staging (its own slot, or the
-// one slot where only the root sends; its own chunk too, since its output may not be
-// 16-aligned), they meet, and every receiver copies its slots out; chunks larger than a slot go
-// in windows (`staged_window`), as two-shot's.
+// one slot where only the root sends; its own chunk straight into its place where that is
+// 16-aligned, else through its own staging too), they meet, and every receiver copies its slots
+// out. Chunks go in windows (`pipelined_window`, at most a slot: `staged_window`), each window's
+// copy-out beside the next one's push.
 //
-// Pack j of every chunk is handled by the same thread in every phase on every rank (push_range
+// Pack j of every chunk is handled by the same thread in every phase on every rank (push_packs
 // and copy_out partition alike), so per-block barriers are enough, and a thread reads its packs
-// of the input before it writes those of the output: in place is safe where only the thread's
-// own rank writes its output, and a chunk already in its place is not copied. All-to-all in place
-// is not (a peer's direct pushes would overwrite chunks not yet sent): the host marks its buffers
-// not usable, and the staged path runs.
+// of the input before it writes those of the output (window w's are pushed before window w is
+// copied out): in place is safe where only the thread's own rank writes its output, and a chunk
+// already in its place is not copied. All-to-all in place is not (a peer's direct pushes would
+// overwrite chunks not yet sent): the host marks its buffers not usable, and the staged path
+// runs.
 
 // Whether this rank's own chunk, if it carries one to itself, is in its place already.
 template <int KIND, typename T>
@@ -24,12 +26,21 @@ __device__ __forceinline__ bool in_place(int rank, const T* in, const T* out, u6
   return in + own.from * count == out + own.to * count;
 }
 
-// Pushes `size` elements from `begin` of every chunk (of `count` elements) this rank carries,
-// all in one pass: receiver d's goes to `to(d, r)` (r: the pair's route), which takes element
-// `begin` at its start. A chunk every receiver gets alike is read once for all of them.
+// Whether this rank's own chunk, if it carries one to itself and it is not in its place, goes
+// straight into its place on the staged path: where that place is 16-aligned, as pushes need.
+template <int KIND, typename T>
+__device__ __forceinline__ bool own_straight(int rank, const T* in, const T* out, u64 count, int root) {
+  Route own = route<KIND>(rank, rank, root);
+  return own.carries && !in_place<KIND>(rank, in, out, count, root) && aligned16(out + own.to * count);
+}
+
+// Pushes elements [lo, hi) of the `size` from `begin` of every chunk (of `count` elements) this
+// rank carries, all in one pass: receiver d's goes to `to(d, r)` (r: the pair's route), which
+// takes element `begin` at its start. A chunk every receiver gets alike is read once for all of
+// them.
 template <int KIND, typename T, typename To>
 __device__ __forceinline__ void push_chunks(int rank, int nranks, const T* in, const T* out, u64 count, int root,
-                                            u64 begin, u64 size, To to) {
+                                            u64 begin, u64 size, u64 lo, u64 hi, To to) {
   const T* src[MAX_RANKS];
   char* dst[MAX_RANKS];
   int ndst = 0;
@@ -39,30 +50,39 @@ __device__ __forceinline__ void push_chunks(int rank, int nranks, const T* in, c
     Route r = route<KIND>(rank, d, root);
     if (!r.carries || (d == rank && in_place<KIND>(rank, in, out, count, root))) continue;
     src[ndst] = in + r.from * count + begin;
-    dst[ndst++] = to(d, r);
+    dst[ndst++] = to(d, r) + lo * sizeof(T);
   }
-  if (ndst > 0) push_packs<same_chunk_to_all<KIND>()>(src, size, 0, size, dst, ndst);
+  if (ndst > 0) push_packs<same_chunk_to_all<KIND>()>(src, size, lo, hi, dst, ndst);
 }
 
-// The staged path, window by window (for_each_window). Returns the last epoch used.
+// The staged path, window by window, each window's copy-out beside the next one's push
+// (for_each_window_pipelined). Returns the last epoch used.
 template <int KIND, typename T>
 __device__ __forceinline__ u32 move_staged(const Peers& peers, int rank, int nranks, const T* in, T* out, u64 count,
                                            const Staging& staging, const volatile int* abort, int root, u32 epoch) {
-  const u64 window = staged_window(staging, root_sends<KIND>() ? 1 : nranks) / sizeof(T);
+  const u64 largest = staged_window(staging, root_sends<KIND>() ? 1 : nranks) / sizeof(T);
   const u64 my_slot = root_sends<KIND>() ? 0 : rank;
-  return for_each_window(peers, rank, count, window, epoch, abort, [&](u64 begin, u64 size, u32 e) {
-    const u64 area = area_offset(staging, e), slot = chunk_slot(size, sizeof(T));
-    push_chunks<KIND>(rank, nranks, in, out, count, root, begin, size,
-                      [&](int d, Route) { return peers.staging[d] + area + my_slot * slot; });
-    barrier(peers, rank, nranks, BARRIER_START, e, abort);
+  const bool straight = own_straight<KIND>(rank, in, out, count, root);
+  const auto push = [&](const Window& w, u64 lo, u64 hi) {
+    const u64 area = area_offset(staging, w.epoch), slot = chunk_slot(w.size, sizeof(T));
+    push_chunks<KIND>(rank, nranks, in, out, count, root, w.begin, w.size, lo, hi, [&](int d, Route r) {
+      if (d == rank && straight) return (char*)(out + r.to * count + w.begin);
+      return peers.staging[d] + area + my_slot * slot;
+    });
+  };
+  const auto drain = [&](const Window& w, u64 lo, u64 hi) {
+    const u64 area = area_offset(staging, w.epoch), slot = chunk_slot(w.size, sizeof(T));
     for (int i = 1; i <= nranks; i++) {
       int s = (rank + i) % nranks;
       Route r = route<KIND>(s, rank, root);
-      if (!r.carries || (s == rank && in_place<KIND>(rank, in, out, count, root))) continue;
+      if (!r.carries || (s == rank && (straight || in_place<KIND>(rank, in, out, count, root)))) continue;
       const u64 their_slot = root_sends<KIND>() ? 0 : s;
-      copy_out(out + r.to * count + begin, (const T*)(peers.staging[rank] + area + their_slot * slot), size, 0, size);
+      const T* from = (const T*)(peers.staging[rank] + area + their_slot * slot) + lo;
+      copy_out(out + r.to * count + w.begin, from, w.size, lo, hi);
     }
-  });
+  };
+  return for_each_window_pipelined<T>(peers, rank, nranks, count, pipelined_window<T>(count, largest), epoch, abort,
+                                      push, drain);
 }
 
 template <int KIND, typename T>
@@ -71,7 +91,7 @@ __device__ void move(const Peers& peers, int rank, int nranks, const T* in, T* o
   direct_or_staged(
       peers, rank, nranks, views, abort,
       [&](const Start& start) {
-        push_chunks<KIND>(rank, nranks, in, out, count, root, 0, count,
+        push_chunks<KIND>(rank, nranks, in, out, count, root, 0, count, 0, count,
                           [&](int d, Route r) { return (char*)start.outs[d] + r.to * count * sizeof(T); });
       },
       [&](u32 epoch) { return move_staged<KIND, T>(peers, rank, nranks, in, out, count, staging, abort, root, epoch); });

@@ -6,32 +6,36 @@
 // usable, `Views`), staged otherwise. Element i is handled by the same thread in every phase on
 // every rank, so per-block barriers are enough, as in two-shot.
 
-// The staged path of both, window by window (for_each_window): reduce-scatter's (root < 0)
-// pushes each rank's chunk of this rank's input into that rank's staging, all in one pass;
-// reduce's pushes the input into the root's. Returns the last epoch used.
+// The staged path of both, window by window, each window's reduction beside the next one's push
+// (for_each_window_pipelined): reduce-scatter's (root < 0) pushes each rank's chunk of this
+// rank's input into that rank's staging, all in one pass; reduce's pushes the input into the
+// root's. Returns the last epoch used.
 template <typename T, int OP>
 __device__ __forceinline__ u32 reduce_staged(const Peers& peers, int rank, int nranks, const T* in, T* out, u64 count,
                                              const Staging& staging, const volatile int* abort, int root, u32 epoch) {
-  const u64 window = staged_window(staging, nranks) / sizeof(T);
-  return for_each_window(peers, rank, count, window, epoch, abort, [&](u64 begin, u64 size, u32 e) {
-    const u64 area = area_offset(staging, e), slot = chunk_slot(size, sizeof(T));
+  const u64 largest = staged_window(staging, nranks) / sizeof(T);
+  const auto push = [&](const Window& w, u64 lo, u64 hi) {
+    const u64 area = area_offset(staging, w.epoch), slot = chunk_slot(w.size, sizeof(T));
     const T* from[MAX_RANKS];
     char* dst[MAX_RANKS];
     const int ndst = root < 0 ? nranks : 1;
     for (int i = 0; i < ndst; i++) {
       // Reduce-scatter starts with the next rank: the ranks' first stores go to different GPUs.
       int p = root < 0 ? (rank + 1 + i) % nranks : root;
-      from[i] = (root < 0 ? in + p * count : in) + begin;
-      dst[i] = peers.staging[p] + area + rank * slot;
+      from[i] = (root < 0 ? in + p * count : in) + w.begin;
+      dst[i] = peers.staging[p] + area + rank * slot + lo * sizeof(T);
     }
-    push_packs<false>(from, size, 0, size, dst, ndst);
-    barrier(peers, rank, nranks, BARRIER_START, e, abort);
-    if (root < 0 || rank == root) {
-      const char* src[MAX_RANKS];
-      for (int r = 0; r < nranks; r++) src[r] = peers.staging[rank] + area + r * slot;
-      reduce_range<T, OP>(src, nranks, size, 0, size, out + begin, (char* const*)0, 0);
-    }
-  });
+    push_packs<false>(from, w.size, lo, hi, dst, ndst);
+  };
+  const auto drain = [&](const Window& w, u64 lo, u64 hi) {
+    if (root >= 0 && rank != root) return;
+    const u64 area = area_offset(staging, w.epoch), slot = chunk_slot(w.size, sizeof(T));
+    const char* src[MAX_RANKS];
+    for (int r = 0; r < nranks; r++) src[r] = peers.staging[rank] + area + r * slot + lo * sizeof(T);
+    reduce_range<T, OP>(src, nranks, w.size, lo, hi, out + w.begin, (char* const*)0, 0);
+  };
+  return for_each_window_pipelined<T>(peers, rank, nranks, count, pipelined_window<T>(count, largest), epoch, abort,
+                                      push, drain);
 }
 
 // Reduce-scatter: every rank's chunk of `count` elements, reduced in rank order from every
