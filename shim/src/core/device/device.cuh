@@ -1009,6 +1009,24 @@ __device__ __forceinline__ void direct_or_staged(const Peers& peers, int rank, i
   end_call(peers, rank, last);
 }
 
+// A window of a staged call: its `size` elements from `begin`, and its epoch.
+struct Window {
+  u64 begin;
+  u64 size;
+  u32 epoch;
+};
+
+// How many windows of `window` elements cover `count` (one, empty, where count is 0).
+__device__ __forceinline__ u32 window_count(u64 count, u64 window) {
+  return count <= window ? 1 : (u32)((count + window - 1) / window);
+}
+
+// Window w of `count` elements in windows of `window`, the first with epoch `epoch`.
+__device__ __forceinline__ Window window_at(u64 count, u64 window, u32 epoch, u32 w) {
+  const u64 begin = (u64)w * window;
+  return Window{begin, count - begin < window ? count - begin : window, epoch + w};
+}
+
 // Runs `body(begin, size, epoch)` for elements [0, count) in windows of `window` elements (once,
 // empty, where count is 0): window w, its `size` elements from `begin`, with epoch `epoch + w`
 // (the staging areas alternate as between calls). Returns the last epoch used. The body
@@ -1021,22 +1039,14 @@ __device__ __forceinline__ void direct_or_staged(const Peers& peers, int rank, i
 template <typename Body>
 __device__ __forceinline__ u32 for_each_window(const Peers& peers, int rank, u64 count, u64 window, u32 epoch,
                                                const volatile int* abort, Body body) {
-  const u32 windows = count <= window ? 1 : (u32)((count + window - 1) / window);
+  const u32 windows = window_count(count, window);
   for (u32 w = 0; w < windows; w++) {
-    const u64 begin = (u64)w * window;
-    const u64 size = count - begin < window ? count - begin : window;
-    if (w > 0 && size != window) grid_barrier(peers, rank, abort);
-    body(begin, size, epoch + w);
+    const Window at = window_at(count, window, epoch, w);
+    if (w > 0 && at.size != window) grid_barrier(peers, rank, abort);
+    body(at.begin, at.size, at.epoch);
   }
   return epoch + windows - 1;
 }
-
-// A window of a staged call: its `size` elements from `begin`, and its epoch.
-struct Window {
-  u64 begin;
-  u64 size;
-  u32 epoch;
-};
 
 // The bytes of a window of the pipelined staged paths (for_each_window_pipelined) for a chunk of
 // at most PIPELINE_FINE_BYTES; larger chunks take the staging's whole window (`largest`). Where
@@ -1071,17 +1081,13 @@ template <typename T, typename Push, typename Drain>
 __device__ __forceinline__ u32 for_each_window_pipelined(const Peers& peers, int rank, int nranks, u64 count,
                                                          u64 window, u32 epoch, const volatile int* abort, Push push,
                                                          Drain drain) {
-  const u32 windows = count <= window ? 1 : (u32)((count + window - 1) / window);
-  const auto at = [&](u32 w) {
-    const u64 begin = (u64)w * window;
-    return Window{begin, count - begin < window ? count - begin : window, epoch + w};
-  };
+  const u32 windows = window_count(count, window);
   const u64 step = (u64)UNROLL * grid_threads() * PackOf<T>::N;
-  Window current = at(0);
+  Window current = window_at(count, window, epoch, 0);
   push(current, 0, current.size);
   barrier(peers, rank, nranks, BARRIER_START, current.epoch, abort);
   for (u32 w = 0; w + 1 < windows; w++) {
-    const Window next = at(w + 1);
+    const Window next = window_at(count, window, epoch, w + 1);
     if (next.size != current.size) {
       drain(current, 0, current.size);
       grid_barrier(peers, rank, abort);

@@ -63,6 +63,8 @@ __device__ __forceinline__ u32 move_staged(const Peers& peers, int rank, int nra
   const u64 largest = staged_window(staging, root_sends<KIND>() ? 1 : nranks) / sizeof(T);
   const u64 my_slot = root_sends<KIND>() ? 0 : rank;
   const bool straight = own_straight<KIND>(rank, in, out, count, root);
+  // This rank's own chunk needs no copy-out: pushed straight into its place, or already there.
+  const bool own_placed = straight || in_place<KIND>(rank, in, out, count, root);
   const auto push = [&](const Window& w, u64 lo, u64 hi) {
     const u64 area = area_offset(staging, w.epoch), slot = chunk_slot(w.size, sizeof(T));
     push_chunks<KIND>(rank, nranks, in, out, count, root, w.begin, w.size, lo, hi, [&](int d, Route r) {
@@ -75,7 +77,7 @@ __device__ __forceinline__ u32 move_staged(const Peers& peers, int rank, int nra
     for (int i = 1; i <= nranks; i++) {
       int s = (rank + i) % nranks;
       Route r = route<KIND>(s, rank, root);
-      if (!r.carries || (s == rank && (straight || in_place<KIND>(rank, in, out, count, root)))) continue;
+      if (!r.carries || (s == rank && own_placed)) continue;
       const u64 their_slot = root_sends<KIND>() ? 0 : s;
       const T* from = (const T*)(peers.staging[rank] + area + their_slot * slot) + lo;
       copy_out(out + r.to * count + w.begin, from, w.size, lo, hi);

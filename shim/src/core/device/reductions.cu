@@ -9,29 +9,39 @@
 // The staged path of both, window by window, each window's reduction beside the next one's push
 // (for_each_window_pipelined): reduce-scatter's (root < 0) pushes each rank's chunk of this
 // rank's input into that rank's staging, all in one pass; reduce's pushes the input into the
-// root's. Returns the last epoch used.
+// root's. A rank's own part of what it reduces (reduce-scatter: its chunk of its input; reduce,
+// at the root: its input) is read where it lies, not pushed into its own staging first, where it
+// is 16-aligned as the reduction's loads need: on 2 ranks that copy was a third of the root's
+// memory traffic. In place, a thread reads its elements of it before it writes them. Returns the
+// last epoch used.
 template <typename T, int OP>
 __device__ __forceinline__ u32 reduce_staged(const Peers& peers, int rank, int nranks, const T* in, T* out, u64 count,
                                              const Staging& staging, const volatile int* abort, int root, u32 epoch) {
   const u64 largest = staged_window(staging, nranks) / sizeof(T);
+  const T* own = root < 0 ? in + rank * count : in;
+  const bool own_read = (root < 0 || rank == root) && aligned16(own);
   const auto push = [&](const Window& w, u64 lo, u64 hi) {
     const u64 area = area_offset(staging, w.epoch), slot = chunk_slot(w.size, sizeof(T));
     const T* from[MAX_RANKS];
     char* dst[MAX_RANKS];
-    const int ndst = root < 0 ? nranks : 1;
-    for (int i = 0; i < ndst; i++) {
+    int ndst = 0;
+    for (int i = 0; i < (root < 0 ? nranks : 1); i++) {
       // Reduce-scatter starts with the next rank: the ranks' first stores go to different GPUs.
       int p = root < 0 ? (rank + 1 + i) % nranks : root;
-      from[i] = (root < 0 ? in + p * count : in) + w.begin;
-      dst[i] = peers.staging[p] + area + rank * slot + lo * sizeof(T);
+      if (p == rank && own_read) continue;
+      from[ndst] = (root < 0 ? in + p * count : in) + w.begin;
+      dst[ndst++] = peers.staging[p] + area + rank * slot + lo * sizeof(T);
     }
-    push_packs<false>(from, w.size, lo, hi, dst, ndst);
+    if (ndst > 0) push_packs<false>(from, w.size, lo, hi, dst, ndst);
   };
   const auto drain = [&](const Window& w, u64 lo, u64 hi) {
     if (root >= 0 && rank != root) return;
     const u64 area = area_offset(staging, w.epoch), slot = chunk_slot(w.size, sizeof(T));
     const char* src[MAX_RANKS];
-    for (int r = 0; r < nranks; r++) src[r] = peers.staging[rank] + area + r * slot + lo * sizeof(T);
+    for (int r = 0; r < nranks; r++) {
+      src[r] = r == rank && own_read ? (const char*)(own + w.begin) : peers.staging[rank] + area + r * slot;
+      src[r] += lo * sizeof(T);
+    }
     reduce_range<T, OP>(src, nranks, w.size, lo, hi, out + w.begin, (char* const*)0, 0);
   };
   return for_each_window_pipelined<T>(peers, rank, nranks, count, pipelined_window<T>(count, largest), epoch, abort,
