@@ -238,11 +238,13 @@ gpu-check:
 	  | grep -qx 'sentinel_block:8K: faster than as built (below 0.98 of its time) at tune-e 2 KiB'
 	python3 tests/gpu/nccl_tests_report.py --tune tests/gpu/testdata tune-e \
 	  | grep -qx 'sentinel_block:0: faster than as built (below 0.98 of its time) nowhere'
-	@# Limits measured for two collectives on made-up rounds: reduce's, reduce-scatter's two spans
-	@# (it loses at 2 MiB only), "-" for the others.
+	@# Limits measured for three collectives on made-up rounds: reduce's, reduce-scatter's two
+	@# spans (it loses at 2 MiB only), all-gather's, which loses to NCCL's symmetric windows from
+	@# 8 MiB (-R 2) but not to its plain buffers (the second row's), "-" for the others.
 	[ "$$(python3 tests/gpu/nccl_tests_report.py --limits GPU 2 tests/gpu/testdata limits-t-mpi-reduce \
-	  limits-t-mpi-reduce-r2 limits-t-mpi-reduce-g limits-t-mpi-reduce_scatter | tail -n 1)" \
-	  = "$$(printf 'GPU\t2\t-\t131072,8388608-33554432\t-\t131072\t-\t-\t-')" ]
+	  limits-t-mpi-reduce-r2 limits-t-mpi-reduce-g limits-t-mpi-reduce_scatter limits-t-mpi-all_gather \
+	  limits-t-mpi-all_gather-r2 | tail -n 2 | paste -sd '|')" \
+	  = "$$(printf 'GPU\t2\tany\t131072\t131072,8388608-33554432\t-\t131072\t-\t-\t-|GPU\t2\tplain\t33554432\t131072,8388608-33554432\t-\t131072\t-\t-\t-')" ]
 	@# trace_check.py on made-up traces: a timed one passes (and fails untimed), a gap fails.
 	python3 tests/gpu/trace_check.py --timed tests/gpu/testdata/trace-timed.jsonl
 	! python3 tests/gpu/trace_check.py tests/gpu/testdata/trace-timed.jsonl >/dev/null

@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use nccl::core::measured::Buffers;
 use nccl::core::types::Collective;
 use nccl::core::{kernels, measured, policy, program, settings};
 
@@ -323,8 +324,8 @@ fn check_routing(report: &mut Report, machine: Option<&Machine>) {
             size(settings.all_reduce_max(nranks, single_process))
         ));
     }
-    // Each GPU's measured row; a communicator over several takes the least of them.
-    let measured = measured::least(
+    // Each GPU's measured rows; a communicator over several takes the least of them.
+    let measured = measured::least_measured(
         machine
             .map(|m| m.gpus.iter().map(|g| g.name.clone()).collect())
             .unwrap_or_else(|| vec![String::new()])
@@ -337,9 +338,9 @@ fn check_routing(report: &mut Report, machine: Option<&Machine>) {
             None if machine.is_some() => format!("measured on these GPUs for {nranks} ranks"),
             None => "no GPU to look up".to_string(),
         };
-        let routed = match settings.limit(collective, &measured) {
+        let routed = |buffers| match settings.limit(collective, measured.of(buffers)) {
             _ if settings.force_core => {
-                "the core at every size it can take (NCCLSHIM_CORE=force)".into()
+                "the core at every size it can take (NCCLSHIM_CORE=force)".to_string()
             }
             _ if !settings.enabled => "NCCL (the core is off)".into(),
             limit if limit.is_none() => format!("NCCL ({source})"),
@@ -348,7 +349,14 @@ fn check_routing(report: &mut Report, machine: Option<&Machine>) {
                 limit.describe(size)
             ),
         };
-        report.note(format!("{}: {routed}", collective.name()));
+        let (plain, windows) = (routed(Buffers::Plain), routed(Buffers::InWindows));
+        match plain == windows {
+            true => report.note(format!("{}: {plain}", collective.name())),
+            false => report.note(format!(
+                "{}: {plain}; buffers in symmetric windows (NCCL's symmetric kernels): {windows}",
+                collective.name()
+            )),
+        }
     }
     report.note("every other operation: forwarded to NCCL");
 }

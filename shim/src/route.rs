@@ -279,6 +279,39 @@ impl Route for Router {
         }
     });
 
+    if_exported!(ncclCommWindowRegister {
+        /// A symmetric window's calls race NCCL's symmetric kernels: the core follows them
+        /// (core/windows.rs).
+        unsafe fn ncclCommWindowRegister(
+            comm: ncclComm_t,
+            buff: *mut std::ffi::c_void,
+            size: usize,
+            win: *mut ncclWindow_t,
+            win_flags: c_int,
+        ) -> ncclResult_t {
+            Self::before_forward();
+            // SAFETY: the caller's arguments, unchanged.
+            let result = unsafe { real::ncclCommWindowRegister(comm, buff, size, win, win_flags) };
+            if result == ncclSuccess {
+                // SAFETY: the caller's slot, which NCCL writes (see window_registered).
+                unsafe { core::window_registered(comm, win.cast(), buff as usize, size, win_flags) };
+            }
+            result
+        }
+    });
+
+    if_exported!(ncclCommWindowDeregister {
+        unsafe fn ncclCommWindowDeregister(comm: ncclComm_t, win: ncclWindow_t) -> ncclResult_t {
+            Self::before_forward();
+            // SAFETY: the caller's arguments, unchanged.
+            let result = unsafe { real::ncclCommWindowDeregister(comm, win) };
+            if result == ncclSuccess {
+                core::window_deregistered(comm, win as usize);
+            }
+            result
+        }
+    });
+
     /// A core kernel that gave up waiting for a peer is an asynchronous error of the
     /// communicator (ncclRemoteError), as NCCL reports a peer that failed.
     unsafe fn ncclCommGetAsyncError(

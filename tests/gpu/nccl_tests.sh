@@ -329,8 +329,9 @@ fi
 # one for all; each run sweeps the sizes twice (-N 2), NCCL_TESTS_LIMITS_ROUNDS rounds (default
 # 1). Sizes double, so that where the kernels change (the packets' last size, the next) both are
 # measured.
-# nccl_tests_report.py --limits turns the best times into the row of this GPU for the shim's
-# table of measured limits (shim/src/core/measured_limits.tsv): nccl-tests-limits.md.
+# nccl_tests_report.py --limits turns the best times into the rows of this GPU for the shim's
+# table of measured limits (shim/src/core/measured_limits.tsv): nccl-tests-limits.md, whose last
+# two lines are the rows for any buffers and for buffers in no symmetric window.
 # With NCCL_TESTS_BINARIES, only those of them: the row then has "-" for the others, whose
 # values in the table stand. NCCL_TESTS_LIMITS_MODES: only these modes ("mpi group"), e.g. one
 # per call on a machine where both don't fit one; the report then reads both calls' logs.
@@ -359,9 +360,17 @@ if wanted limits && [ -x "$dir/src-2.28.9/build/all_gather_perf" ]; then
     done
   done
   shim_env=()
+  # With NCCL_TESTS_LIMITS_MODES, the other modes' runs of an earlier call into this folder too.
+  if [ -n "${NCCL_TESTS_LIMITS_MODES:-}" ]; then
+    for log in "$dir"/limits-2.28.9-*-shim-r1.log; do
+      [ -e "$log" ] || continue
+      name=$(basename "$log" -shim-r1.log)
+      [[ " ${limit_names[*]} " == *" $name "* ]] || limit_names+=("$name")
+    done
+  fi
   gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader -i 0 | head -n 1)
   python3 "$here/nccl_tests_report.py" --limits "$gpu" "$n" "$dir" "${limit_names[@]}" >"$out/nccl-tests-limits.md"
   limits_status=$?
-  verdict limits $limits_status "$(tail -n 1 "$out/nccl-tests-limits.md")"
+  verdict limits $limits_status "$(tail -n 2 "$out/nccl-tests-limits.md" | paste -sd ';')"
   [ $status = 0 ] || verdict limits-runs 1 "$runs runs; failed:$problems"
 fi

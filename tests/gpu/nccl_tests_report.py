@@ -18,11 +18,12 @@ the run started):
                               in its best round too
   --limits GPU NRANKS DIR NAME...
                               markdown: per collective and size the worst shim / NCCL-at-its-best
-                              ratio over the runs limits-*-MODE-BINARY[-r2|-g] (best of rounds),
-                              and last the row of the measured-limits table for GPU: per
-                              collective the spans of sizes (the first from the smallest) where
-                              every size, placement, mode and set came out at most LIMIT_RATIO x
-                              NCCL's time
+                              ratio over the runs limits-*-MODE-BINARY[-r2|-g|-zc] (best of
+                              rounds), and last the two rows of the measured-limits table for
+                              GPU: per collective the spans of sizes (the first from the smallest)
+                              where every size, placement, mode and set came out at most
+                              LIMIT_RATIO x NCCL's time, over every set (`any`), then over the
+                              sets of buffers in no symmetric window, all but -r2 (`plain`)
   --tune DIR NAME...          markdown: per size, the best (least) out-of-place time of the
                               rounds DIR/NAME-real-r*.log (NCCL alone), DIR/NAME-shim-r*.log
                               (the shim as built) and DIR/NAME-tK-r*.log (the shim under the
@@ -280,52 +281,70 @@ def winning_spans(worst):
     return [(frm, to) for frm, to in spans if frm == 0 or frm < to][:LIMIT_SPANS]
 
 
+def worst_ratios(directory, names, problems):
+    """{size: (worst ratio, where)} over the runs `names` of one binary."""
+    worst = {}
+    for name in names:
+        shim, real = best_times(directory, name, "shim"), best_times(directory, name, "real")
+        if name.endswith("-r2"):
+            plain = best_times(directory, name[: -len("-r2")], "real")
+            real = {size: tuple(min(a, b) for a, b in zip(times, plain.get(size, times)))
+                    for size, times in real.items()}
+        if not shim or set(shim) != set(real):
+            problems.append(f"{name}: {len(shim)} sizes with the shim, {len(real)} with NCCL")
+            continue
+        # Zero bytes (nccl-tests' smallest size rounds down to no element): never the core's.
+        for size in filter(None, shim):
+            ratio = max(s / r if r > 0 else math.inf for s, r in zip(shim[size], real[size]))
+            if ratio > worst.get(size, (0, ""))[0]:
+                worst[size] = (ratio, name.split("-", 3)[3])
+    return worst
+
+
+def limit_cell(worst):
+    """A cell of the table: the winning spans, or 0."""
+    spans = winning_spans(worst)
+    return ",".join(str(to) if frm == 0 else f"{frm}-{to}" for frm, to in spans) or "0"
+
+
 def limits(gpu, nranks, directory, names):
     """Worst ratio per collective and size, against NCCL at its best on the same buffers: plain
     buffers against NCCL's plain, windows (-R 2) against the faster of NCCL's two, graphs (-G)
     against NCCL's graphs, the peers' buffers unmapped (-zc: the staged paths) against NCCL's
-    plain."""
+    plain. Two rows: over every set (`any`: what holds in symmetric windows too), and over the
+    sets of buffers in no symmetric window (`plain`: all but -r2)."""
     print(f"# Where each collective's core beats NCCL: {gpu}, {nranks} ranks\n")
     print(f"Worst shim / NCCL time over modes (one process per GPU, one for all), sets (plain, -R 2, -G 1, "
           f"unmapped -zc) "
-          f"and placements; a limit is the spans of sizes where every cell is at most {LIMIT_RATIO}.\n")
-    row, problems = [], []
+          f"and placements; a limit is the spans of sizes where every cell is at most {LIMIT_RATIO}; "
+          f"`plain`: the same without -R 2 (calls whose buffers lie in no symmetric window).\n")
+    any_row, plain_row, problems = [], [], []
     for binary, column in LIMIT_COLUMNS:
         ours = [n for n in names if re.search(rf"-{binary}(-r2|-g|-zc)?$", n)]
         if not ours:
             # Not measured in this run (NCCL_TESTS_BINARIES): the table's value stands.
-            row.append("-")
+            any_row.append("-")
+            plain_row.append("-")
             print(f"## {column}: not measured\n")
             continue
-        worst = {}
-        for name in ours:
-            shim, real = best_times(directory, name, "shim"), best_times(directory, name, "real")
-            if name.endswith("-r2"):
-                plain = best_times(directory, name[: -len("-r2")], "real")
-                real = {size: tuple(min(a, b) for a, b in zip(times, plain.get(size, times)))
-                        for size, times in real.items()}
-            if not shim or set(shim) != set(real):
-                problems.append(f"{name}: {len(shim)} sizes with the shim, {len(real)} with NCCL")
-                continue
-            # Zero bytes (nccl-tests' smallest size rounds down to no element): never the core's.
-            for size in filter(None, shim):
-                ratio = max(s / r if r > 0 else math.inf for s, r in zip(shim[size], real[size]))
-                if ratio > worst.get(size, (0, ""))[0]:
-                    worst[size] = (ratio, name.split("-", 3)[3])
-        spans = winning_spans(worst)
-        row.append(",".join(str(to) if frm == 0 else f"{frm}-{to}" for frm, to in spans) or "0")
-        said = ", ".join(f"up to {human(to)}" if frm == 0 else f"{human(frm)} - {human(to)}"
-                         for frm, to in spans)
-        print(f"## {column}: on {said}\n" if spans else f"## {column}: off\n")
-        print("| size | worst ratio | where |")
-        print("|---|---|---|")
+        worst = worst_ratios(directory, ours, problems)
+        plain = worst_ratios(directory, [n for n in ours if not n.endswith("-r2")], [])
+        any_row.append(limit_cell(worst))
+        plain_row.append(limit_cell(plain))
+        said = lambda spans: ", ".join(f"up to {human(to)}" if frm == 0 else f"{human(frm)} - {human(to)}"
+                                       for frm, to in spans) or "off"
+        print(f"## {column}: on {said(winning_spans(worst))}; plain buffers {said(winning_spans(plain))}\n")
+        print("| size | worst ratio | where | plain buffers |")
+        print("|---|---|---|---|")
         for size in sorted(worst):
             ratio, where = worst[size]
-            print(f"| {human(size)} | {ratio:.3f} | {where} |")
+            mine = plain.get(size, (math.nan, ""))
+            print(f"| {human(size)} | {ratio:.3f} | {where} | {mine[0]:.3f} {mine[1]} |")
         print()
     for problem in problems:
         print(f"problem: {problem}")
-    print("\t".join([gpu, str(nranks)] + row))
+    print("\t".join([gpu, str(nranks), "any"] + any_row))
+    print("\t".join([gpu, str(nranks), "plain"] + plain_row))
     return 1 if problems else 0
 
 

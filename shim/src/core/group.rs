@@ -193,17 +193,41 @@ pub struct Child {
     pub color: Option<i32>,
 }
 
-/// What the outermost group's end hands back: communicators to set up, and children whose
-/// handles are to be read once the real ncclGroupEnd has returned.
+/// A symmetric window registered on a blocking communicator inside a group: NCCL writes its
+/// handle into `slot` at the group's end (windows.rs).
+pub struct PendingWindow {
+    pub comm: ncclComm_t,
+    pub slot: *const *mut std::ffi::c_void,
+    pub begin: usize,
+    pub size: usize,
+    pub flags: i32,
+}
+
+impl PendingWindow {
+    /// Notes the window under the handle NCCL wrote (none where it wrote NULL).
+    ///
+    /// # Safety
+    /// NCCL has written `slot`, which the caller still keeps.
+    pub unsafe fn register(&self) {
+        // SAFETY: the caller's.
+        let handle = unsafe { *self.slot } as usize;
+        super::windows::registered(self.comm, handle, self.begin, self.size, self.flags);
+    }
+}
+
+/// What the outermost group's end hands back: communicators to set up, and children and windows
+/// whose handles are to be read once the real ncclGroupEnd has returned.
 pub struct Ended {
     pub new_comms: Vec<Deferred>,
     pub children: Vec<Child>,
+    pub windows: Vec<PendingWindow>,
 }
 
 thread_local! {
     static LEVEL: Cell<Level> = const { Cell::new(Level { depth: 0, opened: 0, touched: false }) };
     static NEW_COMMS: RefCell<Vec<Deferred>> = const { RefCell::new(Vec::new()) };
     static CHILDREN: RefCell<Vec<Child>> = const { RefCell::new(Vec::new()) };
+    static WINDOWS: RefCell<Vec<PendingWindow>> = const { RefCell::new(Vec::new()) };
     static QUEUED: RefCell<Vec<Queued>> = const { RefCell::new(Vec::new()) };
     /// A call of the group was refused (see `queue`): nothing of it is launched.
     static FAILED: Cell<bool> = const { Cell::new(false) };
@@ -370,12 +394,14 @@ pub fn end() -> Option<Ended> {
         return Some(Ended {
             new_comms: Vec::new(),
             children: Vec::new(),
+            windows: Vec::new(),
         });
     }
     SEEN.with(|seen| seen.borrow_mut().clear());
     Some(Ended {
         new_comms: NEW_COMMS.with(|c| c.take()),
         children: CHILDREN.with(|c| c.take()),
+        windows: WINDOWS.with(|w| w.take()),
     })
 }
 
@@ -509,6 +535,11 @@ pub fn defer_child(child: Child) {
     CHILDREN.with(|c| c.borrow_mut().push(child));
 }
 
+pub fn defer_window(window: PendingWindow) {
+    touch();
+    WINDOWS.with(|w| w.borrow_mut().push(window));
+}
+
 /// Queues `op` for the group's end, unless its communicator's operations queued before are on
 /// streams captured where its stream is not, or the other way round: NCCL refuses that (all
 /// uncaptured or all captured, ncclInvalidUsage, and the whole group fails), and so do we.
@@ -587,6 +618,10 @@ pub fn end_group(real_end: impl FnOnce() -> ncclResult_t) -> ncclResult_t {
     // the peers' set-ups wait for this rank's.
     let mut splits = Vec::new();
     if real == ncclSuccess {
+        for window in &ended.windows {
+            // SAFETY: kept by the caller until its group's end, where NCCL wrote it.
+            unsafe { window.register() };
+        }
         for child in ended.children {
             // SAFETY: kept by the caller until its group's end, where NCCL wrote it.
             let comm = unsafe { *child.slot };

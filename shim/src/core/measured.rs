@@ -93,6 +93,17 @@ impl Limit {
         Limit::of((0..SPANS).map(|i| (words[2 * i] as usize, words[2 * i + 1] as usize)))
     }
 
+    /// As `to_words`, in half the room: sizes past 4 GiB - 1 (none measured) as 4 GiB - 1, which
+    /// only narrows a span.
+    pub fn to_words32(self) -> [u32; 2 * SPANS] {
+        self.to_words()
+            .map(|w| u32::try_from(w).unwrap_or(u32::MAX))
+    }
+
+    pub fn from_words32(words: [u32; 2 * SPANS]) -> Limit {
+        Limit::from_words(words.map(u64::from))
+    }
+
     /// "up to 128 KiB and 8 MiB – 32 MiB", each size as `size` writes it.
     pub fn describe(&self, size: impl Fn(usize) -> String) -> String {
         self.spans()
@@ -109,14 +120,73 @@ impl Limit {
 /// Every collective's limit, by `Collective as usize` (all-reduce's unused: none).
 pub type Limits = [Limit; Collective::ALL.len()];
 
+/// Where a call's buffers lie, which decides which of NCCL's kernels it races: its symmetric
+/// kernels (NCCL 2.27 on) run only where a call's buffers are in windows registered with
+/// `NCCL_WIN_COLL_SYMMETRIC` (windows.rs), and there NCCL is faster at some sizes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Buffers {
+    /// In no symmetric window: NCCL's plain kernels.
+    Plain,
+    /// In a symmetric window (or maybe: conservative where the shim cannot tell).
+    InWindows,
+}
+
+/// A communicator's measured limits, one set for each kind of buffer: `any` holds against
+/// NCCL at its best with every kind (a table's `any` row), `plain` against NCCL on buffers in no
+/// symmetric window (its `plain` row, or the `any` row where none was measured).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Measured {
+    pub any: Limits,
+    pub plain: Limits,
+}
+
+impl Measured {
+    pub const NONE: Measured = Measured {
+        any: [Limit::NONE; Collective::ALL.len()],
+        plain: [Limit::NONE; Collective::ALL.len()],
+    };
+
+    /// The same limits for every kind of buffer.
+    pub const fn alike(limits: Limits) -> Measured {
+        Measured {
+            any: limits,
+            plain: limits,
+        }
+    }
+
+    /// The limits of a call whose buffers lie so.
+    pub fn of(&self, buffers: Buffers) -> &Limits {
+        match buffers {
+            Buffers::Plain => &self.plain,
+            Buffers::InWindows => &self.any,
+        }
+    }
+}
+
 const TABLE: &str = include_str!("measured_limits.tsv");
 
-/// The row for a GPU of this name and `nranks` ranks; no limit where none was measured.
-pub fn limits(gpu: &str, nranks: usize) -> Limits {
-    rows(TABLE)
-        .into_iter()
-        .find(|row| row.gpu == gpu && row.nranks == nranks)
-        .map_or([Limit::NONE; Collective::ALL.len()], |row| row.limits)
+/// The rows for a GPU of this name and `nranks` ranks; no limit where none was measured.
+pub fn limits(gpu: &str, nranks: usize) -> Measured {
+    let rows = rows(TABLE);
+    let find = |kind: RowKind| {
+        rows.iter()
+            .find(|row| row.gpu == gpu && row.nranks == nranks && row.kind == kind)
+            .map(|row| row.limits)
+    };
+    let any = find(RowKind::Any).unwrap_or([Limit::NONE; Collective::ALL.len()]);
+    Measured {
+        any,
+        plain: find(RowKind::Plain).unwrap_or(any),
+    }
+}
+
+/// Which calls a row's limits hold for (its `buffers` cell).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowKind {
+    /// Measured against NCCL at its best with every kind of buffer (`any`, or no such column).
+    Any,
+    /// Measured against NCCL on buffers in no symmetric window (`plain`).
+    Plain,
 }
 
 /// One measured row.
@@ -124,12 +194,24 @@ pub fn limits(gpu: &str, nranks: usize) -> Limits {
 pub struct Row {
     pub gpu: String,
     pub nranks: usize,
+    pub kind: RowKind,
     pub limits: Limits,
 }
 
+/// What a column of the table holds.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Column {
+    Gpu,
+    Ranks,
+    Buffers,
+    Of(Collective),
+    Other,
+}
+
 /// The rows of a table: tab-separated, `#` comments, a header naming the columns ("gpu",
-/// "ranks", then collectives as their settings spell them, in lower case), each cell as
-/// `Limit::parse` reads it.
+/// "ranks", optionally "buffers", then collectives as their settings spell them, in lower case),
+/// each cell as `Limit::parse` reads it. A row whose `buffers` cell is neither `any` nor `plain`
+/// is left out.
 pub fn rows(table: &str) -> Vec<Row> {
     let mut lines = table
         .lines()
@@ -137,29 +219,44 @@ pub fn rows(table: &str) -> Vec<Row> {
     let Some(header) = lines.next() else {
         return Vec::new();
     };
-    let columns: Vec<Option<Collective>> = header
+    let columns: Vec<Column> = header
         .split('\t')
-        .map(|name| {
-            Collective::ALL
+        .map(|name| match name.trim() {
+            "gpu" => Column::Gpu,
+            "ranks" => Column::Ranks,
+            "buffers" => Column::Buffers,
+            name => Collective::ALL
                 .into_iter()
-                .find(|c| c.variable_name().eq_ignore_ascii_case(name.trim()))
+                .find(|c| c.variable_name().eq_ignore_ascii_case(name))
+                .map_or(Column::Other, Column::Of),
         })
         .collect();
     lines
         .filter_map(|line| {
-            let cells: Vec<&str> = line.split('\t').map(str::trim).collect();
-            let (gpu, nranks) = (cells.first()?, cells.get(1)?.parse().ok()?);
-            let mut limits = [Limit::NONE; Collective::ALL.len()];
-            for (column, cell) in columns.iter().zip(&cells).skip(2) {
-                if let Some(c) = column.filter(|&c| c != Collective::AllReduce) {
-                    limits[c as usize] = Limit::parse(cell);
+            let mut row = Row {
+                gpu: String::new(),
+                nranks: 0,
+                kind: RowKind::Any,
+                limits: [Limit::NONE; Collective::ALL.len()],
+            };
+            for (column, cell) in columns.iter().zip(line.split('\t').map(str::trim)) {
+                match *column {
+                    Column::Gpu => row.gpu = cell.to_string(),
+                    Column::Ranks => row.nranks = cell.parse().ok()?,
+                    Column::Buffers => {
+                        row.kind = match cell {
+                            "any" => RowKind::Any,
+                            "plain" => RowKind::Plain,
+                            _ => return None,
+                        }
+                    }
+                    Column::Of(c) if c != Collective::AllReduce => {
+                        row.limits[c as usize] = Limit::parse(cell)
+                    }
+                    Column::Of(_) | Column::Other => {}
                 }
             }
-            Some(Row {
-                gpu: gpu.to_string(),
-                nranks,
-                limits,
-            })
+            (row.nranks > 0).then_some(row)
         })
         .collect()
 }
@@ -172,6 +269,15 @@ pub fn least(ranks: impl IntoIterator<Item = Limits>) -> Limits {
         .unwrap_or([Limit::NONE; Collective::ALL.len()])
 }
 
+/// `least` of both kinds of limits.
+pub fn least_measured(ranks: impl IntoIterator<Item = Measured>) -> Measured {
+    let ranks: Vec<Measured> = ranks.into_iter().collect();
+    Measured {
+        any: least(ranks.iter().map(|m| m.any)),
+        plain: least(ranks.iter().map(|m| m.plain)),
+    }
+}
+
 /// Whether some communicator of this process may give calls of a collective to its core by its
 /// measured limit: until one does, such calls forward at once, as for a collective that is off,
 /// without looking their communicator up. Set before that communicator's set-up returns on every
@@ -180,9 +286,12 @@ static MEASURED_ON: [AtomicBool; Collective::ALL.len()] =
     [const { AtomicBool::new(false) }; Collective::ALL.len()];
 
 /// Notes the limits of a communicator whose core came on.
-pub fn note_in_use(limits: &Limits) {
-    for (on, limit) in MEASURED_ON.iter().zip(limits) {
-        if !limit.is_none() {
+pub fn note_in_use(measured: &Measured) {
+    for (on, (any, plain)) in MEASURED_ON
+        .iter()
+        .zip(measured.any.iter().zip(&measured.plain))
+    {
+        if !any.is_none() || !plain.is_none() {
             on.store(true, Ordering::Relaxed);
         }
     }
@@ -245,6 +354,13 @@ mod tests {
         assert_eq!(many.spans().count(), SPANS);
         assert!(!many.takes(7), "past SPANS spans, the largest go");
         assert_eq!(Limit::from_words(limit.to_words()), limit);
+        assert_eq!(Limit::from_words32(limit.to_words32()), limit);
+        let huge = Limit::of([(0, 1 << 20), (5 << 30, 6 << 30)]);
+        assert_eq!(
+            Limit::from_words32(huge.to_words32()),
+            Limit::of([(0, 1 << 20), (u32::MAX as usize, u32::MAX as usize)]),
+            "past 4 GiB a span only narrows"
+        );
     }
 
     #[test]
@@ -260,11 +376,15 @@ mod tests {
             assert!(row.limits[Collective::AllReduce as usize].is_none());
             assert!(row.nranks >= 2, "{row:?}");
             // Every cell reads whole: one that did not would silently turn a collective off.
+            let kind = match row.kind {
+                RowKind::Any => "any",
+                RowKind::Plain => "plain",
+            };
             let line = TABLE
                 .lines()
-                .find(|l| l.starts_with(&format!("{}\t{}\t", row.gpu, row.nranks)))
+                .find(|l| l.starts_with(&format!("{}\t{}\t{kind}\t", row.gpu, row.nranks)))
                 .unwrap();
-            for (name, cell) in header.split('\t').zip(line.split('\t')).skip(2) {
+            for (name, cell) in header.split('\t').zip(line.split('\t')).skip(3) {
                 let collective = Collective::ALL
                     .into_iter()
                     .find(|c| c.variable_name().eq_ignore_ascii_case(name))
@@ -278,9 +398,49 @@ mod tests {
     #[test]
     fn a_gpu_or_rank_count_not_measured_gets_nothing() {
         let measured = rows(TABLE).remove(0);
-        assert_eq!(limits(&measured.gpu, measured.nranks), measured.limits);
-        assert_eq!(limits(&measured.gpu, measured.nranks + 64), NONE);
-        assert_eq!(limits("a GPU no one measured", measured.nranks), NONE);
+        assert_eq!(limits(&measured.gpu, measured.nranks).any, measured.limits);
+        assert_eq!(limits(&measured.gpu, measured.nranks + 64), Measured::NONE);
+        assert_eq!(
+            limits("a GPU no one measured", measured.nranks),
+            Measured::NONE
+        );
+    }
+
+    #[test]
+    fn plain_buffers_take_their_own_row_where_one_was_measured() {
+        let table = "gpu\tranks\tbuffers\tall_gather\tgather\n\
+                     GPU A\t2\tany\t4096\t128\n\
+                     GPU A\t2\tplain\t8192\t256\n\
+                     GPU A\t4\tany\t64\t0\n\
+                     GPU A\t8\tsome\t64\t0\n";
+        let rows = rows(table);
+        assert_eq!(rows.len(), 3, "a row of no known kind is left out");
+        assert_eq!(
+            (rows[1].kind, rows[1].limits[Collective::AllGather as usize]),
+            (RowKind::Plain, Limit::up_to(8192))
+        );
+        // Without a `buffers` column every row holds for any buffers.
+        let old = super::rows("gpu\tranks\tgather\nGPU A\t2\t128\n");
+        assert_eq!(old[0].kind, RowKind::Any);
+        // The shipped table: every plain row's GPU has an `any` row, and takes at least as much.
+        let shipped = super::rows(TABLE);
+        for plain in shipped.iter().filter(|r| r.kind == RowKind::Plain) {
+            let measured = limits(&plain.gpu, plain.nranks);
+            assert_eq!(measured.plain, plain.limits);
+            assert_ne!(measured.any, NONE, "{plain:?} has no any row");
+        }
+        let many = Measured {
+            any: [Limit::up_to(1); 8],
+            plain: [Limit::up_to(2); 8],
+        };
+        assert_eq!(many.of(Buffers::Plain)[1], Limit::up_to(2));
+        assert_eq!(many.of(Buffers::InWindows)[1], Limit::up_to(1));
+        let other = Measured::alike([Limit::up_to(3); 8]);
+        let both = least_measured([many, other]);
+        assert_eq!(
+            (both.any[1], both.plain[1]),
+            (Limit::up_to(1), Limit::up_to(2))
+        );
     }
 
     #[test]

@@ -33,6 +33,7 @@ pub use observer::{Observer, set_observer};
 pub use setup::Arrival;
 pub use types::Collective;
 mod watch;
+mod windows;
 
 use crate::call::Call;
 use crate::ffi::{
@@ -166,6 +167,43 @@ fn meets_on_parent(
     })
 }
 
+/// NCCL took a registration of `size` bytes from `begin` on `comm` as a window of `flags`
+/// (ncclCommWindowRegister returned ncclSuccess) and writes its handle into `slot`: before
+/// returning outside a group, at the group's end inside one (read there), later on a
+/// nonblocking communicator (not followed: windows.rs).
+///
+/// # Safety
+/// `slot` is the caller's: written by NCCL, kept until the group's end inside a group.
+pub unsafe fn window_registered(
+    comm: ncclComm_t,
+    slot: *const *mut std::ffi::c_void,
+    begin: usize,
+    size: usize,
+    flags: i32,
+) {
+    if slot.is_null() || flags & windows::SYMMETRIC == 0 || !lifecycle::blocking(comm) {
+        return;
+    }
+    let window = group::PendingWindow {
+        comm,
+        slot,
+        begin,
+        size,
+        flags,
+    };
+    if group::inside() {
+        group::defer_window(window);
+    } else {
+        // SAFETY: the caller's; NCCL wrote it before returning.
+        unsafe { window.register() };
+    }
+}
+
+/// NCCL deregistered the window `handle` of `comm`.
+pub fn window_deregistered(comm: ncclComm_t, handle: usize) {
+    windows::deregistered(comm, handle);
+}
+
 pub fn group_start() {
     group::start();
 }
@@ -280,7 +318,8 @@ fn collective_of_core(
     if lacks_buffer(collective, call, core.rank) {
         return forward();
     }
-    let Some(plan) = policy::plan(settings, collective, call, &core.facts) else {
+    let buffers = windows::buffers_of(comm, call.send, call.recv);
+    let Some(plan) = policy::plan(settings, collective, call, &core.facts, buffers) else {
         return forward();
     };
     let stream = call.stream as cuda::Stream;
@@ -396,6 +435,7 @@ pub fn async_error(comm: ncclComm_t, real: ncclResult_t) -> ncclResult_t {
 /// core, never hanging.
 pub fn destroyed(comm: ncclComm_t, abort: bool) {
     setup::abandon(comm);
+    windows::forget(comm);
     if let Some(core) = lifecycle::forget(comm) {
         release(comm, core, abort);
     }
@@ -405,6 +445,7 @@ pub fn destroyed(comm: ncclComm_t, abort: bool) {
 /// calls go to NCCL, which refuses them. Not set up yet, it withdraws from its set-up.
 pub fn revoked(comm: ncclComm_t) {
     setup::abandon(comm);
+    windows::forget(comm);
     if let Some(core) = lifecycle::revoked(comm) {
         release(comm, core, true);
     }

@@ -11,7 +11,7 @@ use crate::call::Call;
 // in layout.rs; the settings in settings.rs. Named here too, for the rest of the core.
 pub use super::layout::*;
 pub use super::limits::*;
-pub use super::measured::{Limit, Limits};
+pub use super::measured::{Buffers, Limit, Limits, Measured};
 pub use super::settings::{DEFAULT_WAIT_LIMIT_S, GROUP_CORE_BYTES, Settings, settings, switch};
 /// The sentinel kernel's largest grid: a 16-byte pack per thread, 64 threads per block.
 const SENTINEL_BLOCKS: u32 = (SENTINEL_MAX_BYTES / 16 / 64) as u32;
@@ -169,8 +169,9 @@ pub struct CommFacts {
     pub resident_blocks: u32,
     /// The lowest compute capability of the ranks' GPUs, e.g. 90.
     pub compute_capability: u32,
-    /// The least of the ranks' measured limits (measured.rs), for collectives no setting limits.
-    pub measured: Limits,
+    /// The least of the ranks' measured limits (measured.rs), for collectives no setting limits:
+    /// for any buffers, and for buffers in no symmetric window.
+    pub measured: Measured,
 }
 
 /// A group's calls of a communicator as fused launches hold them (`Settings::fused_with`).
@@ -360,16 +361,18 @@ pub fn plan_args(
         root: Some(root),
         stream: std::ptr::null_mut(),
     };
-    plan(settings, collective, &call, comm)
+    plan(settings, collective, &call, comm, Buffers::Plain)
 }
 
 /// The core's plan for `call` of `collective` (its `op` ignored where the collective does not
-/// reduce, its `root` where it has none), or `None` to leave it to NCCL.
+/// reduce, its `root` where it has none), whose buffers lie as `buffers` says (which of NCCL's
+/// kernels it races: the measured limits of that kind apply), or `None` to leave it to NCCL.
 pub fn plan(
     settings: &Settings,
     collective: Collective,
     call: &Call,
     comm: &CommFacts,
+    buffers: Buffers,
 ) -> Option<Plan> {
     let (count, dtype) = (call.count, call.datatype);
     let (op, root) = (call.op.unwrap_or(0), call.root.unwrap_or(-1));
@@ -399,7 +402,7 @@ pub fn plan(
     // the staging in windows (device/moves.cu), so only the limits bound a call.
     chunk.checked_mul(nranks)?;
     let size = collective.size(chunk, nranks);
-    let limit = settings.limit(collective, &comm.measured);
+    let limit = settings.limit(collective, comm.measured.of(buffers));
     if !settings.force_core && !limit.takes(size) {
         return None;
     }
@@ -774,7 +777,7 @@ mod tests {
             zero_copy: false,
             resident_blocks: 132,
             compute_capability: 90,
-            measured: [Limit::NONE; Collective::ALL.len()],
+            measured: Measured::NONE,
         }
     }
 
@@ -1113,7 +1116,7 @@ mod tests {
         measured[Collective::ReduceScatter as usize] =
             Limit::of([(0, 8 << 10), (8 << 20, 32 << 20)]);
         let comm = CommFacts {
-            measured,
+            measured: Measured::alike(measured),
             ..procs(2)
         };
         let gathers = |s: &Settings, bytes: usize| {
@@ -1142,6 +1145,49 @@ mod tests {
         assert_ne!(s.agreed(), off.agreed(), "unset and 0 differ between ranks");
         let core_off = with(&[("NCCLSHIM_CORE", "0")]);
         assert!(!core_off.may_take(Collective::AllGather, true));
+    }
+
+    /// A call whose buffers lie in symmetric windows races NCCL's symmetric kernels: it takes
+    /// the limits measured against every kind of buffer; one in none, those of plain buffers. A
+    /// setting holds for both.
+    #[test]
+    fn buffers_in_symmetric_windows_take_the_limits_of_any_buffers() {
+        let mut any = [Limit::NONE; Collective::ALL.len()];
+        any[Collective::AllGather as usize] = Limit::parse("4194304,134217728-268435456");
+        let mut plain = any;
+        plain[Collective::AllGather as usize] = Limit::up_to(256 << 20);
+        let comm = CommFacts {
+            measured: Measured { any, plain },
+            ..procs(2)
+        };
+        let gathers = |s: &Settings, bytes: usize, buffers| {
+            let call = Call {
+                kind: 0,
+                comm: std::ptr::null_mut(),
+                send: std::ptr::null(),
+                recv: std::ptr::null_mut(),
+                count: bytes / 2 / 4,
+                datatype: 7,
+                op: Some(0),
+                root: Some(-1),
+                stream: std::ptr::null_mut(),
+            };
+            super::plan(s, Collective::AllGather, &call, &comm, buffers).is_some()
+        };
+        let s = with(&[]);
+        for bytes in [1 << 20, 16 << 20, 64 << 20, 256 << 20] {
+            assert!(gathers(&s, bytes, Buffers::Plain), "{bytes}");
+        }
+        assert!(gathers(&s, 4 << 20, Buffers::InWindows));
+        assert!(
+            !gathers(&s, 16 << 20, Buffers::InWindows),
+            "NCCL's symmetric kernels win"
+        );
+        assert!(gathers(&s, 128 << 20, Buffers::InWindows));
+        let set = with(&[("NCCLSHIM_MAX_BYTES", "all_gather:8M")]);
+        assert!(
+            gathers(&set, 8 << 20, Buffers::InWindows) && !gathers(&set, 16 << 20, Buffers::Plain)
+        );
     }
 
     #[test]

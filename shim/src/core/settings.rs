@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 use super::fnv::Fnv;
 use super::layout::{ONE_SHOT_LIMIT_BYTES, STAGING_HALF_BYTES, ll_capacity};
 use super::limits::{LL_MAX_BYTES, MAX_BLOCKS, SENTINEL_MAX_BYTES};
-use super::measured::{Limit, Limits};
+use super::measured::{Limit, Limits, Measured};
 use super::types::Collective;
 use crate::log::log_warn;
 
@@ -112,24 +112,33 @@ impl Settings {
     }
 
     /// The limits of the collectives but all-reduce for the "core on" line: "all-gather up to
-    /// 131072 B, ..." where the core takes some, else that NCCL has them all.
-    pub fn limits_text(&self, measured: &Limits) -> String {
-        let taken: Vec<String> = Collective::ALL
-            .into_iter()
-            .skip(1)
-            .filter_map(|c| match self.limit(c, measured) {
-                _ if self.force_core => Some(format!("{} (forced)", c.name())),
-                limit if limit.is_none() => None,
-                limit => Some(format!(
-                    "{} {}",
-                    c.name(),
-                    limit.describe(|b| format!("{b} B"))
-                )),
-            })
-            .collect();
-        match taken.is_empty() {
-            true => "other collectives: NCCL's".into(),
-            false => format!("also {}", taken.join(", ")),
+    /// 131072 B, ..." where the core takes some, else that NCCL has them all; where calls whose
+    /// buffers lie in symmetric windows take other limits, those too.
+    pub fn limits_text(&self, measured: &Measured) -> String {
+        let taken = |limits: &Limits| -> Vec<String> {
+            Collective::ALL
+                .into_iter()
+                .skip(1)
+                .filter_map(|c| match self.limit(c, limits) {
+                    _ if self.force_core => Some(format!("{} (forced)", c.name())),
+                    limit if limit.is_none() => None,
+                    limit => Some(format!(
+                        "{} {}",
+                        c.name(),
+                        limit.describe(|b| format!("{b} B"))
+                    )),
+                })
+                .collect()
+        };
+        let (plain, windows) = (taken(&measured.plain), taken(&measured.any));
+        let text = match plain.is_empty() {
+            true => "other collectives: NCCL's".to_string(),
+            false => format!("also {}", plain.join(", ")),
+        };
+        match (plain == windows, windows.is_empty()) {
+            (true, _) => text,
+            (false, true) => format!("{text} (in symmetric windows: NCCL's)"),
+            (false, false) => format!("{text} (in symmetric windows: {})", windows.join(", ")),
         }
     }
 

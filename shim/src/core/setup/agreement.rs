@@ -10,9 +10,9 @@ pub(super) const MAGIC: u64 = 0x6e63_636c_7368_696d; // "ncclshim"
 // its own; 6: compute capability; 7: a group's small all-reduces fused, which peers must do
 // alike; 8: measured limits, and one size for every later layout; 9: reduce-scatter and reduce
 // as packets, which peers must plan alike; 10: which communicator a record is of, for children
-// that meet on their parent; 11: measured limits as spans of sizes): other versions never pair
-// up.
-pub(super) const LAYOUT: u32 = 11;
+// that meet on their parent; 11: measured limits as spans of sizes; 12: measured limits for
+// buffers in no symmetric window): other versions never pair up.
+pub(super) const LAYOUT: u32 = 12;
 /// Room for the settings every rank must have alike (`Settings::agreed`), one word each.
 pub(super) const AGREED_SLOTS: usize = 32;
 
@@ -55,6 +55,9 @@ pub(super) struct Record {
     pub(super) nranks: u32,
     /// Zero.
     pub(super) padding2: u32,
+    /// The measured limits for calls whose buffers lie in no symmetric window (measured.rs,
+    /// `Measured::plain`), as `Limit::to_words32` writes them.
+    pub(super) measured_plain: [[u32; 2 * SPANS]; Collective::ALL.len()],
     /// Zeros: room for what later layouts add, so that every layout's record has one size and
     /// builds of other layouts meet in the exchange and say so (`agree`) instead of passing
     /// NCCL all-gathers of other sizes (where they exchange on the same communicator: builds
@@ -65,7 +68,7 @@ pub(super) struct Record {
 /// What a record takes on the wire, whatever its layout.
 pub(super) const RECORD_BYTES: usize = 1024;
 /// The bytes before `reserved`.
-pub(super) const USED_BYTES: usize = 808;
+pub(super) const USED_BYTES: usize = 1000;
 // No padding the compiler would leave uninitialised: every field ends where the next begins.
 const _: () = assert!(size_of::<Record>() == RECORD_BYTES);
 const _: () = assert!(std::mem::offset_of!(Record, reserved) == USED_BYTES);
@@ -96,6 +99,7 @@ impl Record {
             rank: 0,
             nranks: 0,
             padding2: 0,
+            measured_plain: [[0; 2 * SPANS]; Collective::ALL.len()],
             reserved: [0; RECORD_BYTES - USED_BYTES],
         }
     }

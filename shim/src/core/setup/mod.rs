@@ -407,6 +407,7 @@ fn side_record(candidate: &Candidate) -> Record {
     let (Ok(pci_bus_id), Ok(ipc)) = (pci_bus_id, ipc) else {
         return Record::not_ready();
     };
+    let limits = measured::limits(&parts.device.name(), candidate.nranks);
     Record {
         magic: MAGIC,
         layout: LAYOUT,
@@ -423,11 +424,18 @@ fn side_record(candidate: &Candidate) -> Record {
         padding: 0,
         pci_bus_id,
         ipc,
-        measured: measured::limits(&parts.device.name(), candidate.nranks).map(Limit::to_words),
+        measured: limits.any.map(Limit::to_words),
         color: 0,
         rank: 0,
         nranks: 0,
         padding2: 0,
+        // A nonblocking communicator's windows are not followed (windows.rs): as far as the core
+        // knows, any call of it may race NCCL's symmetric kernels.
+        measured_plain: match candidate.blocking {
+            true => limits.plain,
+            false => limits.any,
+        }
+        .map(Limit::to_words32),
         reserved: [0; RECORD_BYTES - USED_BYTES],
     }
 }
@@ -606,6 +614,8 @@ mod tests {
         record.buffer = 0x7f00_0000_1000;
         record.measured[Collective::Scatter as usize] =
             Limit::parse("131072,8388608-33554432").to_words();
+        record.measured_plain[Collective::AllGather as usize] =
+            Limit::parse("268435456").to_words32();
         let bytes = record.to_bytes();
         assert_eq!(bytes.len(), RECORD_BYTES);
         let back = Record::from_bytes(&bytes);
@@ -614,6 +624,7 @@ mod tests {
             (3, 0xab, 0x7f00_0000_1000, record.pci_bus_id)
         );
         assert_eq!(back.measured, record.measured);
+        assert_eq!(back.measured_plain, record.measured_plain);
     }
 
     /// A split's child, as candidate: its rank and ranks, meeting on a parent of `parent_ranks`.

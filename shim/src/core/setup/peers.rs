@@ -8,7 +8,7 @@ use super::exchange::Candidate;
 use super::identity;
 use crate::core::comm::{Parts, Reach};
 use crate::core::cuda::{Device, IpcMapping};
-use crate::core::measured::{self, Limit};
+use crate::core::measured::{self, Limit, Measured};
 use crate::core::policy::{self, CommFacts};
 use crate::core::zero_copy::{DeviceMemory, Service, ZeroCopy};
 use crate::log::log_info;
@@ -53,7 +53,10 @@ pub(super) fn map_peers(candidate: &Candidate, gathered: &[u8]) -> Result<Mapped
                 .map(|r| r.compute_capability)
                 .min()
                 .unwrap_or(0),
-            measured: measured::least(records.iter().map(|r| r.measured.map(Limit::from_words))),
+            measured: measured::least_measured(records.iter().map(|r| Measured {
+                any: r.measured.map(Limit::from_words),
+                plain: r.measured_plain.map(Limit::from_words32),
+            })),
         },
     };
     for (r, record) in records.iter().enumerate() {

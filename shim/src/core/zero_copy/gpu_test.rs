@@ -330,7 +330,7 @@ fn core_role(rank: usize, dir: &Path, processes: Vec<u64>) {
         zero_copy: true,
         resident_blocks: parts.kernels.two_shot_resident_blocks,
         compute_capability: parts.kernels.compute_capability(),
-        measured: [crate::core::measured::Limit::NONE; 8],
+        measured: crate::core::measured::Measured::NONE,
     };
     let core = CoreComm::new(
         rank,

@@ -1,0 +1,149 @@
+//! The symmetric windows registered on each communicator (ncclCommWindowRegister with
+//! NCCL_WIN_COLL_SYMMETRIC). Where a call's buffers lie in one, NCCL runs its symmetric kernels,
+//! faster than its plain ones at some sizes, so the core takes such a call only within the
+//! limits measured against them (`Buffers::InWindows`, measured.rs). NCCL asks so per call,
+//! from the rank's own windows (the one holding a buffer's first byte), and requires a call's
+//! buffers to be in windows on every rank or on none (its argument check compares them across
+//! ranks): so the answer is the same on every rank, as the routing needs.
+//!
+//! A window is known by its handle, which NCCL writes where the registration is done: before the
+//! call returns outside a group on a blocking communicator; at the group's end inside one
+//! (group.rs reads it there). A nonblocking communicator's registrations end later, on a thread
+//! of NCCL's: they are not followed, and such a communicator takes the limits of any buffers for
+//! every call (its set-up's record says so).
+
+use std::ffi::c_void;
+use std::sync::RwLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use super::measured::Buffers;
+use crate::ffi::ncclComm_t;
+
+/// One registered window: its communicator, handle and bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Window {
+    comm: usize,
+    handle: usize,
+    begin: usize,
+    end: usize,
+}
+
+static WINDOWS: RwLock<Vec<Window>> = RwLock::new(Vec::new());
+/// How many windows WINDOWS holds: while none, a call asks nothing of it (no lock).
+static COUNT: AtomicUsize = AtomicUsize::new(0);
+
+/// `NCCL_WIN_COLL_SYMMETRIC`, the flag of windows NCCL's symmetric kernels run on (nccl.h; the
+/// same value in every version that has windows).
+pub const SYMMETRIC: i32 = 1;
+
+fn with_windows<T>(f: impl FnOnce(&mut Vec<Window>) -> T) -> T {
+    let mut windows = WINDOWS.write().unwrap_or_else(|e| e.into_inner());
+    let result = f(&mut windows);
+    COUNT.store(windows.len(), Ordering::Relaxed);
+    result
+}
+
+/// NCCL registered `size` bytes from `begin` on `comm` as a window of `flags`, with `handle`
+/// (NULL: not registered, as where the communicator has no symmetric support).
+pub fn registered(comm: ncclComm_t, handle: usize, begin: usize, size: usize, flags: i32) {
+    if handle == 0 || flags & SYMMETRIC == 0 || size == 0 {
+        return;
+    }
+    let window = Window {
+        comm: comm as usize,
+        handle,
+        begin,
+        end: begin.saturating_add(size),
+    };
+    with_windows(|windows| {
+        windows.retain(|w| !(w.comm == window.comm && w.handle == handle));
+        windows.push(window);
+    });
+}
+
+/// NCCL deregistered the window `handle` of `comm`.
+pub fn deregistered(comm: ncclComm_t, handle: usize) {
+    if COUNT.load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    with_windows(|windows| windows.retain(|w| !(w.comm == comm as usize && w.handle == handle)));
+}
+
+/// `comm` is gone (destroyed, aborted, revoked): its windows with it.
+pub fn forget(comm: ncclComm_t) {
+    if COUNT.load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    with_windows(|windows| windows.retain(|w| w.comm != comm as usize));
+}
+
+/// Where a call of `comm` with these buffers lies: in windows where either buffer starts in a
+/// symmetric window of `comm` (NCCL's symmetric kernels take calls of one buffer in a window too).
+pub fn buffers_of(comm: ncclComm_t, send: *const c_void, recv: *const c_void) -> Buffers {
+    if COUNT.load(Ordering::Relaxed) == 0 {
+        return Buffers::Plain;
+    }
+    let windows = WINDOWS.read().unwrap_or_else(|e| e.into_inner());
+    let inside = |p: *const c_void| {
+        let p = p as usize;
+        p != 0
+            && windows
+                .iter()
+                .any(|w| w.comm == comm as usize && (w.begin..w.end).contains(&p))
+    };
+    match inside(send) || inside(recv) {
+        true => Buffers::InWindows,
+        false => Buffers::Plain,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn comm(n: usize) -> ncclComm_t {
+        n as ncclComm_t
+    }
+
+    #[test]
+    fn a_call_lies_in_windows_while_its_buffers_are_in_a_symmetric_one_of_its_communicator() {
+        let (a, b) = (comm(0x1000_0010), comm(0x1000_0020));
+        let p = |n: usize| n as *const c_void;
+        assert_eq!(buffers_of(a, p(0x5000), p(0x9000)), Buffers::Plain);
+        registered(a, 0xaa, 0x5000, 0x1000, SYMMETRIC);
+        registered(a, 0xbb, 0x20000, 0x1000, 0);
+        registered(a, 0, 0x30000, 0x1000, SYMMETRIC);
+        assert_eq!(buffers_of(a, p(0x5000), p(0x9000)), Buffers::InWindows);
+        assert_eq!(
+            buffers_of(a, p(0x100), p(0x5fff)),
+            Buffers::InWindows,
+            "recv only"
+        );
+        assert_eq!(
+            buffers_of(a, p(0x6000), p(0x4fff)),
+            Buffers::Plain,
+            "past the end"
+        );
+        assert_eq!(
+            buffers_of(a, p(0x20000), p(0x20000)),
+            Buffers::Plain,
+            "not symmetric"
+        );
+        assert_eq!(
+            buffers_of(a, p(0x30000), p(0)),
+            Buffers::Plain,
+            "NCCL gave no handle"
+        );
+        assert_eq!(
+            buffers_of(b, p(0x5000), p(0x5000)),
+            Buffers::Plain,
+            "another comm's"
+        );
+        registered(b, 0xaa, 0x7000, 0x100, SYMMETRIC);
+        deregistered(a, 0xaa);
+        assert_eq!(buffers_of(a, p(0x5000), p(0x5000)), Buffers::Plain);
+        assert_eq!(buffers_of(b, p(0x7000), p(0)), Buffers::InWindows);
+        forget(b);
+        assert_eq!(buffers_of(b, p(0x7000), p(0)), Buffers::Plain);
+    }
+}
