@@ -100,6 +100,7 @@ impl Limit {
             .map(|w| u32::try_from(w).unwrap_or(u32::MAX))
     }
 
+    /// As `from_words`, of what `to_words32` wrote.
     pub fn from_words32(words: [u32; 2 * SPANS]) -> Limit {
         Limit::from_words(words.map(u64::from))
     }
@@ -127,7 +128,7 @@ pub type Limits = [Limit; Collective::ALL.len()];
 pub enum Buffers {
     /// In no symmetric window: NCCL's plain kernels.
     Plain,
-    /// In a symmetric window (or maybe: conservative where the shim cannot tell).
+    /// In a symmetric window: NCCL's symmetric kernels where they take the call.
     InWindows,
 }
 

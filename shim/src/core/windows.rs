@@ -113,32 +113,17 @@ mod tests {
         registered(a, 0xaa, 0x5000, 0x1000, SYMMETRIC);
         registered(a, 0xbb, 0x20000, 0x1000, 0);
         registered(a, 0, 0x30000, 0x1000, SYMMETRIC);
-        assert_eq!(buffers_of(a, p(0x5000), p(0x9000)), Buffers::InWindows);
-        assert_eq!(
-            buffers_of(a, p(0x100), p(0x5fff)),
-            Buffers::InWindows,
-            "recv only"
-        );
-        assert_eq!(
-            buffers_of(a, p(0x6000), p(0x4fff)),
-            Buffers::Plain,
-            "past the end"
-        );
-        assert_eq!(
-            buffers_of(a, p(0x20000), p(0x20000)),
-            Buffers::Plain,
-            "not symmetric"
-        );
-        assert_eq!(
-            buffers_of(a, p(0x30000), p(0)),
-            Buffers::Plain,
-            "NCCL gave no handle"
-        );
-        assert_eq!(
-            buffers_of(b, p(0x5000), p(0x5000)),
-            Buffers::Plain,
-            "another comm's"
-        );
+        let cases = [
+            (a, 0x5000, 0x9000, Buffers::InWindows, "send in a window"),
+            (a, 0x100, 0x5fff, Buffers::InWindows, "recv only"),
+            (a, 0x6000, 0x4fff, Buffers::Plain, "past the end"),
+            (a, 0x20000, 0x20000, Buffers::Plain, "not symmetric"),
+            (a, 0x30000, 0, Buffers::Plain, "NCCL gave no handle"),
+            (b, 0x5000, 0x5000, Buffers::Plain, "another comm's"),
+        ];
+        for (comm, send, recv, lies, why) in cases {
+            assert_eq!(buffers_of(comm, p(send), p(recv)), lies, "{why}");
+        }
         registered(b, 0xaa, 0x7000, 0x100, SYMMETRIC);
         deregistered(a, 0xaa);
         assert_eq!(buffers_of(a, p(0x5000), p(0x5000)), Buffers::Plain);
