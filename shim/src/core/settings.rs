@@ -752,4 +752,31 @@ mod tests {
         assert!(!with(&[("NCCLSHIM_CORE", "off")]).enabled);
         assert!(with(&[("NCCLSHIM_CORE", "")]).enabled, "empty: not given");
     }
+
+    /// The "core on" line names the limits of plain buffers, and those of symmetric windows
+    /// where they differ.
+    #[test]
+    fn the_limits_line_names_the_windows_limits_where_they_differ() {
+        let mut any = [Limit::NONE; Collective::ALL.len()];
+        any[Collective::Gather as usize] = Limit::up_to(1024);
+        let mut plain = any;
+        let s = with(&[]);
+        assert_eq!(
+            s.limits_text(&Measured { any, plain }),
+            "also gather up to 1024 B"
+        );
+        plain[Collective::AllGather as usize] = Limit::up_to(2048);
+        assert_eq!(
+            s.limits_text(&Measured { any, plain }),
+            "also all-gather up to 2048 B, gather up to 1024 B (in symmetric windows: gather up to 1024 B)"
+        );
+        assert_eq!(
+            s.limits_text(&Measured {
+                any: [Limit::NONE; Collective::ALL.len()],
+                plain
+            }),
+            "also all-gather up to 2048 B, gather up to 1024 B (in symmetric windows: NCCL's)"
+        );
+        assert_eq!(s.limits_text(&Measured::NONE), "other collectives: NCCL's");
+    }
 }
