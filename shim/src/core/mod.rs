@@ -318,7 +318,7 @@ fn collective_of_core(
     if lacks_buffer(collective, call, core.rank) {
         return forward();
     }
-    let buffers = windows::buffers_of(comm, call.send, call.recv);
+    let buffers = || windows::buffers_of(comm, call.send, call.recv);
     let Some(plan) = policy::plan(settings, collective, call, &core.facts, buffers) else {
         return forward();
     };

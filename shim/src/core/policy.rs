@@ -339,7 +339,7 @@ fn runs_type(dtype: DataType, comm: &CommFacts) -> bool {
     !fp8 || comm.compute_capability >= 90
 }
 
-/// `plan` for a call of these arguments (tests).
+/// `plan` for a call of these arguments whose buffers lie in no symmetric window (tests).
 #[cfg(test)]
 pub fn plan_args(
     settings: &Settings,
@@ -349,6 +349,31 @@ pub fn plan_args(
     op: u32,
     root: i32,
     comm: &CommFacts,
+) -> Option<Plan> {
+    plan_args_lying(
+        settings,
+        collective,
+        count,
+        datatype,
+        op,
+        root,
+        comm,
+        Buffers::Plain,
+    )
+}
+
+/// `plan_args` for a call whose buffers lie as `buffers` says (tests).
+#[cfg(test)]
+#[allow(clippy::too_many_arguments)]
+pub fn plan_args_lying(
+    settings: &Settings,
+    collective: Collective,
+    count: usize,
+    datatype: u32,
+    op: u32,
+    root: i32,
+    comm: &CommFacts,
+    buffers: Buffers,
 ) -> Option<Plan> {
     let call = Call {
         kind: 0,
@@ -361,18 +386,19 @@ pub fn plan_args(
         root: Some(root),
         stream: std::ptr::null_mut(),
     };
-    plan(settings, collective, &call, comm, Buffers::Plain)
+    plan(settings, collective, &call, comm, || buffers)
 }
 
 /// The core's plan for `call` of `collective` (its `op` ignored where the collective does not
-/// reduce, its `root` where it has none), whose buffers lie as `buffers` says (which of NCCL's
-/// kernels it races: the measured limits of that kind apply), or `None` to leave it to NCCL.
+/// reduce, its `root` where it has none), or `None` to leave it to NCCL. `buffers` says where
+/// its buffers lie (which of NCCL's kernels it races: the measured limits of that kind apply),
+/// asked only where a measured limit decides: not of all-reduce, nor of calls declined before.
 pub fn plan(
     settings: &Settings,
     collective: Collective,
     call: &Call,
     comm: &CommFacts,
-    buffers: Buffers,
+    buffers: impl FnOnce() -> Buffers,
 ) -> Option<Plan> {
     let (count, dtype) = (call.count, call.datatype);
     let (op, root) = (call.op.unwrap_or(0), call.root.unwrap_or(-1));
@@ -402,7 +428,7 @@ pub fn plan(
     // the staging in windows (device/moves.cu), so only the limits bound a call.
     chunk.checked_mul(nranks)?;
     let size = collective.size(chunk, nranks);
-    let limit = settings.limit(collective, comm.measured.of(buffers));
+    let limit = settings.limit(collective, comm.measured.of(buffers()));
     if !settings.force_core && !limit.takes(size) {
         return None;
     }
@@ -1161,18 +1187,18 @@ mod tests {
             ..procs(2)
         };
         let gathers = |s: &Settings, bytes: usize, buffers| {
-            let call = Call {
-                kind: 0,
-                comm: std::ptr::null_mut(),
-                send: std::ptr::null(),
-                recv: std::ptr::null_mut(),
-                count: bytes / 2 / 4,
-                datatype: 7,
-                op: Some(0),
-                root: Some(-1),
-                stream: std::ptr::null_mut(),
-            };
-            super::plan(s, Collective::AllGather, &call, &comm, buffers).is_some()
+            let (count, float) = (bytes / 2 / 4, 7);
+            plan_args_lying(
+                s,
+                Collective::AllGather,
+                count,
+                float,
+                0,
+                -1,
+                &comm,
+                buffers,
+            )
+            .is_some()
         };
         let s = with(&[]);
         for bytes in [1 << 20, 16 << 20, 64 << 20, 256 << 20] {
