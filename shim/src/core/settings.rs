@@ -60,8 +60,8 @@ pub struct Settings {
     pub early_launch: bool,
     /// How long a kernel waits for a peer before it gives up, in seconds (0: for ever).
     pub wait_limit_s: u32,
-    /// A group's several calls on one communicator stay the core's only where each is larger
-    /// than `.0` and at most `.1` bytes (`group_goes_to_nccl`).
+    /// A group's several all-reduces on one communicator that do not fuse stay the core's only
+    /// where each is larger than `.0` and at most `.1` bytes (`group_goes_to_nccl`).
     pub group_core_bytes: (usize, usize),
     /// The largest call of each collective but all-reduce the core takes (`Collective::size`),
     /// by `Collective as usize`; `None`: as measured on the communicator's GPUs (measured.rs).
