@@ -245,6 +245,10 @@ gpu-check:
 	  limits-t-mpi-reduce-r2 limits-t-mpi-reduce-g limits-t-mpi-reduce_scatter limits-t-mpi-all_gather \
 	  limits-t-mpi-all_gather-r2 | tail -n 2 | paste -sd '|')" \
 	  = "$$(printf 'GPU\t2\tany\t131072\t131072,8388608-33554432\t-\t131072\t-\t-\t-|GPU\t2\tplain\t33554432\t131072,8388608-33554432\t-\t131072\t-\t-\t-')" ]
+	@# The same runs per collective and mode: all-gather's 8 MiB with symmetric windows is the
+	@# shim's time against NCCL's faster one (its windows, not its plain buffers).
+	python3 tests/gpu/nccl_tests_report.py --modes tests/gpu/testdata limits-t-mpi-all_gather \
+	  limits-t-mpi-all_gather-r2 | grep -qxF '| 8 MiB | 30.0 / 60.0: 0.50 (0.50) | 30.0 / 27.0: 1.11 (1.11) |'
 	@# trace_check.py on made-up traces: a timed one passes (and fails untimed), a gap fails.
 	python3 tests/gpu/trace_check.py --timed tests/gpu/testdata/trace-timed.jsonl
 	! python3 tests/gpu/trace_check.py tests/gpu/testdata/trace-timed.jsonl >/dev/null

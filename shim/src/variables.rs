@@ -106,7 +106,7 @@ pub const TUNE: &[Variable] = &[
     row(
         "ll_max",
         "by ranks",
-        "largest all-reduce done by the low-latency kernel, past the sentinel kernel's (128 KiB for 2 ranks, 32 KiB above; at most 128 KiB), and largest chunk (what one rank sends another) of the other collectives sent as packets (512 KiB for 2 ranks, 256 KiB for 3–4, 32 KiB above; at most what the inboxes hold: 512 KiB for 2 ranks, 256 KiB for 3–4, 128 KiB above)",
+        "largest all-reduce done by the low-latency kernel, past the sentinel kernel's (128 KiB for 2 ranks, 32 KiB above; at most 256 KiB), and largest chunk (what one rank sends another) of the other collectives sent as packets (1 MiB for 2 ranks, 256 KiB for 3–4, 32 KiB above; at most what the inboxes hold: 1 MiB for 2 ranks, 512 KiB for 3–4, 256 KiB above)",
     ),
     row(
         "ll_block",
@@ -136,7 +136,7 @@ pub const TUNE: &[Variable] = &[
     row(
         "group_core",
         "`384K-2M`",
-        "`LO-HI`: a group (`ncclGroupStart`/`ncclGroupEnd`) with several calls on one communicator that the core would take stays the core's where its calls are small calls of one packet kernel (all-reduces of one type and op; all-gathers, or broadcasts, or another collective that moves data, of any type; reduce-scatters, or reduces, of one type and op) that fit at most two fused launches (each of up to eight calls whose data together is no more than one packet call's: for all-reduce 512 KiB of floating-point data on 2–4 ranks, 128 KiB of other types on 2, 32 KiB on more; for the others chunks of 512 KiB on 2 ranks, 256 KiB on 3–4, 32 KiB on more), or where they are at most four all-reduces and each is larger than `LO` and at most `HI` bytes (where they are two on 2 ranks, at most 128 MiB, or `HI` if larger); otherwise all of them go to NCCL, which runs a group's calls in one kernel (measured on 2 H100; `0-0`: no such band, for two calls either)",
+        "`LO-HI`: a group (`ncclGroupStart`/`ncclGroupEnd`) with several calls on one communicator that the core would take stays the core's where its calls are small calls of one packet kernel (all-reduces of one type and op; all-gathers, or broadcasts, or another collective that moves data, of any type; reduce-scatters, or reduces, of one type and op) that fit at most two fused launches (each of up to eight calls whose data together is no more than one packet call's: for all-reduce 512 KiB of floating-point data on 2–4 ranks, 128 KiB of other types on 2, 32 KiB on more; for the others chunks of 1 MiB on 2 ranks, 256 KiB on 3–4, 32 KiB on more), or where they are at most four all-reduces and each is larger than `LO` and at most `HI` bytes (where they are two on 2 ranks, at most 128 MiB, or `HI` if larger); otherwise all of them go to NCCL, which runs a group's calls in one kernel (measured on 2 H100; `0-0`: no such band, for two calls either)",
     ),
     row(
         "batch",

@@ -183,8 +183,10 @@ for binary in all_gather reduce_scatter broadcast reduce alltoall gather scatter
   matrix corewindows 2.28.9 mpi "$binary" -b 48M -e 192M -f 2 -w 1 -n 2 -c 1
 done
 shim_env=("${core_settings[@]}")
-matrix coretypes 2.28.9 mpi reduce -b 1K -e 1M -f 32 -w 2 -n 5 -c 1 -d all -o all
-matrix coretypes 2.28.9 mpi reduce_scatter -b 1K -e 1M -f 32 -w 2 -n 5 -c 1 -d all -o all
+# Every type and op of reduce's and reduce-scatter's kernels: as packets (4 KiB, 128 KiB) and
+# past them (4 MiB: chunks of 4 and 2 MiB, more than packets carry on any number of ranks).
+matrix coretypes 2.28.9 mpi reduce -b 4K -e 4M -f 32 -w 2 -n 5 -c 1 -d all -o all
+matrix coretypes 2.28.9 mpi reduce_scatter -b 4K -e 4M -f 32 -w 2 -n 5 -c 1 -d all -o all
 shim_env=()
 # Four calls aggregated in one group (-m 4), every collective with the defaults: the core
 # issues a group's calls as one launch, its small ones of one collective as one call.
@@ -331,7 +333,8 @@ fi
 # measured.
 # nccl_tests_report.py --limits turns the best times into the rows of this GPU for the shim's
 # table of measured limits (shim/src/core/measured_limits.tsv): nccl-tests-limits.md, whose last
-# two lines are the rows for any buffers and for buffers in no symmetric window.
+# two lines are the rows for any buffers and for buffers in no symmetric window; --modes into
+# one table per collective and mode (nccl-tests-modes.md).
 # With NCCL_TESTS_BINARIES, only those of them: the row then has "-" for the others, whose
 # values in the table stand. NCCL_TESTS_LIMITS_MODES: only these modes ("mpi group"), e.g. one
 # per call on a machine where both don't fit one; the report then reads both calls' logs.
@@ -371,6 +374,8 @@ if wanted limits && [ -x "$dir/src-2.28.9/build/all_gather_perf" ]; then
   gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader -i 0 | head -n 1)
   python3 "$here/nccl_tests_report.py" --limits "$gpu" "$n" "$dir" "${limit_names[@]}" >"$out/nccl-tests-limits.md"
   limits_status=$?
-  verdict limits $limits_status "$(tail -n 2 "$out/nccl-tests-limits.md" | paste -sd ';')"
+  # The same runs per collective and mode, for the performance page.
+  python3 "$here/nccl_tests_report.py" --modes "$dir" "${limit_names[@]}" >"$out/nccl-tests-modes.md" || limits_status=1
+  verdict limits $limits_status "$(tail -n 2 "$out/nccl-tests-limits.md" | paste -sd ';'); nccl-tests-modes.md"
   [ $status = 0 ] || verdict limits-runs 1 "$runs runs; failed:$problems"
 fi

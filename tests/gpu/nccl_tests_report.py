@@ -24,6 +24,11 @@ the run started):
                               where every size, placement, mode and set came out at most
                               LIMIT_RATIO x NCCL's time, over every set (`any`), then over the
                               sets of buffers in no symmetric window, all but -r2 (`plain`)
+  --modes DIR NAME...         markdown: one table per collective and mode (one process per GPU,
+                              one for all) of the limits runs NAME (as --limits takes them): per
+                              size and set, the best shim and NCCL times out of place and the
+                              shim / NCCL ratio out of place and in place (-R 2 against NCCL's
+                              faster of its windows and plain buffers)
   --tune DIR NAME...          markdown: per size, the best (least) out-of-place time of the
                               rounds DIR/NAME-real-r*.log (NCCL alone), DIR/NAME-shim-r*.log
                               (the shim as built) and DIR/NAME-tK-r*.log (the shim under the
@@ -348,6 +353,62 @@ def limits(gpu, nranks, directory, names):
     return 1 if problems else 0
 
 
+# The sets of the limits runs (nccl_tests.sh `limit_sets`): name suffix and heading.
+LIMIT_SETS = (("", "plain"), ("-r2", "-R 2"), ("-g", "-G 1"), ("-zc", "unmapped"))
+LIMIT_MODES = (("mpi", "one process per GPU"), ("group", "one process for all"))
+
+
+def set_times(directory, name):
+    """(shim, real) best times of one limits run, real at its best on the same buffers: for -R 2
+    the faster of NCCL's windows and its plain buffers, as --limits compares."""
+    shim, real = best_times(directory, name, "shim"), best_times(directory, name, "real")
+    if name.endswith("-r2"):
+        plain = best_times(directory, name[: -len("-r2")], "real")
+        real = {size: tuple(min(a, b) for a, b in zip(times, plain.get(size, times)))
+                for size, times in real.items()}
+    return shim, real
+
+
+def modes(directory, names):
+    """One table per collective and mode of the limits runs `names` (PREFIX-MODE-BINARY[SET]):
+    per size and set, shim / NCCL out of place, and the ratios."""
+    print("Per collective and mode, per size and set: the shim's time / NCCL's out of place in us, "
+          "and the ratio out of place (in place in brackets); best of every round and cycle. "
+          "-R 2 is against the faster of NCCL's symmetric windows and its plain buffers; "
+          "unmapped: one process per GPU with the peers' buffers unmapped (the staged paths).\n")
+    problems = []
+    for binary, column in LIMIT_COLUMNS:
+        for mode, said in LIMIT_MODES:
+            runs = []
+            for suffix, heading in LIMIT_SETS:
+                ours = [n for n in names if n.endswith(f"-{mode}-{binary}{suffix}")]
+                for name in ours:
+                    shim, real = set_times(directory, name)
+                    if not shim or set(shim) != set(real):
+                        problems.append(f"{name}: {len(shim)} sizes with the shim, {len(real)} with NCCL")
+                        continue
+                    runs.append((heading, shim, real))
+            if not runs:
+                continue
+            print(f"## {column}, {said}\n")
+            print("| size | " + " | ".join(heading for heading, _, _ in runs) + " |")
+            print("|---|" + "---|" * len(runs))
+            # Zero bytes (nccl-tests' smallest size rounds down to no element): never the core's.
+            for size in sorted(set().union(*(set(shim) for _, shim, _ in runs)) - {0}):
+                cells = []
+                for _, shim, real in runs:
+                    if size not in shim:
+                        cells.append("")
+                        continue
+                    (s_oop, s_ip), (r_oop, r_ip) = shim[size], real[size]
+                    cells.append(f"{s_oop:.1f} / {r_oop:.1f}: {s_oop / r_oop:.2f} ({s_ip / r_ip:.2f})")
+                print(f"| {human(size)} | " + " | ".join(cells) + " |")
+            print()
+    for problem in problems:
+        print(f"problem: {problem}")
+    return 1 if problems else 0
+
+
 # A setting is said to beat the shim as built where its best time is below this share of the
 # built one's: the best of a few rounds still varies by a percent or two.
 TUNE_MARGIN = 0.98
@@ -409,6 +470,8 @@ def main(argv):
         return 0
     if len(argv) >= 4 and argv[0] == "--gate":
         return gate(float(argv[1]), argv[2], argv[3:])
+    if len(argv) >= 3 and argv[0] == "--modes":
+        return modes(argv[1], argv[2:])
     if len(argv) >= 3 and argv[0] == "--tune":
         return tune(argv[1], argv[2:])
     if len(argv) >= 5 and argv[0] == "--limits":

@@ -2,7 +2,7 @@
 # The GPU suite, on a machine with NVIDIA GPUs, nvcc and PyTorch (no Rust needed): compiles the
 # C/CUDA programs, runs the correctness matrix, the PyTorch checks and the side-by-side
 # benchmark through ncclshim, and writes logs and OUTDIR/summary.txt.
-#   run.sh OUTDIR [collectives] [torch] [torchbench] [zerocopy] [bench] [latepeer] [groupcost] [groupfused] [groupmoves] [torchcoalesced] [launch] [floor] [sanitizer] [waitlimit] [nccltests] [badinput] [faults] [observe] [netplugin]  (default: the first three)
+#   run.sh OUTDIR [collectives] [torch] [torchbench] [zerocopy] [bench] [latepeer] [groupcost] [graphlaunch] [groupfused] [groupmoves] [torchcoalesced] [launch] [floor] [sanitizer] [waitlimit] [nccltests] [badinput] [faults] [observe] [netplugin]  (default: the first three)
 # It runs from the folder `make gpu-bundle` makes (the shim in shim/lib beside this script).
 # Environment (all optional):
 #   GPU_COUNTS  GPU counts to run on (default "2 4", less those the machine lacks)
@@ -20,7 +20,7 @@
 #   FLOOR_ARGS     more arguments for the floor, e.g. "--sizes 8M,16M"
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
-[ $# -ge 1 ] || { echo "usage: $0 OUTDIR [collectives] [torch] [torchbench] [zerocopy] [bench] [latepeer] [groupcost] [groupfused] [groupmoves] [torchcoalesced] [launch] [floor] [sanitizer] [waitlimit] [nccltests] [badinput] [faults] [observe] [netplugin]" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "usage: $0 OUTDIR [collectives] [torch] [torchbench] [zerocopy] [bench] [latepeer] [groupcost] [graphlaunch] [groupfused] [groupmoves] [torchcoalesced] [launch] [floor] [sanitizer] [waitlimit] [nccltests] [badinput] [faults] [observe] [netplugin]" >&2; exit 2; }
 mkdir -p "$1" && out=$(cd "$1" && pwd) && shift
 suites=${*:-collectives torch bench}
 
@@ -402,6 +402,20 @@ group_cost_suite() {
   grep -v '^# shim\|^# nccl' "$log" | sed 's/^/  /' | tee -a "$summary"
 }
 
+# --- A CUDA graph's first launch against its next ones (graph_launch.cu): graphs of 20 small
+# all-reduces or all-gathers per GPU, one process driving every GPU, through the shim and NCCL
+# alternately in one run. Fails where a shim's launch takes more than GRAPH_LAUNCH_LIMIT (1.05) x
+# NCCL's per call ---
+graph_launch_suite() {
+  local n=$1 log=$out/graph-launch-$n.txt t=$SECONDS status=0
+  $nvcc "${flags[@]}" "$here/graph_launch.cu" -o "$out/bin/graph_launch" -ldl >"$out/build-graph_launch.log" 2>&1 ||
+    { verdict "graph launch $n GPUs" 1 "build failed: build-graph_launch.log"; return; }
+  NCCL_DEBUG=WARN timeout "$step_timeout" "$out/bin/graph_launch" --shim "$(readlink -f "$shim")" --real "$real" \
+    --ngpus "$n" --limit "${GRAPH_LAUNCH_LIMIT:-1.05}" >"$log" 2>&1 || status=1
+  verdict "graph launch $n GPUs" $status "$(tail -n 1 "$log"); $((SECONDS - t)) s; graph-launch-$n.txt"
+  grep -v '^# shim\|^# nccl' "$log" | sed 's/^/  /' | tee -a "$summary"
+}
+
 # --- Groups of several calls on one communicator, checked value by value by group_KIND.cu: built,
 # run through the shim (under the settings given, VAR=VALUE each) and through NCCL alone as the
 # control; the shim's exit summary must show fused launches ---
@@ -694,6 +708,7 @@ for n in $counts; do
       bench) bench_suite "$n" ;;
       latepeer) late_peer_suite "$n" ;;
       groupcost) group_cost_suite "$n" ;;
+      graphlaunch) graph_launch_suite "$n" ;;
       groupfused) group_fused_suite "$n" ;;
       groupmoves) group_moves_suite "$n" ;;
       torchcoalesced) torch_coalesced_suite "$n" ;;

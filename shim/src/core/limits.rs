@@ -8,8 +8,10 @@ pub const MAX_THREADS: u32 = 512;
 /// kernel has none, see policy::SENTINEL_BLOCKS).
 pub const MAX_BLOCKS: u32 = 256;
 pub const MAX_RANKS: usize = 8;
-/// Largest low-latency all-reduce: sizes the inboxes.
-pub const LL_MAX_BYTES: usize = 128 << 10;
+/// Largest low-latency all-reduce a setting may ask for: sizes the inboxes, which the packets of
+/// the other collectives share out among fewer senders in larger slots (`ll_capacity`: 1 MiB a
+/// pair on 2 ranks).
+pub const LL_MAX_BYTES: usize = 256 << 10;
 /// Largest sentinel all-reduce: sizes the sentinel inboxes.
 pub const SENTINEL_MAX_BYTES: usize = 512 << 10;
 /// Calls one launch may carry (a group's calls of one communicator, kernel and shape, run one

@@ -672,15 +672,16 @@ mod tests {
         // Moves share a kernel whatever their type: they move bytes.
         let bytes = (Collective::AllGather, 5, i8, sum, -1);
         assert_eq!(group(2, &[gather(1), bytes]), Some((1, 2)));
-        // The inbox of 2 ranks (512 KiB a chunk), full, then past it and past two launches.
-        let quarter = gather((128 << 10) / 4);
+        // The inbox of 2 ranks (1 MiB a chunk), full, then past it and past two launches.
+        let quarter = gather((256 << 10) / 4);
         assert_eq!(group(2, &[quarter; 4]), Some((1, 4)));
         assert_eq!(group(2, &[quarter; 5]), Some((2, 1)));
         assert_eq!(group(2, &[quarter; 8]), Some((2, 4)));
         assert_eq!(group(2, &[quarter; 9]), None);
-        // On 4 ranks the inbox holds 256 KiB a chunk.
-        assert_eq!(group(4, &[quarter; 2]), Some((1, 2)));
-        assert_eq!(group(4, &[quarter; 3]), Some((2, 1)));
+        // On 4 ranks packets carry 256 KiB a chunk.
+        let eighth = gather((128 << 10) / 4);
+        assert_eq!(group(4, &[eighth; 2]), Some((1, 2)));
+        assert_eq!(group(4, &[eighth; 3]), Some((2, 1)));
         assert_eq!(group(2, &[gather(1); MAX_FUSED + 1]), Some((2, 1)));
         // Rooted calls fuse whatever their roots.
         let broadcast = |root| (Collective::Broadcast, 100, f32, sum, root);
@@ -1053,8 +1054,8 @@ mod tests {
                 ONE_SHOT_LIMIT_BYTES
             )
         );
-        // The other collectives' packets go as far as the inboxes hold on 2 ranks, and no
-        // further on any (all-reduce's keep their own limit).
+        // The other collectives' packets go as far as the inboxes hold on 2 ranks (1 MiB), as
+        // far as measured on 3 - 4, and no further on any (all-reduce's keep their own limit).
         let default = with(&[]);
         assert_eq!(
             (
@@ -1062,7 +1063,7 @@ mod tests {
                 default.ll_move_max(4),
                 default.ll_max(2)
             ),
-            (ll_capacity(2), ll_capacity(4), 128 << 10)
+            (ll_capacity(2), 256 << 10, 128 << 10)
         );
         assert_eq!(
             (1..=8).map(|n| huge.ll_move_max(n)).collect::<Vec<_>>(),
@@ -1308,7 +1309,7 @@ mod tests {
                 .algorithm
         };
         for nranks in [2, 4] {
-            let most = ll_capacity(nranks) / 2;
+            let most = on.ll_move_max(nranks) / 2;
             assert_eq!(gather(most, nranks), Algorithm::LlAllGather);
             assert_eq!(gather(most + 1, nranks), Algorithm::AllGather);
         }
@@ -1323,10 +1324,10 @@ mod tests {
                 .unwrap()
                 .algorithm
         };
-        assert_eq!(scatter(ll_capacity(4) / 2), Algorithm::LlReduce);
-        assert_eq!(scatter(ll_capacity(4) / 2 + 1), Algorithm::ReduceScatter);
+        assert_eq!(scatter(on.ll_move_max(4) / 2), Algorithm::LlReduce);
+        assert_eq!(scatter(on.ll_move_max(4) / 2 + 1), Algorithm::ReduceScatter);
         // Reduce too, with its root (the kernel tells the two apart by it).
-        let every = with(&[("NCCLSHIM_MAX_BYTES", "reduce:1M")]);
+        let every = with(&[("NCCLSHIM_MAX_BYTES", "reduce:2M")]);
         let reduce = plan(&every, Collective::Reduce, 4096, 7, 0, 1, &procs(2)).unwrap();
         assert_eq!(
             (reduce.algorithm, reduce.dtype, reduce.count, reduce.root),

@@ -259,15 +259,18 @@ impl Settings {
     /// their stores to them: on 2 H100 in CUDA graphs (nccl-tests, every collective) they took
     /// 7.8 - 10.1 us a call for chunks of 256 - 512 KiB, where packets took 3.0 - 4.1 us for
     /// 256 KiB and 4.3 - 6.1 us for 512 KiB (0.42 - 0.65 of NCCL at its best, against 0.93 -
-    /// 1.56). So on 2 ranks, all the inboxes hold. On 4 H200 (`-R 2 -G 20`), chunks of 64 -
+    /// 1.56); on 2 H200 (nccl-tests, one process per GPU) they took 10.9 - 12.0 us for chunks of
+    /// 1 MiB (broadcast and reduce of 1 MiB, gather and scatter of 2 MiB), where packets took
+    /// 8.3 (the worst of every mode 0.67 - 0.83 of NCCL at its best, against 0.83 - 1.13). So
+    /// on 2 ranks, all the inboxes hold (1 MiB). On 4 H200 (`-R 2 -G 20`), chunks of 64 -
     /// 256 KiB as packets took 0.42 - 0.75 of NCCL's time where the other kernels took 0.83 -
-    /// 1.36, so on 3 - 4 ranks too; on more, unmeasured, all-reduce's limit. The collectives'
-    /// own limits (`measured`) are measured with it.
+    /// 1.36, so on 3 - 4 ranks up to 256 KiB, as measured; on more, unmeasured, all-reduce's
+    /// limit. The collectives' own limits (`measured`) are measured with it.
     pub fn ll_move_max(&self, nranks: usize) -> usize {
-        let by_ranks = if nranks <= 4 {
-            ll_capacity(nranks)
-        } else {
-            32 << 10
+        let by_ranks = match nranks {
+            ..=2 => ll_capacity(nranks),
+            3..=4 => 256 << 10,
+            _ => 32 << 10,
         };
         self.ll_max_bytes
             .unwrap_or(by_ranks)
