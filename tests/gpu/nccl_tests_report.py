@@ -286,18 +286,29 @@ def winning_spans(worst):
     return [(frm, to) for frm, to in spans if frm == 0 or frm < to][:LIMIT_SPANS]
 
 
+def set_times(directory, name, problems):
+    """(shim, real) best times of one limits run, real at its best on the same buffers: for -R 2
+    the faster of NCCL's windows and its plain buffers. None, and a line in `problems`, where the
+    two sides have no rows or other sizes."""
+    shim, real = best_times(directory, name, "shim"), best_times(directory, name, "real")
+    if name.endswith("-r2"):
+        plain = best_times(directory, name[: -len("-r2")], "real")
+        real = {size: tuple(min(a, b) for a, b in zip(times, plain.get(size, times)))
+                for size, times in real.items()}
+    if not shim or set(shim) != set(real):
+        problems.append(f"{name}: {len(shim)} sizes with the shim, {len(real)} with NCCL")
+        return None
+    return shim, real
+
+
 def worst_ratios(directory, names, problems):
     """{size: (worst ratio, where)} over the runs `names` of one binary."""
     worst = {}
     for name in names:
-        shim, real = best_times(directory, name, "shim"), best_times(directory, name, "real")
-        if name.endswith("-r2"):
-            plain = best_times(directory, name[: -len("-r2")], "real")
-            real = {size: tuple(min(a, b) for a, b in zip(times, plain.get(size, times)))
-                    for size, times in real.items()}
-        if not shim or set(shim) != set(real):
-            problems.append(f"{name}: {len(shim)} sizes with the shim, {len(real)} with NCCL")
+        times = set_times(directory, name, problems)
+        if times is None:
             continue
+        shim, real = times
         # Zero bytes (nccl-tests' smallest size rounds down to no element): never the core's.
         for size in filter(None, shim):
             ratio = max(s / r if r > 0 else math.inf for s, r in zip(shim[size], real[size]))
@@ -358,17 +369,6 @@ LIMIT_SETS = (("", "plain"), ("-r2", "-R 2"), ("-g", "-G 1"), ("-zc", "unmapped"
 LIMIT_MODES = (("mpi", "one process per GPU"), ("group", "one process for all"))
 
 
-def set_times(directory, name):
-    """(shim, real) best times of one limits run, real at its best on the same buffers: for -R 2
-    the faster of NCCL's windows and its plain buffers, as --limits compares."""
-    shim, real = best_times(directory, name, "shim"), best_times(directory, name, "real")
-    if name.endswith("-r2"):
-        plain = best_times(directory, name[: -len("-r2")], "real")
-        real = {size: tuple(min(a, b) for a, b in zip(times, plain.get(size, times)))
-                for size, times in real.items()}
-    return shim, real
-
-
 def modes(directory, names):
     """One table per collective and mode of the limits runs `names` (PREFIX-MODE-BINARY[SET]):
     per size and set, shim / NCCL out of place, and the ratios."""
@@ -383,11 +383,9 @@ def modes(directory, names):
             for suffix, heading in LIMIT_SETS:
                 ours = [n for n in names if n.endswith(f"-{mode}-{binary}{suffix}")]
                 for name in ours:
-                    shim, real = set_times(directory, name)
-                    if not shim or set(shim) != set(real):
-                        problems.append(f"{name}: {len(shim)} sizes with the shim, {len(real)} with NCCL")
-                        continue
-                    runs.append((heading, shim, real))
+                    times = set_times(directory, name, problems)
+                    if times is not None:
+                        runs.append((heading, *times))
             if not runs:
                 continue
             print(f"## {column}, {said}\n")
