@@ -142,13 +142,37 @@ static void special_values(void) {
   EXPECT(!is_nan_bits(T_FLOAT, 0x7F800000) && is_nan_bits(T_FLOAT, 0x7FFFFFFF), "float");
 }
 
+// All-to-all in place only where asked for (NCCL's is undefined), then every rank in place and
+// only the first: that rank's input is where its output is, the others' apart.
+static void alltoall_in_place(void) {
+  for (int asked = 0; asked < 2; asked++) {
+    TestList list = build_matrix(MATRIX_QUICK, 4, 1 << 20, asked);
+    int every = 0, first = 0;
+    for (size_t k = 0; k < list.n; k++) {
+      const Test* t = &list.tests[k];
+      if (t->coll != C_ALLTOALL || !t->inplace) continue;
+      every += t->inplace == 1;
+      first += t->inplace == INPLACE_FIRST_RANK;
+      if (t->inplace != INPLACE_FIRST_RANK) continue;
+      Layout l0 = test_layout(t, 0, 4);
+      EXPECT(test_in_place(t, 0) && l0.send_at == l0.recv_at, "all-to-all: rank 0 in place");
+      EXPECT(!test_in_place(t, 1) && !test_in_place(t, 3), "all-to-all: the other ranks apart");
+    }
+    EXPECT(asked ? every > 0 && first > 0 : every + first == 0,
+           "all-to-all in place %s: %d tests of every rank, %d of the first", asked ? "asked" : "not asked",
+           every, first);
+    free(list.tests);
+  }
+}
+
 int main(void) {
   known_encodings();
   special_values();
   orders_agree();
   inputs_vary();
-  TestList full = build_matrix(MATRIX_FULL, 4, 256u << 20);
-  TestList quick = build_matrix(MATRIX_QUICK, 4, 0);
+  alltoall_in_place();
+  TestList full = build_matrix(MATRIX_FULL, 4, 256u << 20, 0);
+  TestList quick = build_matrix(MATRIX_QUICK, 4, 0, 0);
   printf("matrix: %zu tests (full), %zu (quick); buffers %zu bytes\n", full.n, quick.n,
          matrix_alloc_bytes(&full, 4));
   printf("%d passed, %d failed\n", failures ? 0 : 1, failures ? 1 : 0);

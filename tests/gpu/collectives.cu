@@ -2,7 +2,7 @@
 // element compared exactly with the host reference, under one way of driving NCCL per run:
 //   collectives --launch procs|threads|group|initall [--nonblocking] [--graph] [--memalloc]
 //               [--split] [--realloc] [--matrix full|quick] [--max-bytes N] [--ngpus N]
-//               [--timeout S]
+//               [--timeout S] [--alltoall-in-place]
 // procs: one process per GPU (fork; rank 0 shares the unique id through a file), ncclCommInitRank.
 // threads: one thread per GPU, ncclCommInitRank. group: one thread drives every GPU, comms made by
 // ncclCommInitRankConfig inside a group, collectives issued with GPU 0 current (as nccl-tests -g).
@@ -10,6 +10,8 @@
 // waited out with ncclCommGetAsyncError. --graph: each test captured in a CUDA graph and replayed
 // twice on fresh inputs. --split: the quick matrix again on children from ncclCommSplit, then on
 // children of every rank but the last (NCCL_SPLIT_NOCOLOR).
+// --alltoall-in-place: also all-to-all in place (every rank, and the first rank only), which
+// only the core gets right: for runs where it takes every all-to-all.
 // --memalloc: buffers from ncclMemAlloc instead of cudaMalloc. --realloc: the buffers freed and
 // allocated again before every test (cudaMalloc mostly gives the same addresses back: memory that
 // peers may have mapped under those addresses before must not be read through those mappings).
@@ -46,9 +48,9 @@
 enum { L_PROCS, L_THREADS, L_GROUP, L_INITALL };
 
 static struct {
-  int launch, nonblocking, graph, memalloc, split, realloc, matrix, ngpus, timeout;
+  int launch, nonblocking, graph, memalloc, split, realloc, matrix, ngpus, timeout, alltoall_in_place;
   size_t max_bytes;
-} opt = {L_PROCS, 0, 0, 0, 0, 0, MATRIX_FULL, 0, 600, 256u << 20};
+} opt = {L_PROCS, 0, 0, 0, 0, 0, MATRIX_FULL, 0, 600, 0, 256u << 20};
 
 // --realloc: buffers allocated again, and how many came back at the same address.
 static struct {
@@ -164,7 +166,7 @@ static void prepare(const Test* t, Rank* R) {
   CUDA_CHECK(cudaMemsetAsync(R->recv, POISON, (l.base + l.span) * sz + GUARD_BYTES, R->stream));
   for (size_t i = 0; i < l.send_n; i++)
     store_bits(R->host + i * sz, sz, test_input(t, R->nranks, R->rank, i));
-  char* input = (t->inplace ? R->recv : R->send) + l.send_at * sz;
+  char* input = (test_in_place(t, R->rank) ? R->recv : R->send) + l.send_at * sz;
   CUDA_CHECK(cudaMemcpyAsync(input, R->host, l.send_n * sz, cudaMemcpyHostToDevice, R->stream));
   CUDA_CHECK(cudaStreamSynchronize(R->stream));
 }
@@ -201,7 +203,7 @@ static void verify(const Test* t, Rank* R, Tally* tally) {
   if (bad) report(tally, t, R, "elements wrong", first, got0, want0, bad);
   tally->wrong += bad;
   // Out of place, nothing past the output may change; in place, nothing past the region.
-  size_t guard_from = t->inplace ? (l.base + l.span) * sz : (l.recv_at + l.recv_n) * sz;
+  size_t guard_from = test_in_place(t, R->rank) ? (l.base + l.span) * sz : (l.recv_at + l.recv_n) * sz;
   long damaged = 0;
   for (size_t b = 0; b < end; b++)
     if ((b < l.base * sz || b >= guard_from) && R->host[b] != POISON && damaged++ == 0) first = b;
@@ -212,7 +214,7 @@ static void verify(const Test* t, Rank* R, Tally* tally) {
 static ncclResult_t issue(const Test* t, Rank* R, ncclRedOp_t op) {
   Layout l = test_layout(t, R->rank, R->nranks);
   size_t sz = TYPES[t->type].size, c = t->count;
-  const char* in = (t->inplace ? R->recv : R->send) + l.send_at * sz;
+  const char* in = (test_in_place(t, R->rank) ? R->recv : R->send) + l.send_at * sz;
   char* out = R->recv + l.recv_at * sz;
   ncclDataType_t dt = (ncclDataType_t)t->type;
   int root = test_root(R->nranks), n = R->nranks;
@@ -343,7 +345,7 @@ static void run_test(const Test* t, Rank* rs, int nl, Tally* tally) {
 }
 
 static void run_matrix(Rank* rs, int nl, int matrix, size_t max_bytes, Tally* tally) {
-  TestList list = build_matrix(matrix, rs[0].nranks, max_bytes);
+  TestList list = build_matrix(matrix, rs[0].nranks, max_bytes, opt.alltoall_in_place);
   if (matrix_alloc_bytes(&list, rs[0].nranks) > rs[0].alloc) {
     fprintf(stderr, "buffers too small for the matrix\n");
     exit(2);
@@ -395,7 +397,7 @@ static void run_split(Rank* rs, int nl, Tally* tally, int last_alone) {
 // Drives the local ranks (comms already made) through everything the options ask for.
 static void drive(Rank* rs, int nl, Tally* tally) {
   for (int k = 0; k < nl; k++) identify(&rs[k]);
-  TestList list = build_matrix(opt.matrix, rs[0].nranks, opt.max_bytes);
+  TestList list = build_matrix(opt.matrix, rs[0].nranks, opt.max_bytes, opt.alltoall_in_place);
   size_t alloc = matrix_alloc_bytes(&list, rs[0].nranks);
   free(list.tests);
   for (int k = 0; k < nl; k++) setup_rank(&rs[k], alloc);
@@ -592,6 +594,8 @@ int main(int argc, char** argv) {
       opt.realloc = 1;
     } else if (!strcmp(a, "--split")) {
       opt.split = 1;
+    } else if (!strcmp(a, "--alltoall-in-place")) {
+      opt.alltoall_in_place = 1;
     } else {
       opt.launch = -1;
     }

@@ -23,19 +23,29 @@ static inline int coll_reduces(int coll) {
   return coll == C_ALLREDUCE || coll == C_REDUCE || coll == C_REDUCESCATTER;
 }
 
-// Whether the collective has an in-place form (Bcast has only that one).
-static inline int coll_inplace_ok(int coll) {
-  return coll != C_ALLTOALL && coll != C_SENDRECV_RING && coll != C_SENDRECV_ALL;
+// Whether the collective has an in-place form (Bcast has only that one). NCCL's all-to-all in
+// place is none: its results are undefined (NCCL 2.28.9's are wrong; nccl-tests leaves them
+// unchecked). The core's are right, tested where it takes every all-to-all (`alltoall_in_place`).
+static inline int coll_inplace_ok(int coll, int alltoall_in_place) {
+  return coll != C_SENDRECV_RING && coll != C_SENDRECV_ALL && (coll != C_ALLTOALL || alltoall_in_place);
 }
 
 typedef struct {
   int coll, type, op;
   size_t count;     // NCCL's count argument (per rank for the gathering and scattering ones)
-  int inplace;
+  int inplace;      // 1: every rank in place; INPLACE_FIRST_RANK: only rank 0
   int misaligned;   // buffers start 1 and 3 elements past an allocation's start
   uint64_t seed;
   int special;      // AllReduce sums of floats: NaN and -0.0 among the inputs (values.h)
 } Test;
+
+// Test::inplace: the first rank in place, the others apart (a call's ranks need not agree).
+#define INPLACE_FIRST_RANK 2
+
+// Whether rank `rank`'s buffers of the test are in place.
+static inline int test_in_place(const Test* t, int rank) {
+  return t->inplace == 1 || (t->inplace == INPLACE_FIRST_RANK && rank == 0);
+}
 
 // The root of the rooted collectives: not rank 0, so that a root argument ignored shows.
 static inline int test_root(int nranks) { return nranks - 1; }
@@ -66,7 +76,7 @@ static inline Layout test_layout(const Test* t, int rank, int nranks) {
   Layout l;
   l.base = t->misaligned ? 3 : 0;
   l.span = in_n > out_n ? in_n : out_n;
-  if (t->inplace) {
+  if (test_in_place(t, rank)) {
     if (inplace_out_is_block) out_block = (size_t)rank;
     l.send_at = l.base + in_block * c;
     l.recv_at = l.base + out_block * c;
@@ -140,8 +150,9 @@ static inline size_t count_for_bytes(int coll, int type, int nranks, size_t byte
 // The tests, in one order every rank agrees on. FULL: every collective x type x op, counts
 // 0, 1, 7 and 4099 (odd, and not a multiple of 16 bytes), in and out of place, misaligned, one
 // medium count of each type, and one test per collective at `max_bytes`. QUICK: fewer types and
-// ops, for the ways of driving NCCL that the full matrix doesn't use.
-static inline TestList build_matrix(int matrix, int nranks, size_t max_bytes) {
+// ops, for the ways of driving NCCL that the full matrix doesn't use. `alltoall_in_place`: also
+// all-to-all in place, and with only the first rank in place.
+static inline TestList build_matrix(int matrix, int nranks, size_t max_bytes, int alltoall_in_place) {
   static const int quick_types[] = {T_INT32, T_FLOAT, T_BF16, T_FP8E4M3};
   static const int quick_ops[] = {OP_SUM, OP_AVG, OP_PREMUL_DEVICE, OP_MAX};
   static const size_t counts[] = {0, 1, 7, 4099};
@@ -156,8 +167,8 @@ static inline TestList build_matrix(int matrix, int nranks, size_t max_bytes) {
         if (!op_checkable(type, op, nranks)) continue;
         for (int ci = 0; ci < 4; ci++) {
           if (!full && ci == 2) continue;
-          for (int inplace = 0; inplace < 2; inplace++) {
-            if (inplace ? !coll_inplace_ok(coll) : coll == C_BCAST) continue;
+          for (int inplace = 0; inplace < (coll == C_ALLTOALL ? 3 : 2); inplace++) {
+            if (inplace ? !coll_inplace_ok(coll, alltoall_in_place) : coll == C_BCAST) continue;
             Test t = {coll, type, op, counts[ci], inplace, 0, 0, 0};
             test_list_push(&list, t);
             if (counts[ci] == 4099) {
@@ -189,6 +200,11 @@ static inline TestList build_matrix(int matrix, int nranks, size_t max_bytes) {
       Test big = {coll, T_FLOAT, coll_reduces(coll) ? OP_SUM : OP_NONE,
                   count_for_bytes(coll, T_FLOAT, nranks, max_bytes), coll == C_BCAST, 0, 0, 0};
       test_list_push(&list, big);
+      // All-to-all in place on the direct path (which swaps chunks), and a mix that may not.
+      for (int inplace = 1; coll == C_ALLTOALL && alltoall_in_place && inplace <= INPLACE_FIRST_RANK; inplace++) {
+        big.inplace = inplace;
+        test_list_push(&list, big);
+      }
     }
   }
   return list;

@@ -128,8 +128,7 @@ pub struct Launched<'a> {
 /// What the peers of a rank touch of its buffers in a direct (zero-copy) call: the bytes of its
 /// input and of its output they read or write (0: none; the kernel uses that buffer only
 /// locally, or not at all), and whether the direct path is allowed at all: the places where
-/// ranks' chunks start in a buffer must be 16-aligned, and all-to-all in place would overwrite
-/// chunks a peer has not sent yet.
+/// ranks' chunks start in a buffer must be 16-aligned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Touched {
     input: u64,
@@ -150,11 +149,21 @@ impl Touched {
         };
         let root = plan.root == rank as i32;
         let (input, output) = collective.peers_touch();
+        let (mut input, mut output) = (
+            input.bytes(chunk, nranks, root),
+            output.bytes(chunk, nranks, root),
+        );
+        // In place the two are one buffer, which the peers touch as either (all-to-all in place
+        // swaps chunks: a peer reads what it writes), and the kernel sees every rank in place.
+        if in_place {
+            input = input.max(output);
+            output = input;
+        }
         let places_aligned = !collective.needs_aligned_places() || chunk.is_multiple_of(16);
         Touched {
-            input: input.bytes(chunk, nranks, root),
-            output: output.bytes(chunk, nranks, root),
-            allowed: places_aligned && (collective.direct_in_place() || !in_place),
+            input,
+            output,
+            allowed: places_aligned,
         }
     }
 }
@@ -612,13 +621,22 @@ mod tests {
             touched(Algorithm::AllToAll, 64, -1, 0, false),
             (0, 256, true)
         );
-        // Chunks whose places in a shared buffer are not 16-aligned, and all-to-all in place.
+        // Chunks whose places in a shared buffer are not 16-aligned.
         assert!(!touched(Algorithm::AllGather, 60, -1, 0, false).2);
         assert!(!touched(Algorithm::Gather, 60, 0, 0, false).2);
         assert!(touched(Algorithm::Broadcast, 60, 0, 0, false).2);
         assert!(touched(Algorithm::Reduce, 60, 0, 0, false).2);
-        assert!(!touched(Algorithm::AllToAll, 64, -1, 0, true).2);
-        assert!(touched(Algorithm::AllGather, 64, -1, 0, true).2);
+        // In place, one buffer the peers touch as input and output: an all-to-all's swapped
+        // chunks are read and written, a reduce-scatter's rank 0 output is its input.
+        let in_place = [
+            (Algorithm::AllToAll, -1, 0, 256),
+            (Algorithm::ReduceScatter, -1, 0, 256),
+            (Algorithm::Broadcast, 1, 1, 64),
+        ];
+        for (algorithm, root, rank, bytes) in in_place {
+            let t = touched(algorithm, 64, root, rank, true);
+            assert_eq!(t, (bytes, bytes, true), "{algorithm:?} in place");
+        }
     }
 
     /// The struct every kernel takes, as device/device.cuh lays it out.

@@ -87,11 +87,6 @@ impl Collective {
         self.facts().aligned_places
     }
 
-    /// Whether its direct kernel may run in place.
-    pub fn direct_in_place(self) -> bool {
-        self.facts().direct_in_place
-    }
-
     /// The collective whose own kernel (not its packet kernel) `algorithm` is.
     pub fn with_kernel(algorithm: Algorithm) -> Option<Collective> {
         Collective::ALL
@@ -130,8 +125,6 @@ struct CollectiveFacts {
     peers_touch: (Span, Span),
     /// That kernel needs the places where the ranks' chunks start in a buffer 16-aligned.
     aligned_places: bool,
-    /// That kernel may run in place (an all-to-all would overwrite chunks not yet sent).
-    direct_in_place: bool,
 }
 
 /// How much of a rank's buffer its peers touch in a collective's direct kernel.
@@ -172,12 +165,11 @@ const COLLECTIVES: [CollectiveFacts; Collective::ALL.len()] = {
         functions: &'static [&'static str],
         [rooted, reduces, chunk_per_rank, every_rank_reads, every_rank_writes]: [bool; 5],
         (kernel, low_latency_kernel): (Option<Algorithm>, Option<Algorithm>),
-        (peers_touch, [aligned_places, direct_in_place]): ((Span, Span), [bool; 2]),
+        (peers_touch, aligned_places): ((Span, Span), bool),
     ) -> CollectiveFacts {
         CollectiveFacts {
             name, variable, functions, rooted, reduces, chunk_per_rank, every_rank_reads,
             every_rank_writes, kernel, low_latency_kernel, peers_touch, aligned_places,
-            direct_in_place,
         }
     }
     use Span::*;
@@ -186,23 +178,23 @@ const COLLECTIVES: [CollectiveFacts; Collective::ALL.len()] = {
     [
         // name, setting; the functions that call it; rooted, reduces, chunk per rank, every
         // rank reads, every rank writes; its kernel and packet kernel; what peers touch of a
-        // rank's input and output in it, aligned places, in place.
+        // rank's input and output in it, aligned places.
         row(("all-reduce", "ALL_REDUCE"),         &["ncclAllReduce"],              [N, Y, N, Y, Y],
-            (None, None),                            ((Chunk, Chunk), [N, Y])),
+            (None, None),                            ((Chunk, Chunk), N)),
         row(("all-gather", "ALL_GATHER"),         &["ncclAllGather"],              [N, N, Y, Y, Y],
-            (Some(AllGather), Some(LlAllGather)),    ((Nothing, AllChunks), [Y, Y])),
+            (Some(AllGather), Some(LlAllGather)),    ((Nothing, AllChunks), Y)),
         row(("reduce-scatter", "REDUCE_SCATTER"), &["ncclReduceScatter"],          [N, Y, Y, Y, Y],
-            (Some(ReduceScatter), Some(LlReduce)),   ((AllChunks, Nothing), [Y, Y])),
+            (Some(ReduceScatter), Some(LlReduce)),   ((AllChunks, Nothing), Y)),
         row(("broadcast", "BROADCAST"),           &["ncclBroadcast", "ncclBcast"], [Y, N, N, N, Y],
-            (Some(Broadcast), Some(LlBroadcast)),    ((Nothing, Chunk), [N, Y])),
+            (Some(Broadcast), Some(LlBroadcast)),    ((Nothing, Chunk), N)),
         row(("reduce", "REDUCE"),                 &["ncclReduce"],                 [Y, Y, N, Y, N],
-            (Some(Reduce), Some(LlReduce)),          ((Chunk, ChunkAtRoot), [N, Y])),
+            (Some(Reduce), Some(LlReduce)),          ((Chunk, ChunkAtRoot), N)),
         row(("all-to-all", "ALL_TO_ALL"),         &["ncclAlltoAll"],               [N, N, Y, Y, Y],
-            (Some(AllToAll), Some(LlAllToAll)),      ((Nothing, AllChunks), [Y, N])),
+            (Some(AllToAll), Some(LlAllToAll)),      ((Nothing, AllChunks), Y)),
         row(("gather", "GATHER"),                 &["ncclGather"],                 [Y, N, Y, Y, N],
-            (Some(Gather), Some(LlGather)),          ((Nothing, AllChunksAtRoot), [Y, Y])),
+            (Some(Gather), Some(LlGather)),          ((Nothing, AllChunksAtRoot), Y)),
         row(("scatter", "SCATTER"),               &["ncclScatter"],                [Y, N, Y, N, Y],
-            (Some(Scatter), Some(LlScatter)),        ((Nothing, Chunk), [N, Y])),
+            (Some(Scatter), Some(LlScatter)),        ((Nothing, Chunk), N)),
     ]
 };
 

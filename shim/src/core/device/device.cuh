@@ -657,6 +657,41 @@ __device__ void push_packs(const T* const* in, u64 count, u64 begin, u64 end, ch
   }
 }
 
+// Swaps this thread's share of packs [lo, hi) of `a` and `b` (both 16-aligned), and, where
+// `tail`, the elements of `count` past the last whole pack: one thread reads each pack of both
+// before it writes either, so that no other thread sees one half-swapped.
+template <typename T>
+__device__ void swap_packs(T* a, T* b, u64 count, u64 lo, u64 hi, bool tail) {
+  Pack* pa = (Pack*)a;
+  Pack* pb = (Pack*)b;
+  const u64 G = grid_threads();
+  u64 j = first_pack(lo);
+  for (; j + (UNROLL - 1) * G < hi; j += UNROLL * G) {
+    Pack p[UNROLL], q[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; u++) {
+      p[u] = pa[j + u * G];
+      q[u] = pb[j + u * G];
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL; u++) {
+      pa[j + u * G] = q[u];
+      pb[j + u * G] = p[u];
+    }
+  }
+  for (; j < hi; j += G) {
+    Pack p = pa[j], q = pb[j];
+    pa[j] = q;
+    pb[j] = p;
+  }
+  u64 e;
+  if (tail && my_tail_element<T>(count, 0, count, &e)) {
+    T x = a[e];
+    a[e] = b[e];
+    b[e] = x;
+  }
+}
+
 // push_packs of one source into every destination.
 template <typename T>
 __device__ __forceinline__ void push_range(const T* in, u64 count, u64 begin, u64 end, char* const* dst, int ndst) {
@@ -993,20 +1028,30 @@ __device__ __forceinline__ Start start_call(const Peers& peers, int rank, int nr
 }
 
 // The whole of a call whose kernel may go direct: `direct(start)` where every rank's buffers are
-// usable, then one meeting, so that no rank goes on (and reuses its buffers) while a peer still
+// usable and `may_go_direct(start)` (from what every rank published: the same answer on every
+// rank), then one meeting, so that no rank goes on (and reuses its buffers) while a peer still
 // reads or writes them; else `staged(epoch)`, which returns the last epoch it used.
-template <typename Direct, typename Staged>
-__device__ __forceinline__ void direct_or_staged(const Peers& peers, int rank, int nranks, const Views& views,
-                                                 const volatile int* abort, Direct direct, Staged staged) {
+template <typename MayGoDirect, typename Direct, typename Staged>
+__device__ __forceinline__ void direct_where_or_staged(const Peers& peers, int rank, int nranks, const Views& views,
+                                                       const volatile int* abort, MayGoDirect may_go_direct,
+                                                       Direct direct, Staged staged) {
   const Start start = start_call(peers, rank, nranks, views, abort);
   u32 last = start.epoch;
-  if (start.direct) {
+  if (start.direct && may_go_direct(start)) {
     direct(start);
     barrier(peers, rank, nranks, BARRIER_START, start.epoch, abort);
   } else {
     last = staged(start.epoch);
   }
   end_call(peers, rank, last);
+}
+
+// direct_where_or_staged, direct wherever every rank's buffers are usable.
+template <typename Direct, typename Staged>
+__device__ __forceinline__ void direct_or_staged(const Peers& peers, int rank, int nranks, const Views& views,
+                                                 const volatile int* abort, Direct direct, Staged staged) {
+  direct_where_or_staged(
+      peers, rank, nranks, views, abort, [](const Start&) { return true; }, direct, staged);
 }
 
 // A window of a staged call: its `size` elements from `begin`, and its epoch.
