@@ -19,6 +19,7 @@ use super::comm::{CoreComm, Launched};
 use super::cuda::{Cuda, Stream, capturing};
 use super::launcher::DeviceOp;
 use super::policy::{self, Fused, MAX_BATCH, Plan};
+use super::types::Collective;
 use super::{launcher, lifecycle, setup};
 use crate::call::Call;
 use crate::ffi::{
@@ -439,13 +440,14 @@ pub fn known(comm: ncclComm_t) -> Known {
     )
 }
 
-/// Weighs one more call of `comm`, planned as `plan`, that the core would take, with the group's
-/// calls of `comm` before it (`Settings::group_goes_to_nccl`): whether it goes to NCCL. Where
+/// Weighs one more call of `comm`, of `collective`, planned as `plan`, that the core would take,
+/// with the group's calls of `comm` before it (`Settings::group_goes_to_nccl`): whether it goes
+/// to NCCL. Where
 /// this call decides so, the calls of `comm` queued before it go there now, in their order, and
 /// this one must follow them; so do the group's later calls of `comm` (`known`), without being
 /// weighed. Each rank's group holds the same calls, and each call's plan is the same on every
 /// rank: every rank decides alike, at the same call.
-pub fn weigh(comm: ncclComm_t, core: &Arc<CoreComm>, plan: &Plan) -> bool {
+pub fn weigh(comm: ncclComm_t, core: &Arc<CoreComm>, collective: Collective, plan: &Plan) -> bool {
     touch();
     let settings = policy::settings();
     let decided = SEEN.with(|seen| {
@@ -464,7 +466,7 @@ pub fn weigh(comm: ncclComm_t, core: &Arc<CoreComm>, plan: &Plan) -> bool {
         };
         let s = &mut seen[at];
         s.fused = settings.fused_with(s.fused, s.so_far.calls, plan, core.facts.nranks);
-        s.so_far = s.so_far.and(plan);
+        s.so_far = s.so_far.and(collective, plan);
         s.to_nccl()
     });
     if decided {

@@ -324,7 +324,7 @@ fn collective_of_core(
     };
     let stream = call.stream as cuda::Stream;
     if group::inside() {
-        if group::weigh(comm, &core, &plan) {
+        if group::weigh(comm, &core, collective, &plan) {
             return forward();
         }
         // Asked of the driver only where the trace wants it, or `queue` needs it.

@@ -30,16 +30,25 @@ pub const GROUP_BAND_CALLS: usize = 4;
 /// three or four calls lost at 4 MiB (1.05 - 1.10), so they keep the band.
 pub const GROUP_PAIR_MAX_BYTES: usize = 128 << 20;
 
+/// The largest chunk of a group's all-gathers, reduce-scatters and all-to-alls that stay the
+/// core's, one after the other, on 2 ranks: pairs of them, and up to GROUP_BAND_CALLS
+/// all-to-alls. nccl-tests on 2 H200, one process per GPU, per operation of 2 - 8 MiB (chunks of
+/// 1 - 4 MiB): pairs 0.57 - 0.80 of NCCL's time (its one kernel for the two), four all-to-alls
+/// 0.74 - 0.80; on the core, four all-gathers took 0.86 - 0.97 and four reduce-scatters 0.94 -
+/// 1.13, which stay NCCL's. Larger calls and groups were not measured on the core.
+pub const GROUP_MOVES_MAX_BYTES: usize = 4 << 20;
+
 /// What a group's calls of one communicator that the core would take have been so far
 /// (`group::weigh` adds them as they come).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GroupSoFar {
     pub calls: usize,
-    /// The smallest and the largest, as `plan` counts them.
+    /// The smallest and the largest, as `plan` counts them (a rank's chunk, for the collectives
+    /// that move one per rank).
     pub smallest: usize,
     pub largest: usize,
-    /// Every one an all-reduce.
-    pub all_reduces: bool,
+    /// The collectives among them, a bit each (`Collective as usize`).
+    pub collectives: u8,
 }
 
 impl GroupSoFar {
@@ -47,18 +56,28 @@ impl GroupSoFar {
         calls: 0,
         smallest: usize::MAX,
         largest: 0,
-        all_reduces: true,
+        collectives: 0,
     };
 
-    /// With one more call, planned as `plan`.
-    pub fn and(self, plan: &Plan) -> GroupSoFar {
+    /// With one more call of `collective`, planned as `plan`.
+    pub fn and(self, collective: Collective, plan: &Plan) -> GroupSoFar {
         let bytes = plan.count * plan.dtype.size();
         GroupSoFar {
             calls: self.calls + 1,
             smallest: self.smallest.min(bytes),
             largest: self.largest.max(bytes),
-            all_reduces: self.all_reduces && plan.algorithm.is_all_reduce(),
+            collectives: self.collectives | Self::bit(collective),
         }
+    }
+
+    /// Whether every call so far is of one of `collectives`.
+    pub fn only(&self, collectives: &[Collective]) -> bool {
+        let allowed = collectives.iter().fold(0, |bits, &c| bits | Self::bit(c));
+        self.collectives & !allowed == 0
+    }
+
+    fn bit(collective: Collective) -> u8 {
+        1 << collective as usize
     }
 }
 
@@ -71,25 +90,34 @@ impl Settings {
     /// them: NCCL runs a group's operations in one kernel with one synchronisation. So does the
     /// core where they fit at most MAX_FUSED_LAUNCHES fused launches (`fused`, see
     /// `fused_with`); otherwise it runs them one after the other, each meeting its peers, which
-    /// wins only for all-reduces (as measured) where every one is in the band
-    /// (`GROUP_CORE_BYTES`: above its bottom and at most its top) and they are at most
-    /// GROUP_BAND_CALLS, or where they are two on 2 ranks, up to GROUP_PAIR_MAX_BYTES. Groups of
-    /// four 2 MiB broadcasts, reduces, reduce-scatters or scatters one after the other took 1.03
-    /// – 1.47 x NCCL's time on 2 H200, so groups of the other collectives stay the core's only
-    /// where they fuse. A lone call stays the core's. The same answer on every rank: every rank's
-    /// group holds the same calls.
+    /// wins where every call is in the band (as measured): all-reduces in `GROUP_CORE_BYTES`
+    /// (above its bottom and at most its top), at most GROUP_BAND_CALLS of them, or two on 2
+    /// ranks up to GROUP_PAIR_MAX_BYTES; on 2 ranks, pairs of all-gathers, reduce-scatters and
+    /// all-to-alls, and up to GROUP_BAND_CALLS all-to-alls, of chunks up to
+    /// GROUP_MOVES_MAX_BYTES. Groups of four 2 MiB broadcasts, reduces, reduce-scatters or
+    /// scatters one after the other took 1.03 – 1.47 x NCCL's time on 2 H200, so the rest stay
+    /// the core's only where they fuse. A lone call stays the core's. The same answer on every
+    /// rank: every rank's group holds the same calls.
     pub fn group_goes_to_nccl(&self, group: &GroupSoFar, nranks: usize, fused: bool) -> bool {
+        use Collective::{AllGather, AllReduce, AllToAll, ReduceScatter};
         let (above, up_to) = self.group_core_bytes;
         // A band turned off (`group_core:0-0`) keeps no pairs either.
         let top = match (group.calls, nranks, up_to) {
             (2, 2, 1..) => up_to.max(GROUP_PAIR_MAX_BYTES),
             _ => up_to,
         };
-        let band = group.all_reduces
+        let all_reduces = group.only(&[AllReduce])
             && group.calls <= GROUP_BAND_CALLS
             && group.smallest > above
             && group.largest <= top;
-        group.calls >= 2 && !band && !fused && !self.force_core
+        let moves = nranks == 2
+            && up_to > 0
+            && group.largest <= GROUP_MOVES_MAX_BYTES
+            && match group.calls {
+                2 => group.only(&[AllGather, ReduceScatter, AllToAll]),
+                calls => calls <= GROUP_BAND_CALLS && group.only(&[AllToAll]),
+            };
+        group.calls >= 2 && !all_reduces && !moves && !fused && !self.force_core
     }
 
     /// The group's `calls` calls of a communicator so far as fused launches would hold them
@@ -483,16 +511,35 @@ mod tests {
         Settings::from_vars(vars)
     }
 
+    /// A group of calls of `collective`, of these sizes (as `plan` counts them).
+    fn group_of(collective: Collective, sizes: &[usize]) -> GroupSoFar {
+        GroupSoFar {
+            calls: sizes.len(),
+            smallest: sizes.iter().copied().min().unwrap_or(0),
+            largest: sizes.iter().copied().max().unwrap_or(0),
+            collectives: GroupSoFar::NONE
+                .and(collective, &plan_for_group(1))
+                .collectives,
+        }
+    }
+
+    /// A plan of `count` bytes (for `GroupSoFar::and`, which reads only its size).
+    fn plan_for_group(count: usize) -> Plan {
+        Plan {
+            algorithm: Algorithm::AllGather,
+            dtype: DataType::Uint8,
+            count,
+            op: Op::Sum,
+            root: -1,
+            blocks: 1,
+            threads: 256,
+        }
+    }
+
     #[test]
     fn a_group_goes_to_nccl_whole_unless_every_call_is_in_the_cores_band() {
         let goes = |s: &Settings, sizes: &[usize]| {
-            let group = GroupSoFar {
-                calls: sizes.len(),
-                smallest: sizes.iter().copied().min().unwrap_or(0),
-                largest: sizes.iter().copied().max().unwrap_or(0),
-                all_reduces: true,
-            };
-            s.group_goes_to_nccl(&group, 2, false)
+            s.group_goes_to_nccl(&group_of(Collective::AllReduce, sizes), 2, false)
         };
         let s = with(&[]);
         let (above, up_to) = GROUP_CORE_BYTES;
@@ -506,29 +553,18 @@ mod tests {
         assert!(!goes(&s, &[GROUP_PAIR_MAX_BYTES; 2]), "{pairs}");
         assert!(goes(&s, &[up_to, GROUP_PAIR_MAX_BYTES + 1]), "{pairs}");
         assert!(goes(&s, &[up_to + 1; 3]), "{pairs}");
-        let gathers = GroupSoFar {
-            calls: 2,
-            smallest: up_to,
-            largest: up_to + 1,
-            all_reduces: false,
-        };
+        let broadcasts = group_of(Collective::Broadcast, &[up_to, up_to + 1]);
         assert!(
-            s.group_goes_to_nccl(&gathers, 2, false),
+            s.group_goes_to_nccl(&broadcasts, 2, false),
             "pairs of all-reduces only"
         );
-        let in_band = GroupSoFar {
-            largest: up_to,
-            ..gathers
-        };
+        let in_band = group_of(Collective::Broadcast, &[up_to, up_to]);
         assert!(
             s.group_goes_to_nccl(&in_band, 2, false),
             "the band holds for all-reduces only"
         );
         assert!(!s.group_goes_to_nccl(&in_band, 2, true), "unless they fuse");
-        let pair = GroupSoFar {
-            all_reduces: true,
-            ..gathers
-        };
+        let pair = group_of(Collective::AllReduce, &[up_to, up_to + 1]);
         assert!(!s.group_goes_to_nccl(&pair, 2, false));
         assert!(
             s.group_goes_to_nccl(&pair, 4, false),
@@ -552,6 +588,43 @@ mod tests {
         assert!(!goes(&with(&[("NCCLSHIM_CORE", "force")]), &[8, 8]));
     }
 
+    /// On 2 ranks, pairs of all-gathers, reduce-scatters and all-to-alls, mixed or not, and up to
+    /// GROUP_BAND_CALLS all-to-alls, stay the core's up to GROUP_MOVES_MAX_BYTES a chunk.
+    #[test]
+    fn pairs_of_larger_moves_stay_the_cores_on_two_ranks() {
+        use Collective::{AllGather, AllToAll, Broadcast, ReduceScatter};
+        let s = with(&[]);
+        let top = GROUP_MOVES_MAX_BYTES;
+        let goes = |group: GroupSoFar, nranks| s.group_goes_to_nccl(&group, nranks, false);
+        for collective in [AllGather, ReduceScatter, AllToAll] {
+            assert!(
+                !goes(group_of(collective, &[top, top]), 2),
+                "{collective:?}"
+            );
+            assert!(
+                goes(group_of(collective, &[top, top + 1]), 2),
+                "{collective:?}"
+            );
+            assert!(goes(group_of(collective, &[top, top]), 4), "{collective:?}");
+        }
+        let mixed = group_of(AllGather, &[top, top]).and(ReduceScatter, &plan_for_group(top));
+        assert!(goes(mixed, 2), "three calls");
+        let pair = group_of(AllGather, &[top]).and(ReduceScatter, &plan_for_group(top));
+        assert!(
+            !goes(pair, 2),
+            "a pair of an all-gather and a reduce-scatter"
+        );
+        assert!(!goes(group_of(AllToAll, &[top; GROUP_BAND_CALLS]), 2));
+        assert!(goes(group_of(AllToAll, &[top; GROUP_BAND_CALLS + 1]), 2));
+        assert!(
+            goes(group_of(AllGather, &[top; 3]), 2),
+            "only all-to-alls past two"
+        );
+        assert!(goes(group_of(Broadcast, &[top; 2]), 2), "broadcasts lose");
+        let off = with(&[("NCCLSHIM_TUNE", "group_core:0-0")]);
+        assert!(off.group_goes_to_nccl(&group_of(AllToAll, &[top; 2]), 2, false));
+    }
+
     /// A group's all-reduces (count, NCCL type, NCCL op) on a communicator of `nranks`, as the
     /// group weighs them: whether they all fuse into one launch, and whether the group goes to
     /// NCCL.
@@ -561,7 +634,7 @@ mod tests {
         for &(count, dtype, op) in calls {
             let plan = plan_all_reduce(s, count, dtype, op, &procs(nranks)).unwrap();
             fused = s.fused_with(fused, group.calls, &plan, nranks);
-            group = group.and(&plan);
+            group = group.and(Collective::AllReduce, &plan);
         }
         let goes = s.group_goes_to_nccl(&group, nranks, fused.is_some());
         (fused.is_some(), goes)
