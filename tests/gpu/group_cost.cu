@@ -1,11 +1,13 @@
 // What a group of all-reduces costs the host: ncclGroupStart, CALLS all-reduces per GPU,
 // ncclGroupEnd, as nccl-tests -m CALLS issues them, through the shim and through NCCL in
-// alternating rounds of one run. Small groups are host-bound (NCCL's host work, about 2 us an
+// alternating rounds of one run (--collective: reduces, to the last rank, or all-gathers
+// instead, e.g. at sizes the shim forwards). Small groups are host-bound (NCCL's host work, about 2 us an
 // operation, outlasts its kernel), so any work the shim adds to a call shows here undiluted.
 // One process per GPU (forked, as mpirun would start them), or one process driving every GPU
 // (--one-process, as nccl-tests -g).
 //   group_cost --shim DIR/libnccl.so.2 --real DIR/libnccl.so.2 [--ngpus 2] [--one-process]
 //              [--calls 4] [--groups 2000] [--rounds 3] [--sizes 8,2K,32K,128K,1M] [--limit 1.05]
+//              [--collective all_reduce|reduce|all_gather]
 // Prints per size the best round's time per operation of each library (wall time of GROUPS
 // groups and the GPUs' catching up, divided by the operations) and their ratio, then the host's
 // mean time in each step of a group in that round (start, each call of the first GPU, end).
@@ -30,6 +32,7 @@ static struct {
   int ngpus = 2, calls = 4, groups = 2000, rounds = 3;
   bool one_process = false;
   double limit = 1.05;
+  std::string collective = "all_reduce";
   std::vector<size_t> sizes{8, 2 << 10, 32 << 10, 128 << 10, 1 << 20};
 } opt;
 
@@ -61,8 +64,9 @@ static double now_us() {
 
 // The GPUs this process drives, with a communicator of each library, a buffer and a stream each.
 struct Gpus {
-  int count;
+  int count, nranks;
   int devices[LIB_MAX_GPUS];
+  int rank_of[LIB_MAX_GPUS];
   ncclComm_t comms[LIBS][LIB_MAX_GPUS];
   float* buffers[LIB_MAX_GPUS];
   cudaStream_t streams[LIB_MAX_GPUS];
@@ -71,7 +75,7 @@ struct Gpus {
 // One round: GROUPS groups through `lib`; the time per operation, and each step's mean host time
 // (start, the calls in order, end) in `steps`.
 static double round_of(const Lib* lib, int l, Gpus& g, size_t bytes, std::vector<double>& steps) {
-  size_t count = bytes / sizeof(float), stride = count + 64;
+  size_t count = bytes / sizeof(float), stride = (count + 64) * g.nranks;
   int per_group = opt.calls * g.count;
   steps.assign(per_group + 2, 0.0);
   auto group = [&](bool timed) {
@@ -83,7 +87,13 @@ static double round_of(const Lib* lib, int l, Gpus& g, size_t bytes, std::vector
     for (int k = 0; k < opt.calls; k++) {
       for (int d = 0; d < g.count; d++) {
         float* b = g.buffers[d] + k * stride;
-        NCCL_CALL(lib, AllReduce(b, b, count, ncclFloat, ncclSum, g.comms[l][d], g.streams[d]));
+        ncclComm_t comm = g.comms[l][d];
+        if (opt.collective == "reduce")
+          NCCL_CALL(lib, Reduce(b, b, count, ncclFloat, ncclSum, g.nranks - 1, comm, g.streams[d]));
+        else if (opt.collective == "all_gather")
+          NCCL_CALL(lib, AllGather(b + g.rank_of[d] * count, b, count, ncclFloat, comm, g.streams[d]));
+        else
+          NCCL_CALL(lib, AllReduce(b, b, count, ncclFloat, ncclSum, comm, g.streams[d]));
         t = now_us();
         if (timed) steps[1 + k * g.count + d] += t - at;
         at = t;
@@ -136,8 +146,9 @@ static int run(Lib libs[LIBS], Gpus& g, bool report, void (*sync)()) {
     }
   }
   if (report)
-    printf("# %d sizes through the shim above %.2f x NCCL's time per operation (groups of %d, %s)\n",
-           above, opt.limit, opt.calls, opt.one_process ? "one process" : "one process per GPU");
+    printf("# %d sizes through the shim above %.2f x NCCL's time per operation (groups of %d %s, %s)\n",
+           above, opt.limit, opt.calls, opt.collective.c_str(),
+           opt.one_process ? "one process" : "one process per GPU");
   fflush(stdout);  // a forked rank leaves by _exit
   return above;
 }
@@ -147,8 +158,9 @@ static void make_buffers(Gpus& g) {
     CUDA_CHECK(cudaSetDevice(g.devices[d]));
     size_t largest = 0;
     for (size_t s : opt.sizes) largest = s > largest ? s : largest;
-    CUDA_CHECK(cudaMalloc(&g.buffers[d], opt.calls * (largest + 256) + 4096));
-    CUDA_CHECK(cudaMemset(g.buffers[d], 0, opt.calls * (largest + 256) + 4096));
+    size_t bytes = opt.calls * (largest + 256) * g.nranks + 4096;  // all-gather: nranks x
+    CUDA_CHECK(cudaMalloc(&g.buffers[d], bytes));
+    CUDA_CHECK(cudaMemset(g.buffers[d], 0, bytes));
     CUDA_CHECK(cudaStreamCreateWithFlags(&g.streams[d], cudaStreamNonBlocking));
   }
 }
@@ -168,8 +180,8 @@ static int one_process() {
   Lib libs[LIBS];
   load_both(libs);
   Gpus g;
-  g.count = opt.ngpus;
-  for (int d = 0; d < g.count; d++) g.devices[d] = d;
+  g.count = g.nranks = opt.ngpus;
+  for (int d = 0; d < g.count; d++) g.devices[d] = g.rank_of[d] = d;
   for (int l = 0; l < LIBS; l++) NCCL_CALL(&libs[l], CommInitAll(g.comms[l], g.count, g.devices));
   make_buffers(g);
   int above = run(libs, g, true, no_sync);
@@ -189,7 +201,9 @@ static int rank_process(int rank) {
   while (!__atomic_load_n(&shared->ids_ready, __ATOMIC_ACQUIRE)) usleep(100);
   Gpus g;
   g.count = 1;
+  g.nranks = opt.ngpus;
   g.devices[0] = rank;
+  g.rank_of[0] = rank;
   for (int l = 0; l < LIBS; l++)
     NCCL_CALL(&libs[l], CommInitRank(&g.comms[l][0], opt.ngpus, shared->ids[l], rank));
   make_buffers(g);
@@ -211,6 +225,7 @@ static void parse_args(int argc, char** argv) {
     else if (a == "--groups") opt.groups = atoi(v);
     else if (a == "--rounds") opt.rounds = atoi(v);
     else if (a == "--limit") opt.limit = atof(v);
+    else if (a == "--collective") opt.collective = v;
     else if (a == "--sizes") {
       opt.sizes.clear();
       for (const char* s = v; *s;) {
@@ -220,10 +235,12 @@ static void parse_args(int argc, char** argv) {
     } else { fprintf(stderr, "unknown argument %s\n", a.c_str()); exit(2); }
     i++;
   }
+  bool known = opt.collective == "all_reduce" || opt.collective == "reduce" || opt.collective == "all_gather";
   if (!opt.shim || !opt.real || opt.ngpus < 2 || opt.ngpus > LIB_MAX_GPUS || opt.calls < 1 ||
-      opt.groups < 1 || opt.rounds < 1) {
+      opt.groups < 1 || opt.rounds < 1 || !known) {
     fprintf(stderr, "usage: group_cost --shim LIB --real LIB [--ngpus N] [--one-process] [--calls M] "
-                    "[--groups G] [--rounds R] [--sizes 8,2K,...] [--limit X]\n");
+                    "[--groups G] [--rounds R] [--sizes 8,2K,...] [--limit X] "
+                    "[--collective all_reduce|reduce|all_gather]\n");
     exit(2);
   }
 }
