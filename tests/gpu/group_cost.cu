@@ -32,11 +32,16 @@ static struct {
   int ngpus = 2, calls = 4, groups = 2000, rounds = 3;
   bool one_process = false;
   double limit = 1.05;
-  std::string collective = "all_reduce";
+  const char* collective = "all_reduce";
   std::vector<size_t> sizes{8, 2 << 10, 32 << 10, 128 << 10, 1 << 20};
 } opt;
 
 enum { LIB_REAL, LIB_SHIM, LIBS };
+
+// The collective the groups hold (--collective), read once from its name, not per call.
+enum Collective { ALL_REDUCE, REDUCE, ALL_GATHER, COLLECTIVES };
+static const char* const COLLECTIVE_NAMES[COLLECTIVES] = {"all_reduce", "reduce", "all_gather"};
+static Collective collective = ALL_REDUCE;
 
 // What the forked ranks share: the unique ids and a barrier.
 struct Shared {
@@ -88,12 +93,16 @@ static double round_of(const Lib* lib, int l, Gpus& g, size_t bytes, std::vector
       for (int d = 0; d < g.count; d++) {
         float* b = g.buffers[d] + k * stride;
         ncclComm_t comm = g.comms[l][d];
-        if (opt.collective == "reduce")
-          NCCL_CALL(lib, Reduce(b, b, count, ncclFloat, ncclSum, g.nranks - 1, comm, g.streams[d]));
-        else if (opt.collective == "all_gather")
-          NCCL_CALL(lib, AllGather(b + g.rank_of[d] * count, b, count, ncclFloat, comm, g.streams[d]));
-        else
-          NCCL_CALL(lib, AllReduce(b, b, count, ncclFloat, ncclSum, comm, g.streams[d]));
+        switch (collective) {
+          case REDUCE:
+            NCCL_CALL(lib, Reduce(b, b, count, ncclFloat, ncclSum, g.nranks - 1, comm, g.streams[d]));
+            break;
+          case ALL_GATHER:
+            NCCL_CALL(lib, AllGather(b + g.rank_of[d] * count, b, count, ncclFloat, comm, g.streams[d]));
+            break;
+          default:
+            NCCL_CALL(lib, AllReduce(b, b, count, ncclFloat, ncclSum, comm, g.streams[d]));
+        }
         t = now_us();
         if (timed) steps[1 + k * g.count + d] += t - at;
         at = t;
@@ -147,7 +156,7 @@ static int run(Lib libs[LIBS], Gpus& g, bool report, void (*sync)()) {
   }
   if (report)
     printf("# %d sizes through the shim above %.2f x NCCL's time per operation (groups of %d %s, %s)\n",
-           above, opt.limit, opt.calls, opt.collective.c_str(),
+           above, opt.limit, opt.calls, COLLECTIVE_NAMES[collective],
            opt.one_process ? "one process" : "one process per GPU");
   fflush(stdout);  // a forked rank leaves by _exit
   return above;
@@ -235,7 +244,9 @@ static void parse_args(int argc, char** argv) {
     } else { fprintf(stderr, "unknown argument %s\n", a.c_str()); exit(2); }
     i++;
   }
-  bool known = opt.collective == "all_reduce" || opt.collective == "reduce" || opt.collective == "all_gather";
+  bool known = false;
+  for (int c = 0; c < COLLECTIVES; c++)
+    if (!strcmp(opt.collective, COLLECTIVE_NAMES[c])) collective = (Collective)c, known = true;
   if (!opt.shim || !opt.real || opt.ngpus < 2 || opt.ngpus > LIB_MAX_GPUS || opt.calls < 1 ||
       opt.groups < 1 || opt.rounds < 1 || !known) {
     fprintf(stderr, "usage: group_cost --shim LIB --real LIB [--ngpus N] [--one-process] [--calls M] "

@@ -517,9 +517,7 @@ mod tests {
             calls: sizes.len(),
             smallest: sizes.iter().copied().min().unwrap_or(0),
             largest: sizes.iter().copied().max().unwrap_or(0),
-            collectives: GroupSoFar::NONE
-                .and(collective, &plan_for_group(1))
-                .collectives,
+            collectives: GroupSoFar::bit(collective),
         }
     }
 
