@@ -60,10 +60,16 @@ impl Observer for CallBook {
     }
     fn ran_on_core(&self, algorithm: Algorithm, captured: Option<bool>) {
         let captured = captured.map_or(0, |c| 1 + c as u16);
-        ON_CORE.with(|c| c.set((1 + algorithm as u16) | (captured << 8)));
+        let on_core = (1 + algorithm as u16) | (captured << 8);
+        OUTCOME.with(|o| o.set(Outcome { on_core, ..o.get() }));
     }
     fn timed(&self, watch: Stopwatch) {
-        TIMED.with(|t| t.set(Some(watch)));
+        OUTCOME.with(|o| {
+            o.set(Outcome {
+                watch: Some(watch),
+                ..o.get()
+            })
+        });
     }
     fn shared_launch(&self, comm: ncclComm_t, calls: usize) {
         if let Some(page) = book::find(comm as usize) {
@@ -93,12 +99,24 @@ fn observe_the_core() {
     crate::core::set_observer(&CallBook);
 }
 
+/// How this thread's current call went, as the core marks it.
+#[derive(Clone, Copy, Default)]
+struct Outcome {
+    /// 0 not on the core (forwarded), else 1 + algorithm | captured << 8 (1 not captured, 2
+    /// captured).
+    on_core: u16,
+    /// The events around its kernel (NCCLSHIM_TRACE_TIMING).
+    watch: Option<Stopwatch>,
+}
+
 thread_local! {
-    /// How this thread's current call went on the core: 0 not (forwarded), else
-    /// 1 + algorithm | captured << 8 (1 not captured, 2 captured).
-    static ON_CORE: Cell<u16> = const { Cell::new(0) };
-    /// The events around this thread's current call's kernel (NCCLSHIM_TRACE_TIMING).
-    static TIMED: Cell<Option<Stopwatch>> = const { Cell::new(None) };
+    /// One thread-local, read once a call: each costs a look-up in a shared library.
+    static OUTCOME: Cell<Outcome> = const {
+        Cell::new(Outcome {
+            on_core: 0,
+            watch: None,
+        })
+    };
 }
 
 /// Whether calls should say if they are captured: only where the trace is written.
@@ -139,8 +157,7 @@ fn element_bytes(datatype: i64) -> u64 {
 
 /// Records an outermost call of an operation once it has returned `result`.
 pub fn operation_done(call: &Call, result: ncclResult_t) {
-    let on_core = ON_CORE.with(|c| c.replace(0));
-    let watch = TIMED.with(Cell::take);
+    let Outcome { on_core, watch } = OUTCOME.with(Cell::take);
     let traced = record(call, result, on_core, watch);
     if let (Some(watch), false) = (watch, traced) {
         watch.discard();

@@ -18,11 +18,13 @@
 //! or, through NCCL, makes an operation on the communicator, which NCCL refuses until the
 //! previous one has settled; that first all-reduce is the same point in every rank's sequence of
 //! operations, whatever the timing. Every communicator that does not get the core
-//! says why, once (`declined`). Calls on unknown handles while none is known check one atomic.
+//! says why, once (`declined`). Calls on unknown handles while none is known check one atomic;
+//! a thread's calls on the communicator it last looked up read no lock (`LAST`).
 
+use std::cell::RefCell;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock, Weak};
 
 use super::comm::CoreComm;
 use crate::ffi::ncclComm_t;
@@ -50,6 +52,45 @@ struct Entry {
 
 static TABLE: RwLock<Option<HashMap<usize, Entry>>> = RwLock::new(None);
 static ENTRIES: AtomicUsize = AtomicUsize::new(0);
+/// Changes of the table so far, counted under its lock: an answer a thread kept holds while
+/// this count is the one it was read at.
+static CHANGES: AtomicU64 = AtomicU64::new(0);
+
+/// A `Lookup` as a thread keeps it. The core is held weakly: a communicator destroyed meanwhile
+/// is released at once (`Arc::try_unwrap`), never kept alive by a thread's last answer.
+enum Kept {
+    Core(Weak<CoreComm>),
+    NoCore,
+    Waiting,
+    Unknown,
+}
+
+impl Kept {
+    fn of(answer: &Lookup) -> Kept {
+        match answer {
+            Lookup::Core(core) => Kept::Core(Arc::downgrade(core)),
+            Lookup::NoCore => Kept::NoCore,
+            Lookup::Waiting => Kept::Waiting,
+            Lookup::Unknown => Kept::Unknown,
+        }
+    }
+
+    /// The answer again; `None` where its core has gone since.
+    fn answer(&self) -> Option<Lookup> {
+        Some(match self {
+            Kept::Core(core) => Lookup::Core(core.upgrade()?),
+            Kept::NoCore => Lookup::NoCore,
+            Kept::Waiting => Lookup::Waiting,
+            Kept::Unknown => Lookup::Unknown,
+        })
+    }
+}
+
+thread_local! {
+    /// This thread's last answer: (handle, `CHANGES` when it was read, the answer). A program
+    /// calls on one communicator many times in a row, so most calls find it here.
+    static LAST: RefCell<Option<(usize, u64, Kept)>> = const { RefCell::new(None) };
+}
 
 /// What a call needs to know of a handle.
 pub enum Lookup {
@@ -64,7 +105,10 @@ pub enum Lookup {
 
 fn with_table<T>(f: impl FnOnce(&mut HashMap<usize, Entry>) -> T) -> T {
     let mut table = TABLE.write().unwrap_or_else(|e| e.into_inner());
-    f(table.get_or_insert_with(HashMap::new))
+    let result = f(table.get_or_insert_with(HashMap::new));
+    // Counted while the lock is held: whoever reads the new count finds the change made.
+    CHANGES.fetch_add(1, Ordering::Release);
+    result
 }
 
 /// Records `comm`, if unknown, in `state`; whether it was unknown.
@@ -158,8 +202,24 @@ pub fn lookup(comm: ncclComm_t) -> Lookup {
     if ENTRIES.load(Ordering::Acquire) == 0 {
         return Lookup::Unknown;
     }
+    let (key, changes) = (comm as usize, CHANGES.load(Ordering::Acquire));
+    let kept = LAST.with(|last| match &*last.borrow() {
+        Some((kept_key, at, kept)) if *kept_key == key && *at == changes => kept.answer(),
+        _ => None,
+    });
+    if let Some(answer) = kept {
+        return answer;
+    }
+    // Read after `changes`: a change made meanwhile is found, and counted, so kept no longer.
+    let answer = read(key);
+    LAST.with(|last| *last.borrow_mut() = Some((key, changes, Kept::of(&answer))));
+    answer
+}
+
+/// What the table says of `key` now.
+fn read(key: usize) -> Lookup {
     let table = TABLE.read().unwrap_or_else(|e| e.into_inner());
-    match table.as_ref().and_then(|t| t.get(&(comm as usize))) {
+    match table.as_ref().and_then(|t| t.get(&key)) {
         Some(entry) => match &entry.state {
             State::Core(core) => Lookup::Core(core.clone()),
             State::Made | State::SettingUp | State::Declined => Lookup::NoCore,
@@ -279,6 +339,26 @@ mod tests {
             assert!(forget(comm).is_none());
             assert!(matches!(lookup(comm), Lookup::Unknown));
         }
+    }
+
+    #[test]
+    fn a_kept_answer_holds_until_another_thread_changes_the_table() {
+        let comm = 0x6200_0040 as ncclComm_t;
+        made(comm, true);
+        assert!(matches!(lookup(comm), Lookup::NoCore));
+        assert!(matches!(lookup(comm), Lookup::NoCore), "kept");
+        let handle = comm as usize;
+        std::thread::spawn(move || {
+            forget(handle as ncclComm_t);
+            awaits_first_all_reduce(handle as ncclComm_t);
+        })
+        .join()
+        .unwrap();
+        assert!(matches!(lookup(comm), Lookup::Waiting), "changed elsewhere");
+        std::thread::spawn(move || forget(handle as ncclComm_t))
+            .join()
+            .unwrap();
+        assert!(matches!(lookup(comm), Lookup::Unknown));
     }
 
     #[test]
