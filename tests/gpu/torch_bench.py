@@ -154,6 +154,7 @@ def finish(out, label, rank, world, results, wrong, abort=False):
         torch.cuda.synchronize()
         try:
             abort_process_group()
+            print(f"{label} rank {rank}: communicators aborted", flush=True)
         except Exception as e:  # the results stand: only the shim's counts go unsaid
             print(f"{label} rank {rank}: abort failed: {e}", flush=True)
     sys.stdout.flush()
