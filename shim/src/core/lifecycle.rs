@@ -203,16 +203,17 @@ pub fn lookup(comm: ncclComm_t) -> Lookup {
         return Lookup::Unknown;
     }
     let (key, changes) = (comm as usize, CHANGES.load(Ordering::Acquire));
-    let kept = LAST.with(|last| match &*last.borrow() {
+    // `try_with`: a call from a thread whose thread-locals are gone (its exit) reads the table.
+    let kept = LAST.try_with(|last| match &*last.borrow() {
         Some((kept_key, at, kept)) if *kept_key == key && *at == changes => kept.answer(),
         _ => None,
     });
-    if let Some(answer) = kept {
+    if let Ok(Some(answer)) = kept {
         return answer;
     }
     // Read after `changes`: a change made meanwhile is found, and counted, so kept no longer.
     let answer = read(key);
-    LAST.with(|last| *last.borrow_mut() = Some((key, changes, Kept::of(&answer))));
+    let _ = LAST.try_with(|last| *last.borrow_mut() = Some((key, changes, Kept::of(&answer))));
     answer
 }
 
@@ -359,6 +360,36 @@ mod tests {
             .join()
             .unwrap();
         assert!(matches!(lookup(comm), Lookup::Unknown));
+    }
+
+    #[test]
+    fn a_thread_looks_up_while_its_thread_locals_go() {
+        use std::sync::atomic::AtomicU8;
+        const COMM: usize = 0x6300_0040;
+        // Each guard looks COMM up as its thread ends, one before the kept answer goes and one
+        // after, whichever order the thread-locals go in: 1 where it read NoCore.
+        static SEEN: [AtomicU8; 2] = [AtomicU8::new(0), AtomicU8::new(0)];
+        struct LooksUpAtExit(usize);
+        impl Drop for LooksUpAtExit {
+            fn drop(&mut self) {
+                let no_core = matches!(lookup(COMM as ncclComm_t), Lookup::NoCore);
+                SEEN[self.0].store(1 + no_core as u8, Ordering::Relaxed);
+            }
+        }
+        thread_local! {
+            static FIRST: LooksUpAtExit = const { LooksUpAtExit(0) };
+            static LAST_ONE: LooksUpAtExit = const { LooksUpAtExit(1) };
+        }
+        made(COMM as ncclComm_t, true);
+        std::thread::spawn(|| {
+            FIRST.with(|_| ());
+            assert!(matches!(lookup(COMM as ncclComm_t), Lookup::NoCore));
+            LAST_ONE.with(|_| ());
+        })
+        .join()
+        .unwrap();
+        forget(COMM as ncclComm_t);
+        assert_eq!(SEEN.each_ref().map(|s| s.load(Ordering::Relaxed)), [2, 2]);
     }
 
     #[test]
