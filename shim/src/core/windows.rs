@@ -11,10 +11,14 @@
 //! (group.rs reads it there). A nonblocking communicator's registrations end later, on a thread
 //! of NCCL's: they are not followed, and such a communicator takes the limits of any buffers for
 //! every call (its set-up's record says so).
+//!
+//! A call reads its thread's copy of the windows, taken again only after a window came or went
+//! (`CHANGES`): no lock on the per-call path, forwarded calls included.
 
+use std::cell::RefCell;
 use std::ffi::c_void;
 use std::sync::RwLock;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use super::measured::Buffers;
 use crate::ffi::ncclComm_t;
@@ -31,6 +35,14 @@ struct Window {
 static WINDOWS: RwLock<Vec<Window>> = RwLock::new(Vec::new());
 /// How many windows WINDOWS holds: while none, a call asks nothing of it (no lock).
 static COUNT: AtomicUsize = AtomicUsize::new(0);
+/// Changes of WINDOWS so far, counted under its lock: a thread's copy holds while this count is
+/// the one it was taken at.
+static CHANGES: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// This thread's copy of WINDOWS and `CHANGES` when it was taken (`u64::MAX`: none yet).
+    static COPY: RefCell<(u64, Vec<Window>)> = const { RefCell::new((u64::MAX, Vec::new())) };
+}
 
 /// `NCCL_WIN_COLL_SYMMETRIC`, the flag of windows NCCL's symmetric kernels run on (nccl.h; the
 /// same value in every version that has windows).
@@ -40,6 +52,8 @@ fn with_windows<T>(f: impl FnOnce(&mut Vec<Window>) -> T) -> T {
     let mut windows = WINDOWS.write().unwrap_or_else(|e| e.into_inner());
     let result = f(&mut windows);
     COUNT.store(windows.len(), Ordering::Relaxed);
+    // Counted while the lock is held: whoever reads the new count finds the change made.
+    CHANGES.fetch_add(1, Ordering::Release);
     result
 }
 
@@ -83,7 +97,35 @@ pub fn buffers_of(comm: ncclComm_t, send: *const c_void, recv: *const c_void) ->
     if COUNT.load(Ordering::Relaxed) == 0 {
         return Buffers::Plain;
     }
-    let windows = WINDOWS.read().unwrap_or_else(|e| e.into_inner());
+    let changes = CHANGES.load(Ordering::Acquire);
+    // `try_with`: a call from a thread whose thread-locals are gone (its exit) reads WINDOWS.
+    let copied = COPY.try_with(|copy| {
+        let mut copy = copy.borrow_mut();
+        if copy.0 != changes {
+            let windows = WINDOWS.read().unwrap_or_else(|e| e.into_inner());
+            copy.1.clone_from(&windows);
+            // Read under the lock, which no change holds now: the count of what was copied.
+            copy.0 = CHANGES.load(Ordering::Acquire);
+        }
+        lies_in(&copy.1, comm, send, recv)
+    });
+    copied.unwrap_or_else(|_| {
+        lies_in(
+            &WINDOWS.read().unwrap_or_else(|e| e.into_inner()),
+            comm,
+            send,
+            recv,
+        )
+    })
+}
+
+/// Where a call of `comm` with these buffers lies among `windows`.
+fn lies_in(
+    windows: &[Window],
+    comm: ncclComm_t,
+    send: *const c_void,
+    recv: *const c_void,
+) -> Buffers {
     let inside = |p: *const c_void| {
         let p = p as usize;
         p != 0
@@ -130,5 +172,34 @@ mod tests {
         assert_eq!(buffers_of(b, p(0x7000), p(0)), Buffers::InWindows);
         forget(b);
         assert_eq!(buffers_of(b, p(0x7000), p(0)), Buffers::Plain);
+    }
+
+    #[test]
+    fn a_thread_sees_windows_another_thread_registered_or_deregistered_since_its_last_call() {
+        let a = comm(0x1000_0030);
+        let p = |n: usize| n as *const c_void;
+        let on_another_thread = |f: fn()| std::thread::spawn(f).join().unwrap();
+        registered(a, 0xcc, 0x40000, 0x1000, SYMMETRIC);
+        // This thread's copy is taken here, with the window of 0x40000 only.
+        assert_eq!(buffers_of(a, p(0x40000), p(0)), Buffers::InWindows);
+        assert_eq!(buffers_of(a, p(0x50000), p(0)), Buffers::Plain);
+        on_another_thread(|| registered(comm(0x1000_0030), 0xdd, 0x50000, 0x1000, SYMMETRIC));
+        assert_eq!(
+            buffers_of(a, p(0x50000), p(0)),
+            Buffers::InWindows,
+            "registered since"
+        );
+        on_another_thread(|| deregistered(comm(0x1000_0030), 0xcc));
+        assert_eq!(
+            buffers_of(a, p(0x40000), p(0)),
+            Buffers::Plain,
+            "deregistered since"
+        );
+        on_another_thread(|| forget(comm(0x1000_0030)));
+        assert_eq!(
+            buffers_of(a, p(0x50000), p(0)),
+            Buffers::Plain,
+            "its communicator gone"
+        );
     }
 }
