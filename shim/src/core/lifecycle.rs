@@ -19,7 +19,7 @@
 //! previous one has settled; that first all-reduce is the same point in every rank's sequence of
 //! operations, whatever the timing. Every communicator that does not get the core
 //! says why, once (`declined`). Calls on unknown handles while none is known check one atomic;
-//! a thread's calls on the communicator it last looked up read no lock (`LAST`).
+//! a thread's calls on the communicators it last looked up (up to `KEPT`) read no lock (`LAST`).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -86,10 +86,51 @@ impl Kept {
     }
 }
 
+/// How many answers a thread keeps: one for each GPU a thread may drive (a process driving
+/// every GPU of a node from one thread calls on each communicator in turn, as nccl-tests `-g`).
+const KEPT: usize = 8;
+
+/// A thread's last answers, each with its handle and `CHANGES` when it was read.
+struct LastAnswers {
+    answers: [Option<(usize, u64, Kept)>; KEPT],
+    /// Where the next handle not kept goes (the oldest kept first).
+    next: usize,
+}
+
+impl LastAnswers {
+    const fn new() -> LastAnswers {
+        LastAnswers {
+            answers: [const { None }; KEPT],
+            next: 0,
+        }
+    }
+
+    /// The answer kept for `key`, where the table has not changed since (`changes`).
+    fn find(&self, key: usize, changes: u64) -> Option<Lookup> {
+        let (_, _, kept) = self
+            .answers
+            .iter()
+            .flatten()
+            .find(|(kept_key, at, _)| *kept_key == key && *at == changes)?;
+        kept.answer()
+    }
+
+    /// Keeps `answer` for `key`: in its handle's place, else in the oldest.
+    fn keep(&mut self, key: usize, changes: u64, answer: &Lookup) {
+        let kept = |a: &Option<(usize, u64, Kept)>| a.as_ref().is_some_and(|(k, _, _)| *k == key);
+        let place = self.answers.iter().position(kept).unwrap_or_else(|| {
+            let oldest = self.next;
+            self.next = (oldest + 1) % KEPT;
+            oldest
+        });
+        self.answers[place] = Some((key, changes, Kept::of(answer)));
+    }
+}
+
 thread_local! {
-    /// This thread's last answer: (handle, `CHANGES` when it was read, the answer). A program
-    /// calls on one communicator many times in a row, so most calls find it here.
-    static LAST: RefCell<Option<(usize, u64, Kept)>> = const { RefCell::new(None) };
+    /// This thread's last answers. A program calls on one communicator (or, driving several
+    /// GPUs from one thread, on a few in turn) many times, so most calls find theirs here.
+    static LAST: RefCell<LastAnswers> = const { RefCell::new(LastAnswers::new()) };
 }
 
 /// What a call needs to know of a handle.
@@ -204,16 +245,13 @@ pub fn lookup(comm: ncclComm_t) -> Lookup {
     }
     let (key, changes) = (comm as usize, CHANGES.load(Ordering::Acquire));
     // `try_with`: a call from a thread whose thread-locals are gone (its exit) reads the table.
-    let kept = LAST.try_with(|last| match &*last.borrow() {
-        Some((kept_key, at, kept)) if *kept_key == key && *at == changes => kept.answer(),
-        _ => None,
-    });
+    let kept = LAST.try_with(|last| last.borrow().find(key, changes));
     if let Ok(Some(answer)) = kept {
         return answer;
     }
     // Read after `changes`: a change made meanwhile is found, and counted, so kept no longer.
     let answer = read(key);
-    let _ = LAST.try_with(|last| *last.borrow_mut() = Some((key, changes, Kept::of(&answer))));
+    let _ = LAST.try_with(|last| last.borrow_mut().keep(key, changes, &answer));
     answer
 }
 
@@ -360,6 +398,56 @@ mod tests {
             .join()
             .unwrap();
         assert!(matches!(lookup(comm), Lookup::Unknown));
+    }
+
+    #[test]
+    fn a_thread_calling_on_several_communicators_in_turn_gets_each_ones_answer() {
+        // More than a thread keeps: every answer is kept, found, and pushed out in turn.
+        let comms: Vec<usize> = (0..KEPT + 3).map(|i| 0x6400_0000 + i * 0x40).collect();
+        for (i, &c) in comms.iter().enumerate() {
+            if i.is_multiple_of(2) {
+                made(c as ncclComm_t, true);
+            } else {
+                awaits_first_all_reduce(c as ncclComm_t);
+            }
+        }
+        let expected = |i: usize| {
+            if i.is_multiple_of(2) {
+                "NoCore"
+            } else {
+                "Waiting"
+            }
+        };
+        let name = |l: Lookup| match l {
+            Lookup::Core(_) => "Core",
+            Lookup::NoCore => "NoCore",
+            Lookup::Waiting => "Waiting",
+            Lookup::Unknown => "Unknown",
+        };
+        for round in 0..3 {
+            for width in [2, 4, KEPT, comms.len()] {
+                for (i, &c) in comms.iter().enumerate().take(width) {
+                    assert_eq!(
+                        name(lookup(c as ncclComm_t)),
+                        expected(i),
+                        "round {round}, {width} in turn, comm {i}"
+                    );
+                }
+            }
+        }
+        let first = comms[0];
+        std::thread::spawn(move || forget(first as ncclComm_t))
+            .join()
+            .unwrap();
+        assert_eq!(
+            name(lookup(first as ncclComm_t)),
+            "Unknown",
+            "changed elsewhere"
+        );
+        assert_eq!(name(lookup(comms[1] as ncclComm_t)), "Waiting");
+        for &c in &comms {
+            forget(c as ncclComm_t);
+        }
     }
 
     #[test]
