@@ -535,8 +535,8 @@ wait_limit_suite() {
   cases=$(grep -c '^PASS' "$log")
   # One WARN per case, naming the rank that never came (the late rank's case too, for rank 0),
   # and one for the late rank, naming the rank it found on a later call.
-  warns=$(grep -c 'waited 3 s for rank 1 and gave up' "$log")
-  late=$(grep -c 'found rank 0 on a later call' "$log")
+  warns=$(grep -c 'WARN .*waited 3 s for rank 1 and gave up' "$log")
+  late=$(grep -c 'WARN .*found rank 0 on a later call' "$log")
   [ "$cases" = 5 ] && [ "$warns" = 5 ] && [ "$late" = 1 ] || status=1
   verdict "wait limit $n GPUs" $status "$cases of 5 cases passed, $warns WARNs naming the missing rank, $late the rank out of step; $((SECONDS - t)) s"
   grep -h '^\(PASS\|FAIL\)' "$log" | sed 's/^/  /' | tee -a "$summary"
