@@ -6,7 +6,11 @@
 //   - rank 0's stream is done within the limit and a margin (the kernel gave up);
 //   - ncclCommGetAsyncError then reports ncclRemoteError, and the next all-reduce fails with it;
 //   - ncclCommAbort of both returns, and new communicators on the same GPUs all-reduce right.
-// The WARN that names the communicator, the rank and the peer is checked by run.sh in the log.
+// Then a rank that comes late, after its peer gave up: rank 0 issues two direct all-reduces, the
+// first gives up waiting for rank 1 and the second runs on at once; rank 1's first all-reduce
+// then finds rank 0 on a later call. It must give up at once, not wait out its own limit (nor go
+// on with the buffers of rank 0's later call), and ncclCommGetAsyncError must report it.
+// The WARNs that name the communicator, the rank and the peer are checked by run.sh in the log.
 //   wait_limit [--limit S]
 // Prints "PASS <case> ..." or "FAIL <case> <why>" per case; exits 1 if any failed.
 #include <cuda_runtime.h>
@@ -64,13 +68,58 @@ static int all_reduce_right(ncclComm_t* comms, size_t count) {
   return right;
 }
 
+// The late rank (see the top): "" where it gave up at once and said so, else why not.
+static void late_peer_gives_up_at_once(const int* devices, double limit, char* why, size_t n, double* took) {
+  ncclComm_t comms[2];
+  NCCL_OK(ncclCommInitAll(comms, 2, devices));
+  const size_t count = 16 << 20;  // 64 MiB of floats: the direct two-shot, in one process
+  float* bufs[2];
+  cudaStream_t streams[2];
+  for (int r = 0; r < 2; r++) {
+    CUDA_CHECK(cudaSetDevice(r));
+    CUDA_CHECK(cudaMalloc((void**)&bufs[r], count * sizeof(float)));
+    CUDA_CHECK(cudaMemset(bufs[r], 0, count * sizeof(float)));
+    CUDA_CHECK(cudaStreamCreate(&streams[r]));
+  }
+  *took = 0;
+  CUDA_CHECK(cudaSetDevice(0));
+  for (int k = 0; k < 2; k++) NCCL_OK(ncclAllReduce(bufs[0], bufs[0], count, ncclFloat, ncclSum, comms[0], streams[0]));
+  cudaError_t synced0 = cudaStreamSynchronize(streams[0]);
+  CUDA_CHECK(cudaSetDevice(1));
+  double start = now();
+  ncclResult_t issued = ncclAllReduce(bufs[1], bufs[1], count, ncclFloat, ncclSum, comms[1], streams[1]);
+  cudaError_t synced1 = cudaStreamSynchronize(streams[1]);
+  *took = now() - start;
+  ncclResult_t async = ncclSuccess;
+  NCCL_OK(ncclCommGetAsyncError(comms[1], &async));
+  if (synced0 != cudaSuccess || synced1 != cudaSuccess) {
+    snprintf(why, n, "a stream failed: %s, %s", cudaGetErrorString(synced0), cudaGetErrorString(synced1));
+  } else if (issued != ncclSuccess) {
+    snprintf(why, n, "rank 1's all-reduce returned %s", ncclGetErrorString(issued));
+  } else if (*took > limit / 2) {
+    snprintf(why, n, "rank 1 waited %.1f s for a call rank 0 had left (limit %.0f s)", *took, limit);
+  } else if (async != ncclRemoteError) {
+    snprintf(why, n, "rank 1's ncclCommGetAsyncError gave %s, not ncclRemoteError", ncclGetErrorString(async));
+  }
+  sleep(2);  // the watcher's WARNs, for run.sh to find in the log
+  for (int r = 0; r < 2; r++) {
+    ncclResult_t aborted = ncclCommAbort(comms[r]);
+    if (!why[0] && aborted != ncclSuccess) snprintf(why, n, "ncclCommAbort returned %s", ncclGetErrorString(aborted));
+  }
+  for (int r = 0; r < 2; r++) {
+    CUDA_CHECK(cudaSetDevice(r));
+    CUDA_CHECK(cudaStreamDestroy(streams[r]));
+    CUDA_CHECK(cudaFree(bufs[r]));
+  }
+}
+
 int main(int argc, char** argv) {
   double limit = 3;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!strcmp(argv[i], "--limit")) limit = atof(argv[i + 1]);
   }
   // Every case under one deadline: a hang ends the process (and run.sh's verdict).
-  alarm((unsigned)(60 + 8 * limit * 4));
+  alarm((unsigned)(60 + 8 * limit * 5));
   const Case cases[] = {
       {"sentinel-float-8K", ncclFloat, 2048},
       {"lowlatency-int32-64K", ncclInt32, 16384},
@@ -137,6 +186,15 @@ int main(int argc, char** argv) {
              ncclGetErrorString(async), abort_took);
     }
     fflush(stdout);
+  }
+  char why[256] = "";
+  double took = 0;
+  late_peer_gives_up_at_once(devices, limit, why, sizeof why, &took);
+  if (why[0]) {
+    printf("FAIL late-peer %s\n", why);
+    failed++;
+  } else {
+    printf("PASS late-peer rank 1 found rank 0 on a later call and gave up after %.2f s (limit %.0f s)\n", took, limit);
   }
   return failed ? 1 : 0;
 }

@@ -518,16 +518,24 @@ impl CoreComm {
             return false;
         };
         if !self.failure_said.swap(true, Ordering::Relaxed) {
-            let whom = match whom {
-                GaveUp::Rank(peer) => format!("rank {peer}"),
-                GaveUp::OwnBlocks => "its other blocks".to_string(),
+            let what = match whom {
+                GaveUp::Rank(peer) => format!(
+                    "waited {} s for rank {peer} and gave up (NCCLSHIM_TIMEOUT)",
+                    policy::settings().wait_limit_s
+                ),
+                GaveUp::OwnBlocks => format!(
+                    "waited {} s for its other blocks and gave up (NCCLSHIM_TIMEOUT)",
+                    policy::settings().wait_limit_s
+                ),
+                GaveUp::OutOfStep(peer) => format!(
+                    "found rank {peer} on a later call, a wait of its own having given up, and gave up"
+                ),
             };
             log_warn!(
-                "comm {comm:p} rank {}/{} on GPU {}: an all-reduce of the core waited {} s for {whom} and gave up (NCCLSHIM_TIMEOUT): the ranks' calls on this communicator do not match (a rank skipped a call, passed other arguments, or died). Its results are wrong; ncclCommGetAsyncError reports ncclRemoteError and its all-reduces fail: abort it",
+                "comm {comm:p} rank {}/{} on GPU {}: a call of the core {what}: the ranks' calls on this communicator do not match (a rank skipped a call, passed other arguments, or died). Its results are wrong; ncclCommGetAsyncError reports ncclRemoteError and its all-reduces fail: abort it",
                 self.rank,
                 self.facts.nranks,
                 self.device.ordinal,
-                policy::settings().wait_limit_s
             );
             super::observer::observer().dump(comm, "a wait of the core gave up");
         }

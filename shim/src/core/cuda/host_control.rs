@@ -27,6 +27,8 @@ pub enum GaveUp {
     Rank(usize),
     /// Other blocks of its own grid (which themselves waited for peers).
     OwnBlocks,
+    /// It found this rank on a later call: a wait of that rank had given up, and it went on.
+    OutOfStep(usize),
 }
 
 impl HostControl {
@@ -64,10 +66,19 @@ impl HostControl {
     /// Whom a kernel gave up waiting for, if one did (the word stays set).
     pub fn gave_up(&self) -> Option<GaveUp> {
         // SAFETY: our pinned allocation, alive until drop; written by kernels.
-        let word = unsafe { self.host.add(2).read_volatile() };
+        GaveUp::from_word(unsafe { self.host.add(2).read_volatile() })
+    }
+}
+
+impl GaveUp {
+    /// What the kernels wrote into control word 2 (device.cuh: GAVE_UP_OWN, OUT_OF_STEP).
+    fn from_word(word: i32) -> Option<GaveUp> {
         match word {
             0 => None,
             w if (1..=MAX_RANKS as i32).contains(&w) => Some(GaveUp::Rank(w as usize - 1)),
+            w if (-(MAX_RANKS as i32)..=-1).contains(&w) => {
+                Some(GaveUp::OutOfStep(-w as usize - 1))
+            }
             _ => Some(GaveUp::OwnBlocks),
         }
     }
@@ -77,5 +88,31 @@ impl Drop for HostControl {
     fn drop(&mut self) {
         // SAFETY: our pinned allocation; no kernel uses it any more.
         let _ = unsafe { result::free_host(self.host.cast()) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The words device.cuh writes: 1 + the rank waited for, GAVE_UP_OWN (MAX_RANKS + 1), and
+    /// OUT_OF_STEP(rank) = -rank - 1.
+    #[test]
+    fn the_kernels_word_says_whom_they_gave_up_on() {
+        assert_eq!(GaveUp::from_word(0), None);
+        assert_eq!(GaveUp::from_word(1), Some(GaveUp::Rank(0)));
+        assert_eq!(
+            GaveUp::from_word(MAX_RANKS as i32),
+            Some(GaveUp::Rank(MAX_RANKS - 1))
+        );
+        assert_eq!(
+            GaveUp::from_word(MAX_RANKS as i32 + 1),
+            Some(GaveUp::OwnBlocks)
+        );
+        assert_eq!(GaveUp::from_word(-1), Some(GaveUp::OutOfStep(0)));
+        assert_eq!(
+            GaveUp::from_word(-(MAX_RANKS as i32)),
+            Some(GaveUp::OutOfStep(MAX_RANKS - 1))
+        );
     }
 }

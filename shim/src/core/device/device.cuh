@@ -302,8 +302,10 @@ __device__ __forceinline__ int load_volatile(const volatile int* address) { retu
 //   [0] abort: raised by the host (ncclCommAbort, or a destroy that waited too long)
 //   [1] how many seconds a kernel may wait for a peer (NCCLSHIM_TIMEOUT; 0: for ever)
 //   [2] written by a kernel that gave up waiting: 1 + the rank it waited for (GAVE_UP_OWN: for
-//       blocks of its own grid), read by the host's watcher, which says so
+//       blocks of its own grid; OUT_OF_STEP(rank): that rank was found on a later call), read by
+//       the host's watcher, which says so
 #define GAVE_UP_OWN (MAX_RANKS + 1)
+#define OUT_OF_STEP(rank) (-(rank) - 1)
 __device__ __forceinline__ u64 global_ns() {
   u64 t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -335,6 +337,13 @@ __device__ __forceinline__ void reset_block_watch() {
   block_watch.limit_s = 0;
 }
 
+// Marks a wait given up, `why` for the host (control word [2]): every later wait of the block
+// gives up at once, and the host reports it.
+__device__ __forceinline__ void stop_waiting(const volatile int* abort, int why) {
+  atomicExch(&block_watch.stop, 1u);
+  *(volatile int*)(abort + 2) = why;
+}
+
 // Whether a wait for `peer` (-1: blocks of this grid) should stop: asked every 1024 spins by
 // every waiting loop, `since` starting at 0 (the first ask starts the clock). A kernel that gave
 // up leaves wrong results; the host reports it and fails the communicator's later calls. The
@@ -356,8 +365,7 @@ __device__ __noinline__ bool give_up(const volatile int* abort, u64& since, int 
   if (atomicAdd(&block_watch.stop, 0u)) return true;
   u64 limit = (u64)atomicAdd(&block_watch.limit_s, 0u) * 1000000000ull;
   if (limit == 0 || now - since < limit) return false;
-  atomicExch(&block_watch.stop, 1u);
-  *(volatile int*)(abort + 2) = peer < 0 ? GAVE_UP_OWN : peer + 1;
+  stop_waiting(abort, peer < 0 ? GAVE_UP_OWN : peer + 1);
   return true;
 }
 
@@ -884,14 +892,18 @@ __device__ __forceinline__ void ll_store(u64* address, u32 data0, u32 data1, u32
                "r"(data1), "r"(flag)
                : "memory");
 }
-// Loads the packet pair at `address` into `data`: whether both flags are `flag`.
-__device__ __forceinline__ bool ll_poll(const u64* address, u32 flag, u32* data) {
-  u32 seen0, seen1;
+// Loads the packet pair at `address`: its data into `data`, its flags into `seen`.
+__device__ __forceinline__ void ll_load(const u64* address, u32* data, u32* seen) {
   asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(data[0]), "=r"(seen0), "=r"(data[1]), "=r"(seen1)
+               : "=r"(data[0]), "=r"(seen[0]), "=r"(data[1]), "=r"(seen[1])
                : "l"(address)
                : "memory");
-  return seen0 == flag && seen1 == flag;
+}
+// Loads the packet pair at `address` into `data`: whether both flags are `flag`.
+__device__ __forceinline__ bool ll_poll(const u64* address, u32 flag, u32* data) {
+  u32 seen[2];
+  ll_load(address, data, seen);
+  return seen[0] == flag && seen[1] == flag;
 }
 __device__ __forceinline__ void ll_wait(const u64* address, u32 flag, const volatile int* abort, int peer,
                                         u32* data) {
@@ -988,29 +1000,46 @@ __device__ __forceinline__ void publish(const Peers& peers, int rank, int nranks
   }
 }
 
+// Loads the pair of a peer's slot at `address` into `data`: whether it is call `epoch`'s; `later`
+// set where it is a later call's.
+__device__ __forceinline__ bool published_pair(const u64* address, u32 epoch, u32* data, bool& later) {
+  u32 seen[2];
+  ll_load(address, data, seen);
+  later = later || (int)(seen[0] - epoch) > 0 || (int)(seen[1] - epoch) > 0;
+  return seen[0] == epoch && seen[1] == epoch;
+}
+
 // Waits for every rank's buffers of call `epoch`, into `ins` and `outs` (shared). Whether every
 // rank's are usable: the same answer in every block of every rank, as they all read the same
-// slots. A peer's slot for this call stays until this call is done: the peer publishes the next
-// call only after passing this call's last barrier with every block of ours. The few threads
-// that wait poll back to back (see poll_pause).
+// slots. While the ranks are in step, a peer's slot for this call stays until this call is done:
+// the peer publishes the next call only after passing this call's last barrier with every block
+// of ours. A later call's in it means that a wait of the peer gave up and it ran on: out of
+// step, this call gives up at once and takes the staged path (which writes only into staging),
+// where it would otherwise wait for a call the peer has left. The few threads that wait poll
+// back to back (see poll_pause).
 __device__ __forceinline__ bool gather_published(const Peers& peers, int rank, int nranks, u32 epoch,
                                                  const volatile int* abort, u64* ins, u64* outs) {
   int p = threadIdx.x;
   int ready = 1;
   if (p < nranks) {
     Published* theirs = published(peers.flags[rank], p);
-    u32 in[2], out[2], usable[2];
+    u32 in[2] = {0, 0}, out[2] = {0, 0}, usable[2] = {0, 0};
     unsigned spins = 0;
     u64 since = 0;
-    bool came = false;
-    while (!(came = ll_poll(theirs->usable, epoch, usable) && ll_poll(theirs->in, epoch, in) &&
-                    ll_poll(theirs->out, epoch, out))) {
+    bool came = false, later = false;
+    while (!(came = published_pair(theirs->usable, epoch, usable, later) &&
+                    published_pair(theirs->in, epoch, in, later) && published_pair(theirs->out, epoch, out, later))) {
+      if (later) {
+        stop_waiting(abort, OUT_OF_STEP(p));
+        break;
+      }
       if ((++spins & 1023u) == 0 && give_up(abort, since, p)) break;
     }
     // What the peer's earlier kernels wrote into its buffers, which this call may read, is seen
     // after the acquire (and no line of this GPU's caches read before it is used).
     (void)load_acquire((const u32*)theirs->usable + 1);
-    // Aborted before the peer came: its slot may be stale, so take the staged path.
+    // Aborted before the peer came, or out of step: its slot is not this call's, so take the
+    // staged path.
     ready = came && usable[0];
     ins[p] = (u64)in[1] << 32 | in[0];
     outs[p] = (u64)out[1] << 32 | out[0];
