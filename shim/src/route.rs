@@ -292,9 +292,12 @@ impl Route for Router {
             Self::before_forward();
             // SAFETY: the caller's arguments, unchanged.
             let result = unsafe { real::ncclCommWindowRegister(comm, buff, size, win, win_flags) };
-            if result == ncclSuccess {
+            if result == ncclSuccess || result == ncclInProgress {
+                let done = result == ncclSuccess;
                 // SAFETY: the caller's slot, which NCCL writes (see window_registered).
-                unsafe { core::window_registered(comm, win.cast(), buff as usize, size, win_flags) };
+                unsafe {
+                    core::window_registered(comm, win.cast(), buff as usize, size, win_flags, done)
+                };
             }
             result
         }

@@ -1,8 +1,8 @@
 // The correctness matrix on the GPUs: every collective, type and op of matrix.h, each output
 // element compared exactly with the host reference, under one way of driving NCCL per run:
 //   collectives --launch procs|threads|group|initall [--nonblocking] [--graph] [--memalloc]
-//               [--split] [--realloc] [--matrix full|quick] [--max-bytes N] [--ngpus N]
-//               [--timeout S] [--alltoall-in-place]
+//               [--split] [--realloc] [--windows] [--matrix full|quick] [--max-bytes N]
+//               [--ngpus N] [--timeout S] [--alltoall-in-place]
 // procs: one process per GPU (fork; rank 0 shares the unique id through a file), ncclCommInitRank.
 // threads: one thread per GPU, ncclCommInitRank. group: one thread drives every GPU, comms made by
 // ncclCommInitRankConfig inside a group, collectives issued with GPU 0 current (as nccl-tests -g).
@@ -15,6 +15,9 @@
 // --memalloc: buffers from ncclMemAlloc instead of cudaMalloc. --realloc: the buffers freed and
 // allocated again before every test (cudaMalloc mostly gives the same addresses back: memory that
 // peers may have mapped under those addresses before must not be read through those mappings).
+// --windows (with --memalloc): both buffers registered as symmetric windows
+// (NCCL_WIN_COLL_SYMMETRIC, NCCL's symmetric kernels) on the first communicators, every rank
+// in one group; a nonblocking communicator's registrations waited out as its other calls.
 // Prints "#wrong N" (wrong elements, damaged guard bytes and failed calls); exits 1 unless 0.
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -48,9 +51,9 @@
 enum { L_PROCS, L_THREADS, L_GROUP, L_INITALL };
 
 static struct {
-  int launch, nonblocking, graph, memalloc, split, realloc, matrix, ngpus, timeout, alltoall_in_place;
+  int launch, nonblocking, graph, memalloc, split, realloc, windows, matrix, ngpus, timeout, alltoall_in_place;
   size_t max_bytes;
-} opt = {L_PROCS, 0, 0, 0, 0, 0, MATRIX_FULL, 0, 600, 0, 256u << 20};
+} opt = {L_PROCS, 0, 0, 0, 0, 0, 0, MATRIX_FULL, 0, 600, 0, 256u << 20};
 
 // --realloc: buffers allocated again, and how many came back at the same address.
 static struct {
@@ -64,6 +67,7 @@ typedef struct {
   cudaStream_t stream;
   char *send, *recv;  // device allocations of `alloc` bytes each
   size_t alloc;
+  ncclWindow_t windows[2];  // --windows: send's and recv's
   unsigned char* host;  // staging for inputs and outputs, `alloc` bytes
   void* scalar;         // device memory for PreMulSum's scalar
 } Rank;
@@ -145,6 +149,26 @@ static void free_rank(Rank* R) {
   CUDA_CHECK(cudaFree(R->scalar));
   CUDA_CHECK(cudaStreamDestroy(R->stream));
   free(R->host);
+}
+
+// --windows: registers (`on`) or deregisters every rank's buffers as symmetric windows, in one
+// group, and waits until every communicator is done.
+static void windows(Rank* rs, int nl, int on) {
+  NCCL_CHECK(ncclGroupStart());
+  for (int r = 0; r < nl; r++) {
+    CUDA_CHECK(cudaSetDevice(rs[r].dev));
+    char* buffers[2] = {rs[r].send, rs[r].recv};
+    for (int b = 0; b < 2; b++) {
+      if (on) {
+        NCCL_CHECK(ncclCommWindowRegister(rs[r].comm, buffers[b], rs[r].alloc, &rs[r].windows[b],
+                                          NCCL_WIN_COLL_SYMMETRIC));
+      } else {
+        NCCL_CHECK(ncclCommWindowDeregister(rs[r].comm, rs[r].windows[b]));
+      }
+    }
+  }
+  NCCL_CHECK(ncclGroupEnd());
+  for (int r = 0; r < nl; r++) NCCL_CHECK(settle(rs[r].comm));
 }
 
 // Finalizes (collectively, in one group) and destroys the communicators.
@@ -401,6 +425,7 @@ static void drive(Rank* rs, int nl, Tally* tally) {
   size_t alloc = matrix_alloc_bytes(&list, rs[0].nranks);
   free(list.tests);
   for (int k = 0; k < nl; k++) setup_rank(&rs[k], alloc);
+  if (opt.windows) windows(rs, nl, 1);
   run_matrix(rs, nl, opt.matrix, opt.max_bytes, tally);
   if (opt.realloc)
     printf("realloc: %ld of %ld allocations came back at the same address\n", reallocs.same, reallocs.made);
@@ -408,6 +433,7 @@ static void drive(Rank* rs, int nl, Tally* tally) {
     run_split(rs, nl, tally, 0);
     run_split(rs, nl, tally, 1);
   }
+  if (opt.windows) windows(rs, nl, 0);
   destroy_comms(rs, nl);
   for (int k = 0; k < nl; k++) free_rank(&rs[k]);
 }
@@ -594,13 +620,15 @@ int main(int argc, char** argv) {
       opt.realloc = 1;
     } else if (!strcmp(a, "--split")) {
       opt.split = 1;
+    } else if (!strcmp(a, "--windows")) {
+      opt.windows = 1;
     } else if (!strcmp(a, "--alltoall-in-place")) {
       opt.alltoall_in_place = 1;
     } else {
       opt.launch = -1;
     }
   }
-  if (opt.launch < 0) {
+  if (opt.launch < 0 || (opt.windows && !opt.memalloc)) {
     fprintf(stderr, "usage: see the comment at the top of collectives.cu\n");
     return 2;
   }

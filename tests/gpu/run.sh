@@ -128,6 +128,9 @@ collectives() {
     "nonblocking-group-split|shim||--launch group --nonblocking --matrix quick --split --max-bytes 0"
     "nonblocking-threads|shim||--launch threads --nonblocking --matrix quick --max-bytes 0"
     "nonblocking-procs-graph|shim||--launch procs --nonblocking --matrix quick --graph --max-bytes 0"
+    "procs-windows|shim||--launch procs --memalloc --windows --matrix quick --max-bytes $big"
+    "nonblocking-procs-windows|shim||--launch procs --nonblocking --memalloc --windows --matrix quick --max-bytes $big"
+    "nonblocking-group-windows-everycore|shim|$every|--launch group --nonblocking --memalloc --windows --matrix quick --max-bytes 32M"
     "procs-p2p-disabled|shim|NCCL_P2P_DISABLE=1|--launch procs --matrix quick --max-bytes 0"
     "control-procs-$full|nccl||--launch procs --matrix $full --max-bytes $big"
   )

@@ -168,9 +168,10 @@ fn meets_on_parent(
 }
 
 /// NCCL took a registration of `size` bytes from `begin` on `comm` as a window of `flags`
-/// (ncclCommWindowRegister returned ncclSuccess) and writes its handle into `slot`: before
-/// returning outside a group, at the group's end inside one (read there), later on a
-/// nonblocking communicator (not followed: windows.rs).
+/// (ncclCommWindowRegister returned ncclSuccess, or ncclInProgress: `done` false) and writes
+/// its handle into `slot`: before returning outside a group, at the group's end inside one (read
+/// there), later on a nonblocking communicator (never read: the window is known by its bytes,
+/// windows.rs).
 ///
 /// # Safety
 /// `slot` is the caller's: written by NCCL, kept until the group's end inside a group.
@@ -180,8 +181,13 @@ pub unsafe fn window_registered(
     begin: usize,
     size: usize,
     flags: i32,
+    done: bool,
 ) {
-    if slot.is_null() || flags & windows::SYMMETRIC == 0 || !lifecycle::blocking(comm) {
+    if slot.is_null() || flags & windows::SYMMETRIC == 0 {
+        return;
+    }
+    if !done || !lifecycle::blocking(comm) {
+        windows::registering(comm, begin, size, flags);
         return;
     }
     let window = group::PendingWindow {
@@ -481,12 +487,43 @@ fn release(comm: ncclComm_t, mut core: std::sync::Arc<comm::CoreComm>, abort: bo
 #[cfg(test)]
 mod tests {
     use super::*;
+    use measured::Buffers;
+    use std::ffi::c_void;
 
     // Made-up handles, apart from the other tests' (the table is shared).
     const CHILD: usize = 0x7000_0010;
     const PARENT: ncclComm_t = 0x7100_0000 as ncclComm_t;
 
     const OPERATIONS_COMM: ncclComm_t = 0x7500_0000 as ncclComm_t;
+
+    /// A registration NCCL has not finished (ncclInProgress), or done on a communicator not
+    /// known blocking, is known by its bytes: NCCL writes its handle later, and the slot is
+    /// never read (a dangling one here, whose read would fault).
+    #[test]
+    fn a_window_whose_handle_comes_later_is_known_by_its_bytes() {
+        let (in_progress, unknown) = (0x7600_0000 as ncclComm_t, 0x7600_0010 as ncclComm_t);
+        let slot: *const *mut c_void = std::ptr::NonNull::dangling().as_ptr();
+        let at = |p: usize| p as *const c_void;
+        for (comm, done) in [(in_progress, false), (unknown, true)] {
+            // SAFETY: the slot is not read where the handle comes later.
+            unsafe { window_registered(comm, slot, 0x7_0000, 0x1000, windows::SYMMETRIC, done) };
+            assert_eq!(
+                windows::buffers_of(comm, at(0x7_0800), at(0)),
+                Buffers::InWindows
+            );
+            assert_eq!(
+                windows::buffers_of(comm, at(0x7_1000), at(0)),
+                Buffers::Plain
+            );
+            // SAFETY: as above; not symmetric: not a window the core follows.
+            unsafe { window_registered(comm, slot, 0x8_0000, 0x1000, 0, done) };
+            assert_eq!(
+                windows::buffers_of(comm, at(0x8_0000), at(0)),
+                Buffers::Plain
+            );
+            windows::forget(comm);
+        }
+    }
 
     /// A call of `function` (one of this build's operations) on a made-up communicator.
     fn call_of(function: &str, count: usize) -> Call {

@@ -9,8 +9,11 @@
 //! A window is known by its handle, which NCCL writes where the registration is done: before the
 //! call returns outside a group on a blocking communicator; at the group's end inside one
 //! (group.rs reads it there). A nonblocking communicator's registrations end later, on a thread
-//! of NCCL's: they are not followed, and such a communicator takes the limits of any buffers for
-//! every call (its set-up's record says so).
+//! of NCCL's, where the program's slot for the handle may no longer be: such a window is known
+//! by its bytes alone, from its registration on (a program waits for it to end before its next
+//! call of the communicator). Its deregistration names a handle the shim never read: from then
+//! on every call of that communicator takes the limits of any buffers (`EVERYWHERE`), as
+//! registrations and deregistrations are collective, at the same point on every rank.
 //!
 //! A call reads its thread's copy of the windows, taken again only after a window came or went
 //! (`CHANGES`): no lock on the per-call path, forwarded calls included.
@@ -23,14 +26,18 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use super::measured::Buffers;
 use crate::ffi::ncclComm_t;
 
-/// One registered window: its communicator, handle and bytes.
+/// One registered window: its communicator, handle (None: written by NCCL after the shim
+/// looked, a nonblocking communicator's) and bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Window {
     comm: usize,
-    handle: usize,
+    handle: Option<usize>,
     begin: usize,
     end: usize,
 }
+
+/// The bytes of a window that holds every buffer.
+const EVERYWHERE: (usize, usize) = (1, usize::MAX);
 
 static WINDOWS: RwLock<Vec<Window>> = RwLock::new(Vec::new());
 /// How many windows WINDOWS holds: while none, a call asks nothing of it (no lock).
@@ -65,22 +72,53 @@ pub fn registered(comm: ncclComm_t, handle: usize, begin: usize, size: usize, fl
     }
     let window = Window {
         comm: comm as usize,
-        handle,
+        handle: Some(handle),
         begin,
         end: begin.saturating_add(size),
     };
     with_windows(|windows| {
-        windows.retain(|w| !(w.comm == window.comm && w.handle == handle));
+        windows.retain(|w| !(w.comm == window.comm && w.handle == Some(handle)));
         windows.push(window);
     });
 }
 
-/// NCCL deregistered the window `handle` of `comm`.
+/// NCCL took a registration of `size` bytes from `begin` on the nonblocking `comm` as a window
+/// of `flags`, and writes its handle later: the window is known by its bytes.
+pub fn registering(comm: ncclComm_t, begin: usize, size: usize, flags: i32) {
+    if flags & SYMMETRIC == 0 || size == 0 {
+        return;
+    }
+    let window = Window {
+        comm: comm as usize,
+        handle: None,
+        begin,
+        end: begin.saturating_add(size),
+    };
+    with_windows(|windows| windows.push(window));
+}
+
+/// NCCL deregistered the window `handle` of `comm`. Where no window of `comm` has that handle
+/// and one's is unknown (`registering`), it may be that one: every buffer of `comm` counts as
+/// in a window from then on.
 pub fn deregistered(comm: ncclComm_t, handle: usize) {
     if COUNT.load(Ordering::Relaxed) == 0 {
         return;
     }
-    with_windows(|windows| windows.retain(|w| !(w.comm == comm as usize && w.handle == handle)));
+    let comm = comm as usize;
+    with_windows(|windows| {
+        let known = |w: &Window| w.comm == comm && w.handle == Some(handle);
+        if windows.iter().any(known) {
+            windows.retain(|w| !known(w));
+        } else if windows.iter().any(|w| w.comm == comm && w.handle.is_none()) {
+            windows.retain(|w| w.comm != comm);
+            windows.push(Window {
+                comm,
+                handle: None,
+                begin: EVERYWHERE.0,
+                end: EVERYWHERE.1,
+            });
+        }
+    });
 }
 
 /// `comm` is gone (destroyed, aborted, revoked): its windows with it.
@@ -172,6 +210,33 @@ mod tests {
         assert_eq!(buffers_of(b, p(0x7000), p(0)), Buffers::InWindows);
         forget(b);
         assert_eq!(buffers_of(b, p(0x7000), p(0)), Buffers::Plain);
+    }
+
+    #[test]
+    fn a_nonblocking_communicators_window_counts_by_its_bytes_until_a_handle_is_unknown() {
+        let (a, b) = (comm(0x1000_0040), comm(0x1000_0050));
+        let p = |n: usize| n as *const c_void;
+        registering(a, 0x6000, 0x1000, SYMMETRIC);
+        registering(a, 0x8000, 0x1000, 0);
+        registering(b, 0x6000, 0x1000, SYMMETRIC);
+        assert_eq!(buffers_of(a, p(0x6800), p(0)), Buffers::InWindows);
+        assert_eq!(buffers_of(a, p(0x7000), p(0x9000)), Buffers::Plain);
+        // A handle of another communicator's, or one read from a blocking registration.
+        registered(a, 0xee, 0xa000, 0x1000, SYMMETRIC);
+        deregistered(a, 0xee);
+        assert_eq!(buffers_of(a, p(0xa000), p(0)), Buffers::Plain);
+        assert_eq!(buffers_of(a, p(0x6000), p(0)), Buffers::InWindows);
+        // A handle the shim never read: any of a's windows may be gone, so all of a's buffers
+        // count as in one; b's are untouched.
+        deregistered(a, 0xff);
+        assert_eq!(buffers_of(a, p(0x7000), p(0x9000)), Buffers::InWindows);
+        assert_eq!(buffers_of(a, p(0x1), p(0)), Buffers::InWindows);
+        assert_eq!(buffers_of(b, p(0x7000), p(0)), Buffers::Plain);
+        assert_eq!(buffers_of(b, p(0x6000), p(0)), Buffers::InWindows);
+        forget(a);
+        forget(b);
+        assert_eq!(buffers_of(a, p(0x7000), p(0)), Buffers::Plain);
+        assert_eq!(buffers_of(b, p(0x6000), p(0)), Buffers::Plain);
     }
 
     #[test]

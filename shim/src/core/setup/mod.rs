@@ -429,13 +429,7 @@ fn side_record(candidate: &Candidate) -> Record {
         rank: 0,
         nranks: 0,
         padding2: 0,
-        // A nonblocking communicator's windows are not followed (windows.rs): as far as the core
-        // knows, any call of it may race NCCL's symmetric kernels.
-        measured_plain: match candidate.blocking {
-            true => limits.plain,
-            false => limits.any,
-        }
-        .map(Limit::to_words32),
+        measured_plain: limits.plain.map(Limit::to_words32),
         reserved: [0; RECORD_BYTES - USED_BYTES],
     }
 }
