@@ -13,7 +13,8 @@
 //! by its bytes alone, from its registration on (a program waits for it to end before its next
 //! call of the communicator). Its deregistration names a handle the shim never read: from then
 //! on every call of that communicator takes the limits of any buffers (`EVERYWHERE`), as
-//! registrations and deregistrations are collective, at the same point on every rank.
+//! registrations and deregistrations are collective, at the same point on every rank. (A
+//! communicator blocking on some ranks and not on others takes them for every call: set-up.)
 //!
 //! A call reads its thread's copy of the windows, taken again only after a window came or went
 //! (`CHANGES`): no lock on the per-call path, forwarded calls included.
@@ -221,7 +222,7 @@ mod tests {
         registering(b, 0x6000, 0x1000, SYMMETRIC);
         assert_eq!(buffers_of(a, p(0x6800), p(0)), Buffers::InWindows);
         assert_eq!(buffers_of(a, p(0x7000), p(0x9000)), Buffers::Plain);
-        // A handle of another communicator's, or one read from a blocking registration.
+        // A window whose handle was read (a blocking registration's): it goes alone.
         registered(a, 0xee, 0xa000, 0x1000, SYMMETRIC);
         deregistered(a, 0xee);
         assert_eq!(buffers_of(a, p(0xa000), p(0)), Buffers::Plain);

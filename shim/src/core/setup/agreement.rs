@@ -11,8 +11,9 @@ pub(super) const MAGIC: u64 = 0x6e63_636c_7368_696d; // "ncclshim"
 // alike; 8: measured limits, and one size for every later layout; 9: reduce-scatter and reduce
 // as packets, which peers must plan alike; 10: which communicator a record is of, for children
 // that meet on their parent; 11: measured limits as spans of sizes; 12: measured limits for
-// buffers in no symmetric window): other versions never pair up.
-pub(super) const LAYOUT: u32 = 12;
+// buffers in no symmetric window; 13: whether the rank's communicator is blocking): other
+// versions never pair up.
+pub(super) const LAYOUT: u32 = 13;
 /// Room for the settings every rank must have alike (`Settings::agreed`), one word each.
 pub(super) const AGREED_SLOTS: usize = 32;
 
@@ -53,8 +54,9 @@ pub(super) struct Record {
     /// as a rank whose split gave it none).
     pub(super) rank: u32,
     pub(super) nranks: u32,
-    /// Zero.
-    pub(super) padding2: u32,
+    /// 1 where this rank's communicator is blocking: ranks that differ follow their windows
+    /// differently (core/windows.rs), so such a communicator takes the limits of any buffers.
+    pub(super) blocking: u32,
     /// The measured limits for calls whose buffers lie in no symmetric window (measured.rs,
     /// `Measured::plain`), as `Limit::to_words32` writes them.
     pub(super) measured_plain: [[u32; 2 * SPANS]; Collective::ALL.len()],
@@ -98,7 +100,7 @@ impl Record {
             color: 0,
             rank: 0,
             nranks: 0,
-            padding2: 0,
+            blocking: 0,
             measured_plain: [[0; 2 * SPANS]; Collective::ALL.len()],
             reserved: [0; RECORD_BYTES - USED_BYTES],
         }

@@ -428,7 +428,7 @@ fn side_record(candidate: &Candidate) -> Record {
         color: 0,
         rank: 0,
         nranks: 0,
-        padding2: 0,
+        blocking: candidate.blocking as u32,
         measured_plain: limits.plain.map(Limit::to_words32),
         reserved: [0; RECORD_BYTES - USED_BYTES],
     }

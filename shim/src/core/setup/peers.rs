@@ -22,6 +22,20 @@ pub(super) struct Mapped {
     pub(super) facts: CommFacts,
 }
 
+/// The limits every rank's GPU has. Where some ranks' communicators are blocking and some not,
+/// they follow their windows differently (core/windows.rs): every call takes the limits of any
+/// buffers.
+fn measured_of(records: &[Record]) -> Measured {
+    let alike = records.iter().all(|r| r.blocking == records[0].blocking);
+    measured::least_measured(records.iter().map(|r| Measured {
+        any: r.measured.map(Limit::from_words),
+        plain: match alike {
+            true => r.measured_plain.map(Limit::from_words32),
+            false => r.measured.map(Limit::from_words),
+        },
+    }))
+}
+
 /// This rank's verdict: can it reach every peer's buffer? Peers in this process by their device
 /// pointers (with peer access), others through CUDA IPC.
 pub(super) fn map_peers(candidate: &Candidate, gathered: &[u8]) -> Result<Mapped, String> {
@@ -53,10 +67,7 @@ pub(super) fn map_peers(candidate: &Candidate, gathered: &[u8]) -> Result<Mapped
                 .map(|r| r.compute_capability)
                 .min()
                 .unwrap_or(0),
-            measured: measured::least_measured(records.iter().map(|r| Measured {
-                any: r.measured.map(Limit::from_words),
-                plain: r.measured_plain.map(Limit::from_words32),
-            })),
+            measured: measured_of(&records),
         },
     };
     for (r, record) in records.iter().enumerate() {
@@ -118,5 +129,31 @@ pub(super) fn join_zero_copy(
             );
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::types::Collective;
+
+    #[test]
+    fn ranks_blocking_and_not_take_the_limits_of_any_buffers_for_every_call() {
+        let gather = Collective::AllGather as usize;
+        let record = |blocking: u32| {
+            let mut r = Record::not_ready();
+            r.blocking = blocking;
+            r.measured[gather] = Limit::up_to(2 << 20).to_words();
+            r.measured_plain[gather] = Limit::up_to(256 << 20).to_words32();
+            r
+        };
+        for blocking in [0, 1] {
+            let alike = measured_of(&[record(blocking), record(blocking)]);
+            assert_eq!(alike.plain[gather], Limit::up_to(256 << 20));
+            assert_eq!(alike.any[gather], Limit::up_to(2 << 20));
+        }
+        let mixed = measured_of(&[record(1), record(0)]);
+        assert_eq!(mixed.plain[gather], Limit::up_to(2 << 20));
+        assert_eq!(mixed.any[gather], Limit::up_to(2 << 20));
     }
 }
