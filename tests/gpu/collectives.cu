@@ -16,8 +16,10 @@
 // allocated again before every test (cudaMalloc mostly gives the same addresses back: memory that
 // peers may have mapped under those addresses before must not be read through those mappings).
 // --windows (with --memalloc): both buffers registered as symmetric windows
-// (NCCL_WIN_COLL_SYMMETRIC, NCCL's symmetric kernels) on the first communicators, every rank
-// in one group; a nonblocking communicator's registrations waited out as its other calls.
+// (NCCL_WIN_COLL_SYMMETRIC, NCCL's symmetric kernels) on the first communicators (in one group
+// where a thread drives several GPUs), the matrix run, the windows deregistered and the matrix
+// run again on the same buffers; a nonblocking communicator's registrations waited out as its
+// other calls.
 // Prints "#wrong N" (wrong elements, damaged guard bytes and failed calls); exits 1 unless 0.
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -152,9 +154,9 @@ static void free_rank(Rank* R) {
 }
 
 // --windows: registers (`on`) or deregisters every rank's buffers as symmetric windows, in one
-// group, and waits until every communicator is done.
+// group where the thread drives several GPUs, and waits until every communicator is done.
 static void windows(Rank* rs, int nl, int on) {
-  NCCL_CHECK(ncclGroupStart());
+  if (nl > 1) NCCL_CHECK(ncclGroupStart());
   for (int r = 0; r < nl; r++) {
     CUDA_CHECK(cudaSetDevice(rs[r].dev));
     char* buffers[2] = {rs[r].send, rs[r].recv};
@@ -167,7 +169,7 @@ static void windows(Rank* rs, int nl, int on) {
       }
     }
   }
-  NCCL_CHECK(ncclGroupEnd());
+  if (nl > 1) NCCL_CHECK(ncclGroupEnd());
   for (int r = 0; r < nl; r++) NCCL_CHECK(settle(rs[r].comm));
 }
 
@@ -427,13 +429,16 @@ static void drive(Rank* rs, int nl, Tally* tally) {
   for (int k = 0; k < nl; k++) setup_rank(&rs[k], alloc);
   if (opt.windows) windows(rs, nl, 1);
   run_matrix(rs, nl, opt.matrix, opt.max_bytes, tally);
+  if (opt.windows) {
+    windows(rs, nl, 0);
+    run_matrix(rs, nl, opt.matrix, opt.max_bytes, tally);
+  }
   if (opt.realloc)
     printf("realloc: %ld of %ld allocations came back at the same address\n", reallocs.same, reallocs.made);
   if (opt.split) {
     run_split(rs, nl, tally, 0);
     run_split(rs, nl, tally, 1);
   }
-  if (opt.windows) windows(rs, nl, 0);
   destroy_comms(rs, nl);
   for (int k = 0; k < nl; k++) free_rank(&rs[k]);
 }

@@ -496,12 +496,14 @@ mod tests {
 
     const OPERATIONS_COMM: ncclComm_t = 0x7500_0000 as ncclComm_t;
 
-    /// A registration NCCL has not finished (ncclInProgress), or done on a communicator not
-    /// known blocking, is known by its bytes: NCCL writes its handle later, and the slot is
-    /// never read (a dangling one here, whose read would fault).
+    /// A registration NCCL has not finished (ncclInProgress, here on a communicator known
+    /// blocking), or done on a communicator not known blocking, is known by its bytes: NCCL
+    /// writes its handle later, and the slot is never read (a dangling one here, whose read
+    /// would fault).
     #[test]
     fn a_window_whose_handle_comes_later_is_known_by_its_bytes() {
         let (in_progress, unknown) = (0x7600_0000 as ncclComm_t, 0x7600_0010 as ncclComm_t);
+        assert!(lifecycle::made(in_progress, true));
         let slot: *const *mut c_void = std::ptr::NonNull::dangling().as_ptr();
         let at = |p: usize| p as *const c_void;
         for (comm, done) in [(in_progress, false), (unknown, true)] {
@@ -523,6 +525,7 @@ mod tests {
             );
             windows::forget(comm);
         }
+        lifecycle::forget(in_progress);
     }
 
     /// A call of `function` (one of this build's operations) on a made-up communicator.

@@ -9,11 +9,13 @@
 //! A window is known by its handle, which NCCL writes where the registration is done: before the
 //! call returns outside a group on a blocking communicator; at the group's end inside one
 //! (group.rs reads it there). A nonblocking communicator's registrations end later, on a thread
-//! of NCCL's, where the program's slot for the handle may no longer be: such a window is known
-//! by its bytes alone, from its registration on (a program waits for it to end before its next
-//! call of the communicator). Its deregistration names a handle the shim never read: from then
-//! on every call of that communicator takes the limits of any buffers (`EVERYWHERE`), as
-//! registrations and deregistrations are collective, at the same point on every rank. (A
+//! of NCCL's, where the program's slot for the handle may no longer be: such a window (and one
+//! of a communicator the shim never saw made) is known by its bytes alone, from its
+//! registration on (a program waits for it to end before its next call of the communicator).
+//! A deregistration of a handle the shim never read may be of any of them: from then on every
+//! call of that communicator takes the limits of any buffers (`EVERYWHERE`), at the same call
+//! on every rank, as deregistrations of windows are collective. NULL names no window (NCCL
+//! does nothing for it, on any rank it likes): its deregistration changes nothing. (A
 //! communicator blocking on some ranks and not on others takes them for every call: set-up.)
 //!
 //! A call reads its thread's copy of the windows, taken again only after a window came or went
@@ -83,8 +85,9 @@ pub fn registered(comm: ncclComm_t, handle: usize, begin: usize, size: usize, fl
     });
 }
 
-/// NCCL took a registration of `size` bytes from `begin` on the nonblocking `comm` as a window
-/// of `flags`, and writes its handle later: the window is known by its bytes.
+/// NCCL took a registration of `size` bytes from `begin` on `comm` as a window of `flags`,
+/// and writes its handle later (a nonblocking communicator's, or one the shim never saw made):
+/// the window is known by its bytes.
 pub fn registering(comm: ncclComm_t, begin: usize, size: usize, flags: i32) {
     if flags & SYMMETRIC == 0 || size == 0 {
         return;
@@ -95,14 +98,26 @@ pub fn registering(comm: ncclComm_t, begin: usize, size: usize, flags: i32) {
         begin,
         end: begin.saturating_add(size),
     };
-    with_windows(|windows| windows.push(window));
+    with_windows(|windows| {
+        // Every buffer of the communicator counts as in a window already.
+        if !windows
+            .iter()
+            .any(|w| w.comm == window.comm && is_everywhere(w))
+        {
+            windows.push(window);
+        }
+    });
+}
+
+fn is_everywhere(w: &Window) -> bool {
+    (w.begin, w.end) == EVERYWHERE
 }
 
 /// NCCL deregistered the window `handle` of `comm`. Where no window of `comm` has that handle
 /// and one's is unknown (`registering`), it may be that one: every buffer of `comm` counts as
-/// in a window from then on.
+/// in a window from then on. NULL (no window) changes nothing.
 pub fn deregistered(comm: ncclComm_t, handle: usize) {
-    if COUNT.load(Ordering::Relaxed) == 0 {
+    if handle == 0 || COUNT.load(Ordering::Relaxed) == 0 {
         return;
     }
     let comm = comm as usize;
@@ -221,7 +236,14 @@ mod tests {
         registering(a, 0x8000, 0x1000, 0);
         registering(b, 0x6000, 0x1000, SYMMETRIC);
         assert_eq!(buffers_of(a, p(0x6800), p(0)), Buffers::InWindows);
-        assert_eq!(buffers_of(a, p(0x7000), p(0x9000)), Buffers::Plain);
+        assert_eq!(
+            buffers_of(a, p(0x7000), p(0x8000)),
+            Buffers::Plain,
+            "not symmetric"
+        );
+        // NULL names no window (a rank may deregister it alone): nothing changes.
+        deregistered(a, 0);
+        assert_eq!(buffers_of(a, p(0x7000), p(0x8000)), Buffers::Plain, "NULL");
         // A window whose handle was read (a blocking registration's): it goes alone.
         registered(a, 0xee, 0xa000, 0x1000, SYMMETRIC);
         deregistered(a, 0xee);
@@ -232,6 +254,17 @@ mod tests {
         deregistered(a, 0xff);
         assert_eq!(buffers_of(a, p(0x7000), p(0x9000)), Buffers::InWindows);
         assert_eq!(buffers_of(a, p(0x1), p(0)), Buffers::InWindows);
+        // Later registrations add nothing to a communicator all in windows.
+        registering(a, 0xc000, 0x1000, SYMMETRIC);
+        assert_eq!(
+            WINDOWS
+                .read()
+                .unwrap()
+                .iter()
+                .filter(|w| w.comm == a as usize)
+                .count(),
+            1
+        );
         assert_eq!(buffers_of(b, p(0x7000), p(0)), Buffers::Plain);
         assert_eq!(buffers_of(b, p(0x6000), p(0)), Buffers::InWindows);
         forget(a);

@@ -54,8 +54,9 @@ pub(super) struct Record {
     /// as a rank whose split gave it none).
     pub(super) rank: u32,
     pub(super) nranks: u32,
-    /// 1 where this rank's communicator is blocking: ranks that differ follow their windows
-    /// differently (core/windows.rs), so such a communicator takes the limits of any buffers.
+    /// 1 where the shim saw this rank's communicator made blocking, and so follows its windows
+    /// by their handles (by their bytes otherwise, core/windows.rs): ranks that differ would
+    /// follow them differently, so such a communicator takes the limits of any buffers.
     pub(super) blocking: u32,
     /// The measured limits for calls whose buffers lie in no symmetric window (measured.rs,
     /// `Measured::plain`), as `Limit::to_words32` writes them.

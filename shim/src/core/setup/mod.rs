@@ -390,6 +390,7 @@ fn own_record(candidate: &Candidate) -> Record {
         color: candidate.color,
         rank: candidate.rank as u32,
         nranks: candidate.nranks as u32,
+        blocking: candidate.blocking as u32,
         ..side_record(candidate)
     }
 }
@@ -428,7 +429,7 @@ fn side_record(candidate: &Candidate) -> Record {
         color: 0,
         rank: 0,
         nranks: 0,
-        blocking: candidate.blocking as u32,
+        blocking: 0,
         measured_plain: limits.plain.map(Limit::to_words32),
         reserved: [0; RECORD_BYTES - USED_BYTES],
     }
@@ -657,6 +658,20 @@ mod tests {
                 .to_bytes()
             })
             .collect()
+    }
+
+    /// A rank's record says whether the shim saw its communicator made blocking, ready or not.
+    #[test]
+    fn a_record_says_whether_its_communicator_is_blocking() {
+        for blocking in [true, false] {
+            let candidate = Candidate {
+                blocking,
+                ..child(1, 0, 2, 2)
+            };
+            let record = Record::from_bytes(&own_record(&candidate).to_bytes());
+            assert_eq!(record.blocking, blocking as u32);
+            assert_eq!((record.color, record.rank, record.nranks), (1, 0, 2));
+        }
     }
 
     /// On a parent of four ranks (one given no child, one alone in its color), a child of two
