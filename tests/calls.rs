@@ -180,6 +180,23 @@ fn sigusr1_writes_the_flight_recorder() {
     );
 }
 
+/// NCCL 2.28 returns ncclSuccess without writing the window handle where it registers nothing:
+/// the program's slot then reads NULL (as later NCCLs write), not what it held, which the shim
+/// would take for a window (and ranks could differ in); a refused call leaves it as it was.
+#[test]
+fn a_window_handle_nccl_does_not_write_reads_null() {
+    let dir = scratch("calls-windows");
+    let out = client_output(&dir, &["windows"], &[]);
+    for line in [
+        "window of nothing: result 0, handle 0\n",
+        "window of refused: result 4, handle 0xdead\n",
+        "window of a buffer: result 0, handle 0xbeef\n",
+        "done\n",
+    ] {
+        assert!(out.contains(line), "{line:?} not in\n{out}");
+    }
+}
+
 /// A group reaches the real NCCL only with its first call that goes there, and ends there only
 /// where it was opened there: NCCL 2.28.9 keeps about 176 bytes of every group that held
 /// nothing, so a group whose calls all go to the core must never reach it. (No GPU here: the

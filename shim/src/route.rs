@@ -290,8 +290,26 @@ impl Route for Router {
             win_flags: c_int,
         ) -> ncclResult_t {
             Self::before_forward();
+            // NCCL 2.28 returns ncclSuccess without writing the handle where it registers nothing
+            // (a NULL buffer, no bytes, no symmetric support): the slot then holds NULL, as later
+            // NCCLs write, not what the program left there (which ranks could differ in). Put
+            // back where NCCL refuses the call.
+            let left = (!win.is_null()).then(|| {
+                let slot = win.cast::<std::mem::MaybeUninit<ncclWindow_t>>();
+                // SAFETY: the caller's slot, which NCCL writes; copied as it is, set or not.
+                let left = unsafe { slot.read() };
+                // SAFETY: as above.
+                unsafe { slot.write(std::mem::MaybeUninit::new(std::ptr::null_mut())) };
+                (slot, left)
+            });
             // SAFETY: the caller's arguments, unchanged.
             let result = unsafe { real::ncclCommWindowRegister(comm, buff, size, win, win_flags) };
+            if let (Some((slot, left)), false) =
+                (left, result == ncclSuccess || result == ncclInProgress)
+            {
+                // SAFETY: as above.
+                unsafe { slot.write(left) };
+            }
             if result == ncclSuccess || result == ncclInProgress {
                 let done = result == ncclSuccess;
                 // SAFETY: the caller's slot, which NCCL writes (see window_registered).

@@ -5,7 +5,9 @@
  * (0x2000 to 0x5000, as NCCL wants), 5000 all-reduces each; with "fork", a child process makes
  * 10 all-reduces on comm 0x6000;
  * with "signal", the process raises SIGUSR1 and waits a moment; with "groups", only groups on
- * comm 0x1000: empty, of one all-reduce, nested, and an end without a start, each named first.
+ * comm 0x1000: empty, of one all-reduce, nested, and an end without a start, each named first;
+ * with "windows", registrations on comm 0x1000 of nothing, refused (no communicator) and of a
+ * buffer, each with a handle slot holding 0xdead before, and what the slot holds after.
  * Prints "done" at the end. */
 #include <nccl.h>
 #include <pthread.h>
@@ -27,6 +29,25 @@ int main(int argc, char** argv) {
   int fork_child = argc > 1 && !strcmp(argv[1], "fork");
   int signal_self = argc > 1 && !strcmp(argv[1], "signal");
   int wait_signal = argc > 1 && !strcmp(argv[1], "wait");
+  if (argc > 1 && !strcmp(argv[1], "windows")) {
+    struct {
+      const char* name;
+      ncclComm_t comm;
+      void* buff;
+      size_t size;
+    } cases[] = {{"nothing", COMM(0x1000), NULL, 0},
+                 {"refused", NULL, (void*)16, 64},
+                 {"a buffer", COMM(0x1000), (void*)16, 64}};
+    for (int i = 0; i < 3; i++) {
+      ncclWindow_t win = (ncclWindow_t)(uintptr_t)0xdead;
+      ncclResult_t r = ncclCommWindowRegister(cases[i].comm, cases[i].buff, cases[i].size, &win,
+                                              NCCL_WIN_COLL_SYMMETRIC);
+      printf("window of %s: result %d, handle %#lx\n", cases[i].name, (int)r,
+             (unsigned long)(uintptr_t)win);
+    }
+    printf("done\n");
+    return 0;
+  }
   if (argc > 1 && !strcmp(argv[1], "groups")) {
     printf("empty\n");
     ncclGroupStart();

@@ -2,7 +2,8 @@
  * shim records of each call (summary, trace, flight recorder) and of what reaches NCCL in a
  * group. Communicators are made-up handles: rank = handle / 0x1000 - 1 (so 0x1000 is rank 0),
  * 2 ranks, GPU 0. With FAKE_NCCL_GROUPS set, it prints "fake NAME" for each group call and
- * all-reduce it gets. */
+ * all-reduce it gets. Windows as NCCL 2.28 registers them: handle 0xbeef, and nothing written
+ * (ncclSuccess still) where there is nothing to register. */
 #include <nccl.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -76,4 +77,15 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* state) {
   (void)comm;
   *state = ncclSuccess;
   return ncclSuccess;
+}
+ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size, ncclWindow_t* win,
+                                    int flags) {
+  (void)flags;
+  if (!comm) return ncclInvalidArgument;
+  if (buff && size) *win = (ncclWindow_t)(uintptr_t)0xbeef;
+  return ncclSuccess;
+}
+ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win) {
+  (void)win;
+  return comm ? ncclSuccess : ncclInvalidArgument;
 }
