@@ -619,6 +619,12 @@ pub fn end_group(real_end: impl FnOnce() -> ncclResult_t) -> ncclResult_t {
     // is set up wherever NCCL's own end succeeded, even if the group fails for a call of ours:
     // the peers' set-ups wait for this rank's.
     let mut splits = Vec::new();
+    if real == ncclInProgress {
+        // NCCL took the group as a nonblocking one's: it writes the handles later (windows.rs).
+        for w in &ended.windows {
+            super::windows::registering(w.comm, w.begin, w.size, w.flags);
+        }
+    }
     if real == ncclSuccess {
         for window in &ended.windows {
             // SAFETY: kept by the caller until its group's end, where NCCL wrote it.

@@ -528,6 +528,29 @@ mod tests {
         lifecycle::forget(in_progress);
     }
 
+    /// A blocking communicator's registration inside a group is read at the group's end; where
+    /// NCCL ends the group in progress (it took the communicator as nonblocking), its handle
+    /// comes later: the window is known by its bytes, and the slot is not read.
+    #[test]
+    fn a_window_of_a_group_that_ends_in_progress_is_known_by_its_bytes() {
+        let comm = 0x7600_0020 as ncclComm_t;
+        assert!(lifecycle::made(comm, true));
+        let slot: *const *mut c_void = std::ptr::NonNull::dangling().as_ptr();
+        let at = |p: usize| p as *const c_void;
+        group_start();
+        // The registration went to NCCL, which opened its group.
+        group::opened_in_nccl();
+        // SAFETY: the slot is read at the group's end only where NCCL ended it done.
+        unsafe { window_registered(comm, slot, 0x9_0000, 0x1000, windows::SYMMETRIC, true) };
+        assert_eq!(group_end(|| ncclInProgress), ncclInProgress);
+        assert_eq!(
+            windows::buffers_of(comm, at(0x9_0000), at(0)),
+            Buffers::InWindows
+        );
+        windows::forget(comm);
+        lifecycle::forget(comm);
+    }
+
     /// A call of `function` (one of this build's operations) on a made-up communicator.
     fn call_of(function: &str, count: usize) -> Call {
         let kind = crate::ffi::OPERATIONS
