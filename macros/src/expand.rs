@@ -81,6 +81,13 @@ pub fn real(spec: &Spec, ffi: &syn::Path, call: &syn::Path, runtime: &syn::Path)
         }
     });
     let forwarders = spec.functions.iter().map(|f| forwarder(f, runtime));
+    let described: Vec<(usize, TokenStream)> = operations(spec)
+        .into_iter()
+        .enumerate()
+        .filter_map(|(kind, f)| Some((kind, described_arm(kind, f)?)))
+        .collect();
+    let described_kinds = described.iter().map(|(kind, _)| kind);
+    let described_arms = described.iter().map(|(_, arm)| arm);
     // Operations go through `Route::operation`, described; every other function has a method.
     let route_methods = spec
         .functions
@@ -129,6 +136,25 @@ pub fn real(spec: &Spec, ffi: &syn::Path, call: &syn::Path, runtime: &syn::Path)
         }
 
         #(#forwarders)*
+
+        /// Calls the real NCCL's operation `call.kind` with the arguments `call` describes, where
+        /// it takes no argument `call` does not hold (`None` otherwise): a call the core queued
+        /// in a group, sent to NCCL after all, needs no forwarder of its own.
+        ///
+        /// # Safety
+        /// `call` describes a call of its operation as its export received it.
+        #[allow(unreachable_patterns)]
+        pub unsafe fn forward_described(call: &#call) -> ::core::option::Option<#ffi::ncclResult_t> {
+            match call.kind as usize {
+                #(#described_arms)*
+                _ => None,
+            }
+        }
+
+        /// Whether `forward_described` forwards calls of the operation `kind`.
+        pub fn forwards_described(kind: u8) -> bool {
+            [#(#described_kinds),*].contains(&(kind as usize))
+        }
 
         /// How the exports' calls are served. Every operation on a communicator's stream comes to
         /// `operation`, described; every other function to a method of its own. Hand-written code
@@ -220,6 +246,45 @@ fn failure_value(f: &Function, failure: TokenStream) -> TokenStream {
             unsafe { ::core::mem::zeroed::<#ty>() }
         }},
     }
+}
+
+/// `forward_described`'s arm for the operation `f` (`kind`, its index in `OPERATIONS`): its
+/// arguments from a `Call`'s fields, where every parameter of it is one a `Call` holds.
+fn described_arm(kind: usize, f: &Function) -> Option<TokenStream> {
+    let o = f.operation()?;
+    let is = |p: Option<&syn::Ident>, ident: &syn::Ident| p == Some(ident);
+    let args = f
+        .params
+        .iter()
+        .map(|p| {
+            let ident = &p.ident;
+            // An in-place broadcast's one buffer (`buff`) is both `send` and `recv`.
+            Some(if is(o.recv.map(|q| &q.ident), ident) {
+                quote! { call.recv as _ }
+            } else if is(o.send.map(|q| &q.ident), ident) {
+                quote! { call.send as _ }
+            } else if *ident == o.comm.ident {
+                quote! { call.comm }
+            } else if *ident == o.stream.ident {
+                quote! { call.stream }
+            } else if *ident == o.count.ident {
+                quote! { call.count as _ }
+            } else if *ident == o.datatype.ident {
+                quote! { call.datatype as _ }
+            } else if is(o.op.map(|q| &q.ident), ident) {
+                quote! { call.op? as _ }
+            } else if is(o.root.map(|q| &q.ident), ident) {
+                quote! { call.root? as _ }
+            } else {
+                return None;
+            })
+        })
+        .collect::<Option<Vec<_>>>()?;
+    let ident = &f.ident;
+    Some(quote! {
+        // SAFETY: the arguments the call's export received, as `call` describes them.
+        #kind => Some(unsafe { #ident(#(#args),*) }),
+    })
 }
 
 fn forwarder(f: &Function, runtime: &syn::Path) -> TokenStream {

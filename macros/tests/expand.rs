@@ -51,6 +51,8 @@ mod runtime {
         match name.to_str().unwrap() {
             "ncclGetVersion" => super::real_get_version as *mut c_void,
             "ncclCommCount" => super::real_comm_count as *mut c_void,
+            "ncclBroadcast" => super::real_broadcast as *mut c_void,
+            "ncclAllGather" => super::real_all_gather as *mut c_void,
             _ => std::ptr::null_mut(),
         }
     }
@@ -173,6 +175,36 @@ unsafe extern "C" fn real_comm_count(_comm: *mut c_void, count: *mut c_int) -> u
     // SAFETY: the caller's int.
     unsafe { *count = 7 };
     4 // ncclInvalidArgument: a failure of the real NCCL
+}
+
+/// The "real NCCL"'s broadcast and all-gather: what they were given.
+unsafe extern "C" fn real_broadcast(
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    datatype: u32,
+    root: c_int,
+    comm: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    runtime::record(format!(
+        "real ncclBroadcast {send:p} {recv:p} {count} {datatype} {root} {comm:p} {stream:p}"
+    ));
+    0
+}
+
+unsafe extern "C" fn real_all_gather(
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    datatype: u32,
+    comm: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    runtime::record(format!(
+        "real ncclAllGather {send:p} {recv:p} {count} {datatype} {comm:p} {stream:p}"
+    ));
+    0
 }
 
 /// The exports, as C callers see them.
@@ -331,6 +363,47 @@ fn exports_route_forward_stub_and_contain_panics() {
                 // Claimed by the router: not forwarded; one buffer is both of an in-place broadcast.
                 "routed ncclBcast",
                 "ncclBcast comm 0x1230 send 0x80 recv 0x80 count 4 type 2 op None root Some(0) stream 0x0 -> 0",
+            ]
+        );
+
+        // A call forwarded from its description alone (as a call the core queued in a group,
+        // sent to NCCL after all): every argument from the description, in the function's order.
+        let kind = |name: &str| ffi::OPERATIONS.iter().position(|o| *o == name).unwrap() as u8;
+        let described = |name: &str, op: Option<u32>, root: Option<i32>| Call {
+            kind: kind(name),
+            comm: comm.cast(),
+            send: 0x50 as *const c_void,
+            recv: 0x60 as *mut c_void,
+            count: 5,
+            datatype: 3,
+            op,
+            root,
+            stream: 0x70 as ffi::cudaStream_t,
+        };
+        assert_eq!(
+            real::forward_described(&described("ncclBroadcast", None, Some(1))),
+            Some(0)
+        );
+        assert_eq!(
+            real::forward_described(&described("ncclAllGather", None, None)),
+            Some(0)
+        );
+        // A reduce described without its op, or a root, cannot be called.
+        assert_eq!(
+            real::forward_described(&described("ncclReduce", None, Some(0))),
+            None
+        );
+        assert!(
+            ffi::OPERATIONS
+                .iter()
+                .all(|o| real::forwards_described(kind(o)))
+        );
+        assert!(!real::forwards_described(u8::MAX));
+        assert_eq!(
+            events(),
+            [
+                "real ncclBroadcast 0x50 0x60 5 3 1 0x1230 0x70",
+                "real ncclAllGather 0x50 0x60 5 3 0x1230 0x70",
             ]
         );
 

@@ -23,7 +23,8 @@ use super::types::Collective;
 use super::{launcher, lifecycle, setup};
 use crate::call::Call;
 use crate::ffi::{
-    ncclComm_t, ncclInProgress, ncclInvalidUsage, ncclResult_t, ncclSuccess, ncclUnhandledCudaError,
+    ncclComm_t, ncclInProgress, ncclInternalError, ncclInvalidUsage, ncclResult_t, ncclSuccess,
+    ncclUnhandledCudaError,
 };
 use crate::log::log_warn;
 
@@ -32,8 +33,10 @@ pub struct Queued {
     pub call: Call,
     pub core: Arc<CoreComm>,
     pub plan: Plan,
-    /// The call as the real NCCL's, should its group's calls go there (`weigh`).
-    pub forward: Box<dyn FnOnce() -> ncclResult_t>,
+    /// The call as the real NCCL's, should its group's calls go there (`weigh`): `None` where
+    /// `call` holds every argument of it (`real::forward_described`), so that a queued call
+    /// allocates nothing.
+    pub forward: Option<Box<dyn FnOnce() -> ncclResult_t>>,
     /// Whether `stream` was being captured into a CUDA graph when the call was made: asked only
     /// where another call of the communicator in the group comes on another stream (`queue`).
     pub captured: Option<bool>,
@@ -482,7 +485,14 @@ fn send_queued_to_nccl(comm: ncclComm_t) {
     let mut queued = QUEUED.with(|q| std::mem::take(&mut *q.borrow_mut()));
     for op in queued.extract_if(.., |op| op.call.comm == comm) {
         super::observer::observer().sent_with_group(op.call.comm);
-        let sent = (op.forward)();
+        let sent = match op.forward {
+            Some(forward) => forward(),
+            None => {
+                open_real();
+                // SAFETY: `call` describes the call as its export received it.
+                unsafe { crate::real::forward_described(&op.call) }.unwrap_or(ncclInternalError)
+            }
+        };
         if sent != ncclSuccess && sent != ncclInProgress {
             SENT_ERROR.with(|e| {
                 if e.get() == ncclSuccess {

@@ -342,7 +342,8 @@ fn collective_of_core(
             call: *call,
             core,
             plan,
-            forward: Box::new(forward),
+            forward: (!crate::real::forwards_described(call.kind))
+                .then(|| Box::new(forward) as Box<dyn FnOnce() -> ncclResult_t>),
             captured,
         });
         if queued.is_ok() {

@@ -53,6 +53,17 @@ const BY_OPERATION: [Option<Collective>; OPERATIONS.len()] = {
 mod tests {
     use super::*;
 
+    /// Every operation the core takes is one the real NCCL can be called with from its
+    /// description alone: a call the core queues in a group keeps no forwarder of its own.
+    #[test]
+    fn every_operation_the_core_takes_forwards_from_its_description() {
+        for (kind, function) in OPERATIONS.iter().enumerate() {
+            if collective_of(kind as u8).is_some() {
+                assert!(crate::real::forwards_described(kind as u8), "{function}");
+            }
+        }
+    }
+
     #[test]
     fn each_operation_is_the_collective_that_names_its_function_or_none() {
         for (kind, function) in OPERATIONS.iter().enumerate() {
