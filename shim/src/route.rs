@@ -304,19 +304,16 @@ impl Route for Router {
             });
             // SAFETY: the caller's arguments, unchanged.
             let result = unsafe { real::ncclCommWindowRegister(comm, buff, size, win, win_flags) };
-            if let (Some((slot, left)), false) =
-                (left, result == ncclSuccess || result == ncclInProgress)
-            {
-                // SAFETY: as above.
-                unsafe { slot.write(left) };
+            if result != ncclSuccess && result != ncclInProgress {
+                if let Some((slot, left)) = left {
+                    // SAFETY: as above.
+                    unsafe { slot.write(left) };
+                }
+                return result;
             }
-            if result == ncclSuccess || result == ncclInProgress {
-                let done = result == ncclSuccess;
-                // SAFETY: the caller's slot, which NCCL writes (see window_registered).
-                unsafe {
-                    core::window_registered(comm, win.cast(), buff as usize, size, win_flags, done)
-                };
-            }
+            let done = result == ncclSuccess;
+            // SAFETY: the caller's slot, which NCCL writes (see window_registered).
+            unsafe { core::window_registered(comm, win.cast(), buff as usize, size, win_flags, done) };
             result
         }
     });

@@ -518,15 +518,15 @@ impl CoreComm {
             return false;
         };
         if !self.failure_said.swap(true, Ordering::Relaxed) {
+            let waited = |whom: &str| {
+                format!(
+                    "waited {} s for {whom} and gave up (NCCLSHIM_TIMEOUT)",
+                    policy::settings().wait_limit_s
+                )
+            };
             let what = match whom {
-                GaveUp::Rank(peer) => format!(
-                    "waited {} s for rank {peer} and gave up (NCCLSHIM_TIMEOUT)",
-                    policy::settings().wait_limit_s
-                ),
-                GaveUp::OwnBlocks => format!(
-                    "waited {} s for its other blocks and gave up (NCCLSHIM_TIMEOUT)",
-                    policy::settings().wait_limit_s
-                ),
+                GaveUp::Rank(peer) => waited(&format!("rank {peer}")),
+                GaveUp::OwnBlocks => waited("its other blocks"),
                 GaveUp::OutOfStep(peer) => format!(
                     "found rank {peer} on a later call, a wait of its own having given up, and gave up"
                 ),
