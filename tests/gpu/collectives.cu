@@ -154,7 +154,8 @@ static void free_rank(Rank* R) {
 }
 
 // --windows: registers (`on`) or deregisters every rank's buffers as symmetric windows, in one
-// group where the thread drives several GPUs, and waits until every communicator is done.
+// group where the thread drives several GPUs (else one call at a time), and waits until every
+// communicator is done.
 static void windows(Rank* rs, int nl, int on) {
   if (nl > 1) NCCL_CHECK(ncclGroupStart());
   for (int r = 0; r < nl; r++) {
@@ -167,6 +168,8 @@ static void windows(Rank* rs, int nl, int on) {
       } else {
         NCCL_CHECK(ncclCommWindowDeregister(rs[r].comm, rs[r].windows[b]));
       }
+      // A nonblocking communicator takes no call while the last is in progress.
+      if (nl == 1) NCCL_CHECK(settle(rs[r].comm));
     }
   }
   if (nl > 1) NCCL_CHECK(ncclGroupEnd());
