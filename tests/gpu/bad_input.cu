@@ -535,6 +535,47 @@ static const Case CASES[] = {
     {"sendrecv-count-0-null-buffers", SHARED, [](Ctx& c) {
        Args a = c.args(SENDRECV); a.count = 0; EACH a.send[r] = NULL, a.recv[r] = NULL;
        c.both(SENDRECV, a); }},
+    // Empty collectives still go through ArgsCheck: a bad type, op or root is
+    // ncclInvalidArgument as with elements.
+    {"allreduce-count-0-type-255", SHARED, [](Ctx& c) {
+       Args a = c.args(AR); a.count = 0; a.type = (ncclDataType_t)255; c.one(AR, a); }},
+    {"allgather-count-0-type-numtypes", SHARED, [](Ctx& c) {
+       Args a = c.args(ALLGATHER); a.count = 0; a.type = ncclNumTypes; c.one(ALLGATHER, a); }},
+    {"reducescatter-count-0-op-numops", SHARED, [](Ctx& c) {
+       Args a = c.args(REDUCESCATTER); a.count = 0; a.op[0] = ncclNumOps;
+       c.one(REDUCESCATTER, a); }},
+    {"broadcast-count-0-root-nranks", SHARED, [](Ctx& c) {
+       Args a = c.args(BROADCAST); a.count = 0; a.root = NR; c.one(BROADCAST, a); }},
+    {"reduce-count-0-root-minus1", SHARED, [](Ctx& c) {
+       Args a = c.args(REDUCE); a.count = 0; a.root = -1; c.one(REDUCE, a); }},
+    // A PreMulSum op of no elements: accepted while it lives, refused once destroyed.
+    {"allreduce-count-0-premulsum", SHARED, [](Ctx& c) {
+       Args a = c.args(AR); a.count = 0; EACH a.op[r] = premulsum(c.comm[r]); c.both(AR, a);
+       EACH SETUP(ncclRedOpDestroy(a.op[r], c.comm[r])); }},
+    {"allreduce-count-0-destroyed-premulsum", SHARED, [](Ctx& c) {
+       Args a = c.args(AR); a.count = 0;
+       EACH { a.op[r] = premulsum(c.comm[r]); SETUP(ncclRedOpDestroy(a.op[r], c.comm[r])); }
+       c.both(AR, a); }},
+    // Dropped before NCCL looks at the stream: another GPU's stream, or a captured one in a
+    // group whose other calls are not captured, is accepted (the group's all-reduces: right sums).
+    {"allgather-count-0-other-gpu-stream", SHARED, [](Ctx& c) {
+       Args a = c.args(ALLGATHER); a.count = 0; EACH a.stream[r] = c.s[NR - 1 - r];
+       c.both(ALLGATHER, a); }},
+    {"allreduce-count-0-group-mixed-capture", SHARED, [](Ctx& c) {
+       Args a = c.args(AR), b = c.args(AR); b.count = 0;
+       EACH {
+         b.stream[r] = c.stream(r);
+         SETUP(cudaStreamBeginCapture(b.stream[r], cudaStreamCaptureModeRelaxed));
+       }
+       c.start();
+       EACH { c.call(issue(AR, a, r)); c.call(issue(AR, b, r)); }
+       c.ended(ncclGroupEnd());
+       EACH {
+         cudaGraph_t g = NULL;
+         c.note(cudaGetErrorName(cudaStreamEndCapture(b.stream[r], &g)));
+         if (g) cudaGraphDestroy(g);
+       }
+       c.sums(a.recv[0], N); }},
     // count * 4 overflows size_t: unchecked, accepted (all-reduce: an illegal address; broadcast's
     // byte count wraps to 4, no fault seen).
     {"allreduce-count-overflow", SHARED, [](Ctx& c) {

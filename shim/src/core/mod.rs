@@ -9,6 +9,7 @@
 //! `observer`.
 mod comm;
 mod cuda;
+mod empty;
 mod fnv;
 mod group;
 pub mod kernels;
@@ -243,21 +244,19 @@ pub fn operation(call: &Call, forward: impl FnOnce() -> ncclResult_t + 'static) 
     let Some(collective) = operations::collective_of(call.kind) else {
         return forward();
     };
+    // No element to move: NCCL drops the call, which moves nothing on any rank (empty.rs). Nor
+    // does an all-reduce of none set a waiting communicator's core up: its first with data
+    // does, the same call on every rank, as the count is.
+    if call.count == 0 {
+        return empty::answer(collective, call, forward);
+    }
     let settings = policy::settings();
     if !settings.may_take(collective, measured::in_use(collective)) {
         return forward();
     }
-    // No element to move is never the core's (`policy::plan`): such a call forwards at NCCL's
-    // own cost, without looking its communicator up (where a core kernel of that communicator
-    // gave up, NCCL answers it; the next call with data, and ncclCommGetAsyncError, report it).
-    // Nor does an all-reduce of none set a waiting communicator's core up: its first with data
-    // does, the same call on every rank, as the count is.
     // Between here and `policy::plan` nothing any rank shares may change for a call the plan
     // then leaves to NCCL (`known`, `lookup`, `failed`, `lacks_buffer` change nothing): a rank
     // whose flags (`measured::in_use`) let it look may then forward alike with its peers.
-    if call.count == 0 {
-        return forward();
-    }
     let comm = call.comm;
     // The group's calls on this communicator go to NCCL (group::weigh decided on an earlier one),
     // or its core is known from an earlier one.
