@@ -234,3 +234,63 @@ fn groups_reach_nccl_only_with_a_call_that_goes_there() {
     ];
     assert_eq!(seen, expected, "{out}");
 }
+
+/// Calls of no elements on a communicator the shim saw made (here declined by the core: no GPU)
+/// are answered by the shim where NCCL would drop them after its checks, so that they never reach
+/// NCCL; those NCCL's checks refuse (a root out of range, an unknown type or op, a type some
+/// versions lack), a call with elements, and calls on a destroyed communicator reach it. With the
+/// core off, or NCCL asked to check pointers, every call reaches it.
+#[test]
+fn calls_of_no_elements_reach_nccl_only_where_its_checks_may_refuse_them() {
+    let dir = scratch("calls-empty");
+    let seen = |env: &[(&str, &str)]| -> Vec<String> {
+        let mut all = vec![("FAKE_NCCL_GROUPS", "1")];
+        all.extend_from_slice(env);
+        let out = client_output(&dir, &["empty"], &all);
+        out.lines()
+            .filter(|l| !l.contains("NCCL INFO") && !l.contains("NCCL WARN"))
+            .map(str::to_string)
+            .collect()
+    };
+    let (all_reduce, broadcast) = ("fake ncclAllReduce", "fake ncclBroadcast");
+    let (start, end) = ("fake ncclGroupStart", "fake ncclGroupEnd");
+    let refused_and_after = [
+        "an empty broadcast from root 2",
+        broadcast,
+        "an empty all-reduce of type 255",
+        all_reduce,
+        "an empty all-reduce of op 5",
+        all_reduce,
+        "an empty all-reduce of 8-bit floats",
+        all_reduce,
+        "an all-reduce of 4",
+        all_reduce,
+        "an empty all-reduce once destroyed",
+        all_reduce,
+        "done",
+    ];
+    let answered = [
+        "made: 0",
+        "a group of two empty all-reduces",
+        "an empty broadcast from root 1",
+    ];
+    let expected: Vec<&str> = answered.iter().chain(&refused_and_after).copied().collect();
+    assert_eq!(seen(&[]), expected);
+    let forwarded: Vec<&str> = [
+        "made: 0",
+        "a group of two empty all-reduces",
+        start,
+        all_reduce,
+        all_reduce,
+        end,
+        "an empty broadcast from root 1",
+        broadcast,
+    ]
+    .iter()
+    .chain(&refused_and_after)
+    .copied()
+    .collect();
+    for setting in [("NCCLSHIM_CORE", "0"), ("NCCL_CHECK_POINTERS", "1")] {
+        assert_eq!(seen(&[setting]), forwarded, "{setting:?}");
+    }
+}

@@ -189,8 +189,8 @@ fn operations(fake_path: &std::path::Path) {
         empty_gathers(&fake),
         empty_gathers(&shim),
     );
-    // All-reduces of no element forward as the others do: no look-up of their communicator,
-    // whose first all-reduce with data may set its core up.
+    // All-reduces of no element on a communicator the core does not serve (this one, made up)
+    // forward as the others do, after one look-up; none sets a core up.
     let empty_reduces = |library: &Library| {
         // SAFETY: both libraries export these with NCCL's signatures.
         let (start, reduce, end) = unsafe {

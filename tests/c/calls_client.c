@@ -7,8 +7,10 @@
  * with "signal", the process raises SIGUSR1 and waits a moment; with "groups", only groups on
  * comm 0x1000: empty, of one all-reduce, nested, and an end without a start, each named first;
  * with "windows", registrations on comm 0x1000 of nothing, refused (no communicator) and of a
- * buffer, each with a handle slot holding 0xdead before, and what the slot holds after.
- * Prints "done" at the end. */
+ * buffer, each with a handle slot holding 0xdead before, and what the slot holds after; with
+ * "empty", calls of no elements on a communicator made through ncclCommInitRank (valid ones in a
+ * group and alone, then ones NCCL refuses), a call with elements, and one after it is destroyed,
+ * each named first. Prints "done" at the end. */
 #include <nccl.h>
 #include <pthread.h>
 #include <signal.h>
@@ -45,6 +47,34 @@ int main(int argc, char** argv) {
       printf("window of %s: result %d, handle %#lx\n", cases[i].name, (int)r,
              (unsigned long)(uintptr_t)win);
     }
+    printf("done\n");
+    return 0;
+  }
+  if (argc > 1 && !strcmp(argv[1], "empty")) {
+    ncclUniqueId id;
+    memset(&id, 0, sizeof id);
+    ncclComm_t comm = NULL;
+    printf("made: %d\n", (int)ncclCommInitRank(&comm, 2, id, 0));
+    printf("a group of two empty all-reduces\n");
+    ncclGroupStart();
+    ncclAllReduce((void*)16, (void*)16, 0, ncclFloat, ncclSum, comm, NULL);
+    ncclAllReduce(NULL, NULL, 0, ncclBfloat16, ncclAvg, comm, NULL);
+    ncclGroupEnd();
+    printf("an empty broadcast from root 1\n");
+    ncclBroadcast(NULL, NULL, 0, ncclFloat, 1, comm, NULL);
+    printf("an empty broadcast from root 2\n");
+    ncclBroadcast(NULL, NULL, 0, ncclFloat, 2, comm, NULL);
+    printf("an empty all-reduce of type 255\n");
+    ncclAllReduce(NULL, NULL, 0, (ncclDataType_t)255, ncclSum, comm, NULL);
+    printf("an empty all-reduce of op 5\n");
+    ncclAllReduce(NULL, NULL, 0, ncclFloat, (ncclRedOp_t)5, comm, NULL);
+    printf("an empty all-reduce of 8-bit floats\n");
+    ncclAllReduce(NULL, NULL, 0, ncclFloat8e4m3, ncclSum, comm, NULL);
+    printf("an all-reduce of 4\n");
+    ncclAllReduce((void*)16, (void*)16, 4, ncclFloat, ncclSum, comm, NULL);
+    ncclCommDestroy(comm);
+    printf("an empty all-reduce once destroyed\n");
+    ncclAllReduce((void*)16, (void*)16, 0, ncclFloat, ncclSum, comm, NULL);
     printf("done\n");
     return 0;
   }

@@ -1,8 +1,8 @@
 /* A stand-in for the real NCCL whose operations succeed without a GPU, for tests of what the
  * shim records of each call (summary, trace, flight recorder) and of what reaches NCCL in a
  * group. Communicators are made-up handles: rank = handle / 0x1000 - 1 (so 0x1000 is rank 0),
- * 2 ranks, GPU 0. With FAKE_NCCL_GROUPS set, it prints "fake NAME" for each group call and
- * all-reduce it gets. Windows as NCCL 2.28 registers them: handle 0xbeef, and nothing written
+ * 2 ranks, GPU 0 (ncclCommInitRank makes them too). With FAKE_NCCL_GROUPS set, it prints
+ * "fake NAME" for each group call, all-reduce and broadcast it gets. Windows as NCCL 2.28 registers them: handle 0xbeef, and nothing written
  * (ncclSuccess still) where there is nothing to register. */
 #include <nccl.h>
 #include <stdint.h>
@@ -36,6 +36,12 @@ ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device) {
   *device = 0;
   return ncclSuccess;
 }
+/* Makes rank `rank`'s communicator: handle 0x1000 * (rank + 1). */
+ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank) {
+  (void)nranks, (void)id;
+  *comm = (ncclComm_t)(uintptr_t)(0x1000 * (rank + 1));
+  return ncclSuccess;
+}
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   (void)comm;
   return ncclSuccess;
@@ -53,6 +59,7 @@ ncclResult_t ncclAllGather(const void* s, void* r, size_t n, ncclDataType_t t, n
 ncclResult_t ncclBroadcast(const void* s, void* r, size_t n, ncclDataType_t t, int root, ncclComm_t c,
                            cudaStream_t st) {
   (void)s, (void)r, (void)n, (void)t, (void)root, (void)c, (void)st;
+  say("ncclBroadcast");
   return ncclSuccess;
 }
 ncclResult_t ncclSend(const void* s, size_t n, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t st) {

@@ -1,12 +1,14 @@
 //! Calls of no elements. NCCL (from 2.20) checks their arguments and the communicator's state,
 //! then drops them (enqueue.cc, `taskAppend`): nothing reaches the stream, the group or the
-//! peers. On a communicator the core serves, such a call with arguments NCCL takes is answered
-//! here as NCCL answers it, `ncclSuccess`, without NCCL's host work (its argument checks and
-//! internal group); anything else goes to NCCL, which reports it (its WARN and result).
+//! peers. On a communicator the shim saw made and that is not revoked, such a call with arguments
+//! NCCL takes is answered here as NCCL answers it, `ncclSuccess`, without NCCL's host work (its
+//! argument checks and internal group); anything else goes to NCCL, which reports it (its WARN
+//! and result). With the core off (`NCCLSHIM_CORE=0`) every call forwards.
 
 use std::sync::OnceLock;
 
 use super::lifecycle::{self, Lookup};
+use super::policy;
 use super::types::{Collective, Op};
 use crate::call::Call;
 use crate::ffi::{ncclComm_t, ncclResult_t, ncclSuccess};
@@ -19,20 +21,22 @@ const LAST_COMMON_TYPE: u32 = 9;
 /// ones queue it (its stream joins the group and is checked against the others').
 const FIRST_DROPPING: i32 = 22000;
 
-/// `call` (of `collective`, `count` 0) on `comm`: answered here where NCCL would drop it, else
-/// `forward`.
+/// `call` (of `collective`, `count` 0): answered here where NCCL would drop it, else `forward`.
 pub fn answer(
     collective: Collective,
     call: &Call,
     forward: impl FnOnce() -> ncclResult_t,
 ) -> ncclResult_t {
-    let Lookup::Core(core) = lifecycle::lookup(call.comm) else {
-        return forward();
+    let comm = call.comm;
+    let nranks = match lifecycle::lookup(comm) {
+        // A core that gave up leaves its calls to NCCL.
+        Lookup::Core(core) if core.failed(comm) => return forward(),
+        Lookup::Core(core) => Some(core.facts.nranks),
+        Lookup::NoCore | Lookup::Waiting if policy::settings().enabled => None,
+        _ => return forward(),
     };
-    let answered = answerable()
-        && !core.failed(call.comm)
-        && arguments_taken(collective, call, core.facts.nranks)
-        && settled(call.comm);
+    let ranks = || nranks.or_else(|| ranks_of(comm));
+    let answered = answerable() && arguments_taken(collective, call, ranks) && settled(comm);
     match answered {
         true => ncclSuccess,
         false => forward(),
@@ -60,24 +64,39 @@ fn checks_pointers(get: impl Fn(&str) -> Option<String>) -> bool {
     pointers || set("NCCL_CHECK_MODE")
 }
 
-/// Whether NCCL's argument checks (argcheck.cc) pass `call` on a communicator of `nranks`: a data
-/// type every version has, a built-in reduction op where the collective reduces (a PreMulSum op
-/// is checked against NCCL's table), a root in range where it is rooted.
-fn arguments_taken(collective: Collective, call: &Call, nranks: usize) -> bool {
+/// Whether NCCL's argument checks (argcheck.cc) pass `call` on a communicator of `nranks` (asked
+/// only of a rooted call; `None`: not known): a data type every version has, a built-in
+/// reduction op where the collective reduces (a PreMulSum op is checked against NCCL's table), a
+/// root in range where it is rooted.
+fn arguments_taken(
+    collective: Collective,
+    call: &Call,
+    nranks: impl FnOnce() -> Option<usize>,
+) -> bool {
     let type_taken = call.datatype <= LAST_COMMON_TYPE;
     let op_taken = !collective.reduces() || call.op.and_then(Op::from_nccl).is_some();
-    let root_taken = !collective.rooted()
-        || call
-            .root
-            .is_some_and(|root| (0..nranks as i64).contains(&i64::from(root)));
-    type_taken && op_taken && root_taken
+    let root_taken = || {
+        let (Some(root), Some(nranks)) = (call.root, nranks()) else {
+            return false;
+        };
+        (0..nranks as i64).contains(&i64::from(root))
+    };
+    type_taken && op_taken && (!collective.rooted() || root_taken())
+}
+
+/// The ranks of `comm`, as the real NCCL counts them.
+fn ranks_of(comm: ncclComm_t) -> Option<usize> {
+    let mut nranks = 0;
+    // SAFETY: a communicator the shim saw made, not destroyed; NCCL writes one int.
+    let asked = unsafe { crate::real::ncclCommCount(comm, &mut nranks) };
+    (asked == ncclSuccess).then_some(nranks as usize)
 }
 
 /// Whether NCCL would find `comm` ready (`ncclCommEnsureReady`): no operation in progress on it
 /// (a nonblocking communicator's) and no error it holds.
 fn settled(comm: ncclComm_t) -> bool {
     let mut state = ncclSuccess;
-    // SAFETY: a communicator the core serves (made, not destroyed); NCCL writes one result.
+    // SAFETY: a communicator the shim saw made, not destroyed; NCCL writes one result.
     let asked = unsafe { crate::real::ncclCommGetAsyncError(comm, &mut state) };
     asked == ncclSuccess && state == ncclSuccess
 }
@@ -106,31 +125,35 @@ mod tests {
     #[test]
     fn arguments_nccl_takes_are_answered_the_rest_forward() {
         let all_reduce = call("ncclAllReduce", 7, Some(0), None);
-        assert!(arguments_taken(Collective::AllReduce, &all_reduce, 2));
+        assert!(arguments_taken(Collective::AllReduce, &all_reduce, || None));
         let avg_bf16 = call("ncclAllReduce", 9, Some(4), None);
-        assert!(arguments_taken(Collective::AllReduce, &avg_bf16, 2));
+        assert!(arguments_taken(Collective::AllReduce, &avg_bf16, || None));
         for (datatype, op) in [(10, 0), (12, 0), (u32::MAX, 0), (7, 5), (7, u32::MAX)] {
             let bad = call("ncclAllReduce", datatype, Some(op), None);
             assert!(
-                !arguments_taken(Collective::AllReduce, &bad, 2),
+                !arguments_taken(Collective::AllReduce, &bad, || Some(2)),
                 "type {datatype} op {op}"
             );
         }
         let gather = call("ncclAllGather", 0, None, None);
-        assert!(arguments_taken(Collective::AllGather, &gather, 2));
+        assert!(arguments_taken(Collective::AllGather, &gather, || None));
         for (root, taken) in [(0, true), (3, true), (4, false), (-1, false)] {
             let broadcast = call("ncclBroadcast", 7, None, Some(root));
             assert_eq!(
-                arguments_taken(Collective::Broadcast, &broadcast, 4),
+                arguments_taken(Collective::Broadcast, &broadcast, || Some(4)),
                 taken,
                 "root {root}"
             );
         }
         let reduce = call("ncclReduce", 7, Some(5), Some(0));
         assert!(
-            !arguments_taken(Collective::Reduce, &reduce, 2),
+            !arguments_taken(Collective::Reduce, &reduce, || Some(2)),
             "PreMulSum"
         );
+        let unknown_ranks = call("ncclReduce", 7, Some(0), Some(0));
+        assert!(!arguments_taken(Collective::Reduce, &unknown_ranks, || {
+            None
+        }));
     }
 
     /// NCCL checks pointers, also of calls of no elements, where either of its variables says.

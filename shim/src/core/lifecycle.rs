@@ -6,7 +6,7 @@
 //!   unknown --made--------------------> Made ------\
 //!   unknown --awaits_first_all_reduce--> AwaitsFirstAllReduce --first_all_reduce--> SettingUp
 //!   unknown --met_at_first_all_reduce------------------------------------------> SettingUp
-//!   Made, SettingUp --came_on--> Core --revoked--> Declined (revoked: from any state)
+//!   Made, SettingUp --came_on--> Core --revoked--> Revoked (revoked: from any state)
 //!   Made, SettingUp, AwaitsFirstAllReduce --declined--> Declined
 //!   any --forget (destroyed, aborted)--> unknown
 //! ```
@@ -42,6 +42,8 @@ enum State {
     Core(Arc<CoreComm>),
     /// Left to NCCL (the reason was said).
     Declined,
+    /// Revoked (ncclCommRevoke): left to NCCL for good, which refuses its operations.
+    Revoked,
 }
 
 struct Entry {
@@ -62,6 +64,7 @@ enum Kept {
     Core(Weak<CoreComm>),
     NoCore,
     Waiting,
+    Revoked,
     Unknown,
 }
 
@@ -71,6 +74,7 @@ impl Kept {
             Lookup::Core(core) => Kept::Core(Arc::downgrade(core)),
             Lookup::NoCore => Kept::NoCore,
             Lookup::Waiting => Kept::Waiting,
+            Lookup::Revoked => Kept::Revoked,
             Lookup::Unknown => Kept::Unknown,
         }
     }
@@ -81,6 +85,7 @@ impl Kept {
             Kept::Core(core) => Lookup::Core(core.upgrade()?),
             Kept::NoCore => Lookup::NoCore,
             Kept::Waiting => Lookup::Waiting,
+            Kept::Revoked => Lookup::Revoked,
             Kept::Unknown => Lookup::Unknown,
         })
     }
@@ -140,6 +145,8 @@ pub enum Lookup {
     NoCore,
     /// Waiting for its first all-reduce.
     Waiting,
+    /// Revoked: its calls go to NCCL, which refuses them.
+    Revoked,
     /// Never seen made.
     Unknown,
 }
@@ -226,7 +233,12 @@ pub fn made_nonblocking(comm: ncclComm_t) {
 /// (a communicator that has a core keeps it).
 pub fn declined(comm: ncclComm_t, rank: Option<usize>, why: &str) {
     let changed = with_table(|table| match table.get_mut(&(comm as usize)) {
-        Some(entry) if !matches!(entry.state, State::Core(_) | State::Declined) => {
+        Some(entry)
+            if !matches!(
+                entry.state,
+                State::Core(_) | State::Declined | State::Revoked
+            ) =>
+        {
             entry.state = State::Declined;
             true
         }
@@ -263,6 +275,7 @@ fn read(key: usize) -> Lookup {
             State::Core(core) => Lookup::Core(core.clone()),
             State::Made | State::SettingUp | State::Declined => Lookup::NoCore,
             State::AwaitsFirstAllReduce => Lookup::Waiting,
+            State::Revoked => Lookup::Revoked,
         },
         None => Lookup::Unknown,
     }
@@ -277,12 +290,12 @@ pub fn blocking(comm: ncclComm_t) -> bool {
         .is_some_and(|entry| entry.blocking)
 }
 
-/// any -> Declined (ncclCommRevoke): takes `comm`'s core away, if it has one, and never sets one
+/// any -> Revoked (ncclCommRevoke): takes `comm`'s core away, if it has one, and never sets one
 /// up after; its calls go to NCCL from then on.
 pub fn revoked(comm: ncclComm_t) -> Option<Arc<CoreComm>> {
     with_table(|table| {
         let entry = table.get_mut(&(comm as usize))?;
-        match std::mem::replace(&mut entry.state, State::Declined) {
+        match std::mem::replace(&mut entry.state, State::Revoked) {
             State::Core(core) => Some(core),
             _ => None,
         }
@@ -374,6 +387,13 @@ mod tests {
         assert!(matches!(lookup(unseen), Lookup::NoCore), "being set up");
         declined(unseen, None, "a test says so");
         assert!(revoked(unseen).is_none(), "it had no core");
+        assert!(matches!(lookup(unseen), Lookup::Revoked));
+        declined(unseen, None, "a test says so");
+        assert!(
+            matches!(lookup(unseen), Lookup::Revoked),
+            "revoked for good"
+        );
+        assert!(!met_at_first_all_reduce(unseen), "never set up");
         for comm in [made_one, waiting, unseen] {
             assert!(forget(comm).is_none());
             assert!(matches!(lookup(comm), Lookup::Unknown));
@@ -422,6 +442,7 @@ mod tests {
             Lookup::Core(_) => "Core",
             Lookup::NoCore => "NoCore",
             Lookup::Waiting => "Waiting",
+            Lookup::Revoked => "Revoked",
             Lookup::Unknown => "Unknown",
         };
         for round in 0..3 {

@@ -285,7 +285,7 @@ fn lookup<F: FnOnce() -> ncclResult_t>(
 ) -> Result<(std::sync::Arc<comm::CoreComm>, F), ncclResult_t> {
     Ok(match lifecycle::lookup(comm) {
         lifecycle::Lookup::Core(core) => (core, forward),
-        lifecycle::Lookup::NoCore => return Err(forward()),
+        lifecycle::Lookup::NoCore | lifecycle::Lookup::Revoked => return Err(forward()),
         lifecycle::Lookup::Waiting if all_reduce && lifecycle::first_all_reduce(comm) => {
             return Err(first_all_reduce(comm, forward));
         }
@@ -597,9 +597,9 @@ mod tests {
         lifecycle::forget(OPERATIONS_COMM);
     }
 
-    /// An all-reduce of no element forwards without a look at its communicator: one waiting for
-    /// its first all-reduce still waits (its first with data sets it up), and one never seen
-    /// made stays unknown.
+    /// An all-reduce of no element sets no core up: a communicator waiting for its first
+    /// all-reduce still waits (its first with data sets it up), and one never seen made stays
+    /// unknown. (Both forward here: no real NCCL says the waiting one is ready.)
     #[test]
     fn an_all_reduce_of_nothing_sets_no_core_up() {
         let (waiting, unseen) = (0xa110 as ncclComm_t, 0xa120 as ncclComm_t);
