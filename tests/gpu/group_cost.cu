@@ -6,7 +6,7 @@
 // One process per GPU (forked, as mpirun would start them), or one process driving every GPU
 // (--one-process, as nccl-tests -g).
 //   group_cost --shim DIR/libnccl.so.2 --real DIR/libnccl.so.2 [--ngpus 2] [--one-process]
-//              [--calls 4] [--groups 2000] [--rounds 3] [--sizes 8,2K,32K,128K,1M] [--limit 1.05]
+//              [--calls 4] [--groups 2000] [--rounds 3] [--sizes 0,8,2K,32K,128K,1M] [--limit 1.05]
 //              [--collective all_reduce|reduce|all_gather]
 // Prints per size the best round's time per operation of each library (wall time of GROUPS
 // groups and the GPUs' catching up, divided by the operations) and their ratio, then the host's
@@ -33,7 +33,7 @@ static struct {
   bool one_process = false;
   double limit = 1.05;
   const char* collective = "all_reduce";
-  std::vector<size_t> sizes{8, 2 << 10, 32 << 10, 128 << 10, 1 << 20};
+  std::vector<size_t> sizes{0, 8, 2 << 10, 32 << 10, 128 << 10, 1 << 20};
 } opt;
 
 enum { LIB_REAL, LIB_SHIM, LIBS };

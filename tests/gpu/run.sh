@@ -397,8 +397,8 @@ late_peer_suite() {
   grep -h 'SLOW' "$dir"/*.log "$dir/torch.txt" | head -20 | sed 's/^/  /' | tee -a "$summary"
 }
 
-# --- What a group costs the host (group_cost.cu): groups of four small all-reduces, as
-# nccl-tests -m 4 issues them, host-bound under NCCL, through the shim and NCCL alternately in one
+# --- What a group costs the host (group_cost.cu): groups of four small all-reduces (and of four
+# of no element, which NCCL only checks), as nccl-tests -m 4 issues them, host-bound under NCCL, through the shim and NCCL alternately in one
 # run; one process per GPU, then one process for every GPU. Fails where the shim's best round
 # takes more than GROUP_COST_LIMIT (1.05) x NCCL's per operation ---
 group_cost_suite() {
