@@ -86,6 +86,10 @@ pub fn real(spec: &Spec, ffi: &syn::Path, call: &syn::Path, runtime: &syn::Path)
         .enumerate()
         .filter_map(|(kind, f)| Some((kind, described_arm(kind, f)?)))
         .collect();
+    let operation_arms = operations(spec).into_iter().enumerate().map(|(kind, f)| {
+        let ident = &f.ident;
+        quote! { #kind => table.#ident.is_some(), }
+    });
     let described_kinds = described.iter().map(|(kind, _)| kind);
     let described_arms = described.iter().map(|(_, arm)| arm);
     // Operations go through `Route::operation`, described; every other function has a method.
@@ -148,6 +152,18 @@ pub fn real(spec: &Spec, ffi: &syn::Path, call: &syn::Path, runtime: &syn::Path)
             match call.kind as usize {
                 #(#described_arms)*
                 _ => None,
+            }
+        }
+
+        /// Whether the real NCCL has the operation `kind` (its index in `OPERATIONS`): a newer
+        /// spec's operation is missing from an older NCCL, whose calls the stub answers.
+        pub fn has_operation(kind: u8) -> bool {
+            let Some(table) = real_functions() else {
+                return false;
+            };
+            match kind as usize {
+                #(#operation_arms)*
+                _ => false,
             }
         }
 

@@ -399,6 +399,14 @@ fn exports_route_forward_stub_and_contain_panics() {
                 .all(|o| real::forwards_described(kind(o)))
         );
         assert!(!real::forwards_described(u8::MAX));
+        // The operations the real NCCL has: those the stand-in resolves.
+        let had: Vec<&str> = ffi::OPERATIONS
+            .iter()
+            .copied()
+            .filter(|o| real::has_operation(kind(o)))
+            .collect();
+        assert_eq!(had, ["ncclBroadcast", "ncclAllGather"]);
+        assert!(!real::has_operation(u8::MAX));
         assert_eq!(
             events(),
             [

@@ -267,12 +267,14 @@ impl Route for Router {
     if_exported!(ncclCommRevoke {
         /// A revoked communicator takes no more operations (NCCL refuses them with
         /// ncclInvalidUsage): its core's waiting kernels are told to give up, it is released, and
-        /// the communicator's calls go to NCCL from then on.
+        /// the communicator's calls go to NCCL from then on. NCCL refuses a revocation it does not
+        /// start with ncclInvalidArgument; past its checks it marks the communicator revoked even
+        /// where it then fails (allocating its job, starting its thread).
         unsafe fn ncclCommRevoke(comm: ncclComm_t, revoke_flags: c_int) -> ncclResult_t {
             Self::before_forward();
             // SAFETY: the caller's arguments, unchanged.
             let result = unsafe { real::ncclCommRevoke(comm, revoke_flags) };
-            if result == ncclSuccess || result == ncclInProgress {
+            if result != ncclInvalidArgument {
                 core::revoked(comm);
             }
             result

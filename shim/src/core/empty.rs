@@ -11,7 +11,7 @@ use super::lifecycle::{self, Lookup};
 use super::policy;
 use super::types::{Collective, Op};
 use crate::call::Call;
-use crate::ffi::{ncclComm_t, ncclResult_t, ncclSuccess};
+use crate::ffi::{ncclComm_t, ncclRemoteError, ncclResult_t, ncclSuccess};
 
 /// The last data type every NCCL the shim forwards to has (bfloat16, 2.10 on); the 8-bit floats
 /// (2.24 on) forward.
@@ -29,14 +29,16 @@ pub fn answer(
 ) -> ncclResult_t {
     let comm = call.comm;
     let nranks = match lifecycle::lookup(comm) {
-        // A core that gave up leaves its calls to NCCL.
-        Lookup::Core(core) if core.failed(comm) => return forward(),
+        // A core that gave up fails every call, as NCCL fails those of a communicator with an
+        // error (ncclCommGetAsyncError reports it).
+        Lookup::Core(core) if core.failed(comm) => return ncclRemoteError,
         Lookup::Core(core) => Some(core.facts.nranks),
         Lookup::NoCore | Lookup::Waiting if policy::settings().enabled => None,
         _ => return forward(),
     };
+    // Settled first: NCCL counts the ranks of a communicator only once it is ready (WARN else).
     let ranks = || nranks.or_else(|| ranks_of(comm));
-    let answered = answerable() && arguments_taken(collective, call, ranks) && settled(comm);
+    let answered = answerable() && settled(comm) && arguments_taken(collective, call, ranks);
     match answered {
         true => ncclSuccess,
         false => forward(),
@@ -46,7 +48,7 @@ pub fn answer(
 /// Whether this process's NCCL drops calls of no elements after the checks `arguments_taken`
 /// makes: 2.20 or later, and checking no pointers (`NCCL_CHECK_POINTERS`, `NCCL_CHECK_MODE`,
 /// which also check calls of no elements). Read once, at the first such call on a communicator
-/// the core serves: after NCCL made it, so that NCCL's configuration files are in the
+/// the shim saw made: after NCCL made it, so that NCCL's configuration files are in the
 /// environment.
 fn answerable() -> bool {
     static ANSWERABLE: OnceLock<bool> = OnceLock::new();
