@@ -366,6 +366,30 @@ static const char* all_reduce_right(World& w, ncclComm_t* comms) {
   return "ok";
 }
 
+// In one group, each communicator gets an all-reduce on an uncaptured stream, then one of
+// `captured` elements on a stream being captured; the captures' ends and the first all-reduce's
+// sums follow.
+static void mixed_capture(Ctx& c, size_t captured) {
+  Args a = c.args(AR), b = c.args(AR);
+  b.count = captured;
+  for (int r = 0; r < NR; r++) {
+    b.stream[r] = c.stream(r);
+    SETUP(cudaStreamBeginCapture(b.stream[r], cudaStreamCaptureModeRelaxed));
+  }
+  c.start();
+  for (int r = 0; r < NR; r++) {
+    c.call(issue(AR, a, r));
+    c.call(issue(AR, b, r));
+  }
+  c.ended(ncclGroupEnd());
+  for (int r = 0; r < NR; r++) {
+    cudaGraph_t g = NULL;
+    c.note(cudaGetErrorName(cudaStreamEndCapture(b.stream[r], &g)));
+    if (g) cudaGraphDestroy(g);
+  }
+  c.sums(a.recv[0], N);
+}
+
 // A PreMulSum op for floats (scalar 1) on `comm` (a failure ends the worker).
 static ncclRedOp_t premulsum(ncclComm_t comm) {
   float scalar = 1;
@@ -561,21 +585,7 @@ static const Case CASES[] = {
     {"allgather-count-0-other-gpu-stream", SHARED, [](Ctx& c) {
        Args a = c.args(ALLGATHER); a.count = 0; EACH a.stream[r] = c.s[NR - 1 - r];
        c.both(ALLGATHER, a); }},
-    {"allreduce-count-0-group-mixed-capture", SHARED, [](Ctx& c) {
-       Args a = c.args(AR), b = c.args(AR); b.count = 0;
-       EACH {
-         b.stream[r] = c.stream(r);
-         SETUP(cudaStreamBeginCapture(b.stream[r], cudaStreamCaptureModeRelaxed));
-       }
-       c.start();
-       EACH { c.call(issue(AR, a, r)); c.call(issue(AR, b, r)); }
-       c.ended(ncclGroupEnd());
-       EACH {
-         cudaGraph_t g = NULL;
-         c.note(cudaGetErrorName(cudaStreamEndCapture(b.stream[r], &g)));
-         if (g) cudaGraphDestroy(g);
-       }
-       c.sums(a.recv[0], N); }},
+    {"allreduce-count-0-group-mixed-capture", SHARED, [](Ctx& c) { mixed_capture(c, 0); }},
     // count * 4 overflows size_t: unchecked, accepted (all-reduce: an illegal address; broadcast's
     // byte count wraps to 4, no fault seen).
     {"allreduce-count-overflow", SHARED, [](Ctx& c) {
@@ -641,21 +651,7 @@ static const Case CASES[] = {
     // In one group, each communicator gets an all-reduce on an uncaptured stream, then one on a
     // stream being captured: "Streams given to a communicator within a NCCL group must either be
     // all uncaptured or all captured by the same graph", ncclInvalidUsage, nothing launched.
-    {"allreduce-group-mixed-capture", SHARED, [](Ctx& c) {
-       Args a = c.args(AR), b = c.args(AR);
-       EACH {
-         b.stream[r] = c.stream(r);
-         SETUP(cudaStreamBeginCapture(b.stream[r], cudaStreamCaptureModeRelaxed));
-       }
-       c.start();
-       EACH { c.call(issue(AR, a, r)); c.call(issue(AR, b, r)); }
-       c.ended(ncclGroupEnd());
-       EACH {
-         cudaGraph_t g = NULL;
-         c.note(cudaGetErrorName(cudaStreamEndCapture(b.stream[r], &g)));
-         if (g) cudaGraphDestroy(g);
-       }
-       c.sums(a.recv[0], N); }},
+    {"allreduce-group-mixed-capture", SHARED, [](Ctx& c) { mixed_capture(c, N); }},
 
     // --- Streams ---
     // Each rank's all-reduce on the other GPU's stream: the calls are accepted, the launch at the
