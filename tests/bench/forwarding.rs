@@ -7,7 +7,8 @@
 //! the trace (`NCCLSHIM_TRACE`), each in a process of its own; and a group of a send and a
 //! receive (`ncclGroupStart`, `ncclSend`, `ncclRecv`, `ncclGroupEnd`), as PyTorch issues its
 //! point-to-point calls; and, untraced, groups of eight all-gathers and of eight all-reduces of
-//! no element.
+//! no element on a made-up communicator (forwarded), and of eight all-gathers of no element on
+//! one made through the shim (which answers them).
 //!   make microbench
 
 use std::ffi::{c_char, c_int, c_void};
@@ -35,6 +36,13 @@ type Group = unsafe extern "C" fn() -> u32;
 type Send = unsafe extern "C" fn(*const c_void, usize, u32, c_int, *mut c_void, *mut c_void) -> u32;
 type Recv = unsafe extern "C" fn(*mut c_void, usize, u32, c_int, *mut c_void, *mut c_void) -> u32;
 type GetVersion = unsafe extern "C" fn(*mut c_int) -> u32;
+type InitRank = unsafe extern "C" fn(*mut *mut c_void, c_int, UniqueId, c_int) -> u32;
+
+/// NCCL's `ncclUniqueId`, passed by value as C passes the struct.
+#[repr(C)]
+struct UniqueId {
+    internal: [u8; 128],
+}
 type AllGather =
     unsafe extern "C" fn(*const c_void, *mut c_void, usize, u32, *mut c_void, *mut c_void) -> u32;
 type AllReduce = unsafe extern "C" fn(
@@ -72,7 +80,7 @@ fn compare(name: &str, mut direct: impl FnMut(u32), mut through_shim: impl FnMut
     through_shim(0); // loads the real NCCL behind the shim
     let d = per_call(&mut direct);
     let s = per_call(&mut through_shim);
-    println!("{name:<20} {d:>12.2} {s:>12.2} {:>12.2}", s - d);
+    println!("{name:<38} {d:>12.2} {s:>12.2} {:>12.2}", s - d);
 }
 
 fn main() {
@@ -167,7 +175,10 @@ fn operations(fake_path: &std::path::Path) {
     if std::env::var_os("NCCLSHIM_TRACE").is_some() {
         return;
     }
-    let empty_gathers = |library: &Library| {
+    // A handle the shim never saw made, nor met at an all-reduce with elements (as 0x1000 was
+    // above): its calls of no element forward, after one look-up, and set no core up.
+    let unseen = 0x3000 as *mut c_void;
+    let empty_gathers = |library: &Library, comm: *mut c_void| {
         // SAFETY: both libraries export these with NCCL's signatures.
         let (start, gather, end) = unsafe {
             (
@@ -185,12 +196,10 @@ fn operations(fake_path: &std::path::Path) {
         }
     };
     compare(
-        "group: 8 all-gathers of 0",
-        empty_gathers(&fake),
-        empty_gathers(&shim),
+        "group: 8 all-gathers of 0, forwarded",
+        empty_gathers(&fake, unseen),
+        empty_gathers(&shim, unseen),
     );
-    // All-reduces of no element on a communicator the core does not serve (this one, made up)
-    // forward as the others do, after one look-up; none sets a core up.
     let empty_reduces = |library: &Library| {
         // SAFETY: both libraries export these with NCCL's signatures.
         let (start, reduce, end) = unsafe {
@@ -203,15 +212,28 @@ fn operations(fake_path: &std::path::Path) {
         move |_: u32| unsafe {
             start();
             for _ in 0..8 {
-                reduce(buffer, buffer, 0, 7, 0, comm, buffer);
+                reduce(buffer, buffer, 0, 7, 0, unseen, buffer);
             }
             black_box(end());
         }
     };
     compare(
-        "group: 8 all-reduces of 0",
+        "group: 8 all-reduces of 0, forwarded",
         empty_reduces(&fake),
         empty_reduces(&shim),
+    );
+    // On a communicator made through the shim (rank 1's, 0x2000; its core declined here, without
+    // a GPU) the shim answers them itself: the group never reaches the stand-in, whose calls
+    // cost next to nothing, so the difference is the shim's whole cost of the group.
+    let mut made: *mut c_void = std::ptr::null_mut();
+    // SAFETY: NCCL's signature; the stand-in writes the handle and reads nothing else.
+    let init = unsafe { *shim.get::<InitRank>("ncclCommInitRank").unwrap() };
+    let id = UniqueId { internal: [0; 128] };
+    assert_eq!(unsafe { init(&mut made, 2, id, 1) }, 0);
+    compare(
+        "group: 8 all-gathers of 0, answered",
+        empty_gathers(&fake, made),
+        empty_gathers(&shim, made),
     );
 }
 
@@ -232,7 +254,7 @@ fn calls() {
         )
     };
     println!(
-        "{:<20} {:>12} {:>12} {:>12}",
+        "{:<38} {:>12} {:>12} {:>12}",
         "function", "real ns/call", "shim ns/call", "overhead ns"
     );
     // SAFETY (every call below): valid arguments for NCCL's signatures; results go to black_box.
