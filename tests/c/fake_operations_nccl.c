@@ -2,8 +2,9 @@
  * shim records of each call (summary, trace, flight recorder) and of what reaches NCCL in a
  * group. Communicators are made-up handles: rank = handle / 0x1000 - 1 (so 0x1000 is rank 0),
  * 2 ranks, GPU 0 (ncclCommInitRank makes them too). With FAKE_NCCL_GROUPS set, it prints
- * "fake NAME" for each group call, all-reduce and broadcast it gets. Windows as NCCL 2.28 registers them: handle 0xbeef, and nothing written
- * (ncclSuccess still) where there is nothing to register. */
+ * "fake NAME" for each group call, all-reduce and broadcast it gets. Windows as NCCL 2.28
+ * registers them: handle 0xbeef, and nothing written (ncclSuccess still) where there is nothing
+ * to register. */
 #include <nccl.h>
 #include <stdint.h>
 #include <stdio.h>
