@@ -99,31 +99,31 @@ impl StoredCall {
 }
 
 /// One call, as the flight recorder keeps it. `stamp` is 1 + its sequence number once the call
-/// is written (0: never written), so that a reader sees whole entries only.
+/// is written (0: never written), so that a reader sees whole entries only. One cache line: a
+/// call's record writes one.
+#[repr(align(64))]
 struct Entry {
     stamp: AtomicU64,
     call: StoredCall,
 }
 
-impl Entry {
-    const fn new() -> Entry {
-        Entry {
-            stamp: AtomicU64::new(0),
-            call: StoredCall::new(),
-        }
-    }
+/// The calls and bytes of one operation, size band and way, side by side: a call's count
+/// writes one cache line, not two.
+#[repr(align(16))]
+struct Tally {
+    calls: AtomicU64,
+    bytes: AtomicU64,
 }
 
-type Counters = [[[AtomicU64; WAYS]; BANDS]; MAX_KINDS];
+type Counters = [[[Tally; WAYS]; BANDS]; MAX_KINDS];
 
-const fn counters() -> Counters {
-    [const { [const { [const { AtomicU64::new(0) }; WAYS] }; BANDS] }; MAX_KINDS]
-}
-
-/// One communicator's page.
+/// One communicator's page, every field an atomic integer. A fresh page is zero bytes: `EMPTY`,
+/// nothing recorded, nothing said of its communicator (so that the pages, about 12 MB, lie in
+/// `.bss` rather than in the library's file).
 pub struct Page {
     comm: AtomicUsize,
     state: AtomicU8,
+    /// Rank, ranks and GPU as NCCL says them, each + 1 (0: not said).
     rank: AtomicI32,
     nranks: AtomicI32,
     device: AtomicI32,
@@ -135,36 +135,16 @@ pub struct Page {
     in_shared_launches: AtomicU64,
     /// Calls queued for the core that went to NCCL with the rest of their group.
     sent_with_group: AtomicU64,
-    calls: Counters,
-    bytes: Counters,
+    tallies: Counters,
     ring: [Entry; RING],
 }
 
 impl Page {
-    const fn new() -> Page {
-        Page {
-            comm: AtomicUsize::new(0),
-            state: AtomicU8::new(EMPTY),
-            rank: AtomicI32::new(-1),
-            nranks: AtomicI32::new(-1),
-            device: AtomicI32::new(-1),
-            core: AtomicU8::new(0),
-            next_seq: AtomicU64::new(0),
-            in_shared_launches: AtomicU64::new(0),
-            sent_with_group: AtomicU64::new(0),
-            calls: counters(),
-            bytes: counters(),
-            ring: [const { Entry::new() }; RING],
-        }
-    }
-
     /// Empties a page for another communicator (its claimer alone writes it).
     fn reset(&self) {
-        for (calls, bytes) in self.calls.iter().flatten().zip(self.bytes.iter().flatten()) {
-            for (c, b) in calls.iter().zip(bytes) {
-                c.store(0, Ordering::Relaxed);
-                b.store(0, Ordering::Relaxed);
-            }
+        for tally in self.tallies.iter().flatten().flatten() {
+            tally.calls.store(0, Ordering::Relaxed);
+            tally.bytes.store(0, Ordering::Relaxed);
         }
         for entry in &self.ring {
             entry.stamp.store(0, Ordering::Relaxed);
@@ -174,7 +154,7 @@ impl Page {
         self.sent_with_group.store(0, Ordering::Relaxed);
         self.core.store(0, Ordering::Relaxed);
         for field in [&self.rank, &self.nranks, &self.device] {
-            field.store(-1, Ordering::Relaxed);
+            field.store(0, Ordering::Relaxed);
         }
     }
 
@@ -188,17 +168,14 @@ impl Page {
 
     /// (rank, ranks, GPU), -1 where NCCL did not say.
     pub fn identity(&self) -> (i32, i32, i32) {
-        (
-            self.rank.load(Ordering::Relaxed),
-            self.nranks.load(Ordering::Relaxed),
-            self.device.load(Ordering::Relaxed),
-        )
+        let said = |field: &AtomicI32| field.load(Ordering::Relaxed).wrapping_sub(1);
+        (said(&self.rank), said(&self.nranks), said(&self.device))
     }
 
     pub fn set_identity(&self, rank: i32, nranks: i32, device: i32) {
-        self.rank.store(rank, Ordering::Relaxed);
-        self.nranks.store(nranks, Ordering::Relaxed);
-        self.device.store(device, Ordering::Relaxed);
+        self.rank.store(rank.wrapping_add(1), Ordering::Relaxed);
+        self.nranks.store(nranks.wrapping_add(1), Ordering::Relaxed);
+        self.device.store(device.wrapping_add(1), Ordering::Relaxed);
     }
 
     /// Whether the core serves this communicator: `None` where it was never decided.
@@ -234,9 +211,10 @@ impl Page {
 
     /// (calls, bytes) of operation `kind`, size band `band`, gone `way`.
     pub fn tally(&self, kind: usize, band: usize, way: usize) -> (u64, u64) {
+        let tally = &self.tallies[kind][band][way];
         (
-            self.calls[kind][band][way].load(Ordering::Relaxed),
-            self.bytes[kind][band][way].load(Ordering::Relaxed),
+            tally.calls.load(Ordering::Relaxed),
+            tally.bytes.load(Ordering::Relaxed),
         )
     }
 
@@ -251,8 +229,9 @@ impl Page {
         add(&self.next_seq, 1);
         let kind = (call.kind as usize).min(MAX_KINDS - 1);
         let (band, way) = (band(call.bytes), (call.way as usize).min(WAYS - 1));
-        add(&self.calls[kind][band][way], 1);
-        add(&self.bytes[kind][band][way], call.bytes);
+        let tally = &self.tallies[kind][band][way];
+        add(&tally.calls, 1);
+        add(&tally.bytes, call.bytes);
         let entry = &self.ring[seq as usize % RING];
         entry.stamp.store(0, Ordering::Relaxed);
         entry.call.store(call);
@@ -296,7 +275,8 @@ pub struct Recorded {
     pub at_us: u64,
 }
 
-static PAGES: [Page; SLOTS] = [const { Page::new() }; SLOTS];
+// SAFETY: zero bytes are a valid atomic integer, and a fresh page (see `Page`).
+static PAGES: [Page; SLOTS] = unsafe { std::mem::zeroed() };
 
 fn home(comm: usize) -> usize {
     // Handles are heap pointers: their low bits say little.
@@ -423,6 +403,26 @@ pub(super) mod tests {
         assert!(pages().any(|p| p.comm() == comm && p.destroyed()));
         let again = find_or_claim(comm, |_| ()).unwrap();
         assert_eq!(again.calls_recorded(), 0);
+        assert_eq!(again.identity(), (-1, -1, -1), "not said");
+        assert_eq!(again.tally(0, band(1 << 20), 0), (0, 0));
+    }
+
+    /// A call's record writes one line of the ring and one of the counters; a page of zero
+    /// bytes (as the table starts) knows nothing.
+    #[test]
+    fn a_record_touches_few_cache_lines_and_a_zeroed_page_is_fresh() {
+        assert_eq!(std::mem::size_of::<Entry>(), 64);
+        assert_eq!(std::mem::align_of::<Entry>(), 64);
+        assert_eq!(std::mem::size_of::<Tally>(), 16);
+        assert_eq!(64 % std::mem::align_of::<Tally>(), 0);
+        // SAFETY: as `PAGES`.
+        let fresh: Box<Page> = Box::new(unsafe { std::mem::zeroed() });
+        assert_eq!(fresh.state.load(Ordering::Relaxed), EMPTY);
+        assert_eq!(fresh.identity(), (-1, -1, -1));
+        assert_eq!(fresh.core(), None);
+        assert_eq!(fresh.calls_recorded(), 0);
+        assert_eq!(fresh.tally(0, 0, 0), (0, 0));
+        assert!(fresh.last_calls().is_empty());
     }
 
     #[test]
