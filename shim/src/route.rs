@@ -117,9 +117,14 @@ impl Route for Router {
     }
 
     /// Every operation on a stream goes to the core, which takes the calls of the collectives it
-    /// has (types.rs) where its policy says so; the rest forward.
+    /// has (types.rs) where its policy says so; the rest forward. An operation the real NCCL lacks
+    /// (a newer spec's, as 2.28's all-to-all on NCCL 2.27) gets the stub's answer, as it would
+    /// with the core off.
     #[inline]
     fn operation<F: FnOnce() -> ncclResult_t + 'static>(call: &Call, forward: F) -> ncclResult_t {
+        if !real::has_operation(call.kind) {
+            return forward();
+        }
         core::operation(call, forward)
     }
 
@@ -267,14 +272,18 @@ impl Route for Router {
     if_exported!(ncclCommRevoke {
         /// A revoked communicator takes no more operations (NCCL refuses them with
         /// ncclInvalidUsage): its core's waiting kernels are told to give up, it is released, and
-        /// the communicator's calls go to NCCL from then on. NCCL refuses a revocation it does not
-        /// start with ncclInvalidArgument; past its checks it marks the communicator revoked even
-        /// where it then fails (allocating its job, starting its thread).
+        /// the communicator's calls go to NCCL from then on. Read from the arguments, not the
+        /// result: NCCL may mark the communicator revoked and still fail (allocating its job,
+        /// starting its thread, in a group). With its one flag the core goes, also where NCCL
+        /// refuses the call as the communicator is being finalized or destroyed (it takes no more
+        /// calls) or was revoked before (its core went then); with other flags, or a real NCCL
+        /// without the function (the stub's answer), it stays.
         unsafe fn ncclCommRevoke(comm: ncclComm_t, revoke_flags: c_int) -> ncclResult_t {
             Self::before_forward();
             // SAFETY: the caller's arguments, unchanged.
             let result = unsafe { real::ncclCommRevoke(comm, revoke_flags) };
-            if result != ncclInvalidArgument {
+            let has_revoke = real_functions().is_some_and(|t| t.ncclCommRevoke.is_some());
+            if has_revoke && revoke_flags == NCCL_REVOKE_DEFAULT as c_int {
                 core::revoked(comm);
             }
             result

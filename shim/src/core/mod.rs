@@ -244,11 +244,6 @@ pub fn operation(call: &Call, forward: impl FnOnce() -> ncclResult_t + 'static) 
     let Some(collective) = operations::collective_of(call.kind) else {
         return forward();
     };
-    // An operation this NCCL lacks (a newer spec's, as 2.28's all-to-all on 2.27) gets the stub's
-    // answer, as it would with the core off.
-    if !crate::real::has_operation(call.kind) {
-        return forward();
-    }
     // No element to move: NCCL drops the call, which moves nothing on any rank (empty.rs). Nor
     // does an all-reduce of none set a waiting communicator's core up: its first with data
     // does, the same call on every rank, as the count is.
