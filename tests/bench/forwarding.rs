@@ -37,12 +37,6 @@ type Send = unsafe extern "C" fn(*const c_void, usize, u32, c_int, *mut c_void, 
 type Recv = unsafe extern "C" fn(*mut c_void, usize, u32, c_int, *mut c_void, *mut c_void) -> u32;
 type GetVersion = unsafe extern "C" fn(*mut c_int) -> u32;
 type InitRank = unsafe extern "C" fn(*mut *mut c_void, c_int, UniqueId, c_int) -> u32;
-
-/// NCCL's `ncclUniqueId`, passed by value as C passes the struct.
-#[repr(C)]
-struct UniqueId {
-    internal: [u8; 128],
-}
 type AllGather =
     unsafe extern "C" fn(*const c_void, *mut c_void, usize, u32, *mut c_void, *mut c_void) -> u32;
 type AllReduce = unsafe extern "C" fn(
@@ -54,6 +48,12 @@ type AllReduce = unsafe extern "C" fn(
     *mut c_void,
     *mut c_void,
 ) -> u32;
+
+/// NCCL's `ncclUniqueId`, passed by value as C passes the struct.
+#[repr(C)]
+struct UniqueId {
+    internal: [u8; 128],
+}
 
 fn open(path: &std::path::Path) -> Library {
     // SAFETY: NCCL and ncclshim are ordinary shared libraries without load-time requirements.

@@ -37,7 +37,7 @@ pub fn answer(
         _ => return forward(),
     };
     // Settled first: NCCL counts the ranks of a communicator only once it is ready (WARN else).
-    let ranks = || nranks.or_else(|| ranks_of(comm));
+    let ranks = || nranks.or_else(|| super::ranks_of(comm));
     let answered = answerable() && settled(comm) && arguments_taken(collective, call, ranks);
     match answered {
         true => ncclSuccess,
@@ -84,14 +84,6 @@ fn arguments_taken(
         (0..nranks as i64).contains(&i64::from(root))
     };
     type_taken && op_taken && (!collective.rooted() || root_taken())
-}
-
-/// The ranks of `comm`, as the real NCCL counts them.
-fn ranks_of(comm: ncclComm_t) -> Option<usize> {
-    let mut nranks = 0;
-    // SAFETY: a communicator the shim saw made, not destroyed; NCCL writes one int.
-    let asked = unsafe { crate::real::ncclCommCount(comm, &mut nranks) };
-    (asked == ncclSuccess).then_some(nranks as usize)
 }
 
 /// Whether NCCL would find `comm` ready (`ncclCommEnsureReady`): no operation in progress on it

@@ -133,7 +133,16 @@ pub unsafe fn child_created(
 
 /// The most ranks a parent may have for its children to meet on it: the exchange gathers a
 /// record (1 KiB) of every parent rank.
-const MAX_MEETING_RANKS: i32 = 4096;
+const MAX_MEETING_RANKS: usize = 4096;
+
+/// The ranks of `comm`, a communicator the shim saw made and not destroyed, as the real NCCL
+/// counts them; `None` where it would not say (one not ready yet: NCCL WARNs then).
+fn ranks_of(comm: ncclComm_t) -> Option<usize> {
+    let mut nranks = 0;
+    // SAFETY: a communicator the real NCCL made; the int is written.
+    let counted = unsafe { crate::real::ncclCommCount(comm, &mut nranks) } == ncclSuccess;
+    counted.then_some(nranks as usize)
+}
 
 /// How a split's child meets its ranks: on its parent where the parent blocks and is not too
 /// large, decided from the parent alone, which every parent rank shares (not from the config,
@@ -148,10 +157,7 @@ fn meets_on_parent(
     color: Option<i32>,
 ) -> Option<setup::Split> {
     let color = color.filter(|_| lifecycle::blocking(parent))?;
-    let mut nranks = 0;
-    // SAFETY: a blocking parent the real NCCL made; the int is written.
-    let counted = unsafe { crate::real::ncclCommCount(parent, &mut nranks) } == ncclSuccess;
-    if !counted || nranks > MAX_MEETING_RANKS {
+    if ranks_of(parent)? > MAX_MEETING_RANKS {
         return None;
     }
     if !blocking {
