@@ -99,10 +99,13 @@ pub fn real(spec: &Spec, ffi: &syn::Path, call: &syn::Path, runtime: &syn::Path)
         .filter(|f| f.operation().is_none())
         .map(|f| {
             let (ident, params, args, ret) = (&f.ident, params(f), args(f), ret(f));
+            // A question (`Function::is_query`) asks nothing of a group: asked inside one, it
+            // leaves the group where it is (open in the core, not in NCCL).
+            let before = (!f.is_query()).then(|| quote! { Self::before_forward(); });
             quote! {
                 /// Forwards to the real NCCL unless the router claims it.
                 unsafe fn #ident(#(#params),*) #ret {
-                    Self::before_forward();
+                    #before
                     // SAFETY: the caller's arguments go on unchanged to the function they were meant for.
                     unsafe { #ident(#(#args),*) }
                 }

@@ -111,7 +111,8 @@ pub struct Call {
     pub stream: ffi::cudaStream_t,
 }
 
-/// The router of this test: claims ncclCommCount, and the broadcasts among the operations.
+/// The router of this test: claims ncclCommCount, and the broadcasts among the operations;
+/// records each call it lets go to the real NCCL.
 struct Router;
 
 impl real::Route for Router {
@@ -120,6 +121,10 @@ impl real::Route for Router {
         // SAFETY: checked non-null; the caller's int.
         unsafe { *count = 42 };
         0
+    }
+
+    fn before_forward() {
+        runtime::record("before forward".into());
     }
 
     fn operation<F: FnOnce() -> ffi::ncclResult_t + 'static>(
@@ -292,7 +297,8 @@ fn exports_route_forward_stub_and_contain_panics() {
         assert_eq!(events(), Vec::<String>::new());
 
         // Forwarded; the nested call made by the "real" library skips the router and reaches
-        // the real ncclCommCount (7), whose failure is reported.
+        // the real ncclCommCount (7), whose failure is reported. A question (the version) goes
+        // to NCCL without the router's preparation (`before_forward`: a group opened there).
         let mut version = 0;
         assert_eq!(api_exports::ncclGetVersion(&mut version), 4);
         assert_eq!(version, 22707 + 7);
@@ -319,8 +325,10 @@ fn exports_route_forward_stub_and_contain_panics() {
         assert_eq!(
             events(),
             [
+                "before forward",
                 "missing ncclCommShrink",
                 "missing ncclGetLastError",
+                "before forward",
                 "missing ncclResetDebugInit"
             ]
         );
@@ -354,10 +362,13 @@ fn exports_route_forward_stub_and_contain_panics() {
         assert_eq!(
             events(),
             [
+                "before forward",
                 "missing ncclReduce",
                 "ncclReduce comm 0x1230 send 0x40 recv 0x40 count 12 type 7 op Some(2) root Some(1) stream 0x0 -> 5",
+                "before forward",
                 "missing ncclSend",
                 "ncclSend comm 0x1230 send 0x40 recv 0x0 count 3 type 9 op None root Some(1) stream 0x0 -> 5",
+                "before forward",
                 "missing ncclRecv",
                 "ncclRecv comm 0x1230 send 0x0 recv 0x40 count 2 type 7 op None root Some(0) stream 0x0 -> 5",
                 // Claimed by the router: not forwarded; one buffer is both of an in-place broadcast.

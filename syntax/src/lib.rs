@@ -7,6 +7,7 @@ mod declarations;
 mod model;
 mod operation;
 mod parse;
+mod query;
 mod types;
 mod union;
 

@@ -9,7 +9,8 @@
  * with "windows", registrations on comm 0x1000 of nothing, refused (no communicator) and of a
  * buffer, each with a handle slot holding 0xdead before, and what the slot holds after; with
  * "empty", calls of no elements on a communicator made through ncclCommInitRank (valid ones in a
- * group and alone, then ones NCCL refuses), a call with elements, and one after it is destroyed,
+ * group, with questions to the communicator, and alone, then ones NCCL refuses), a call with
+ * elements, and one after it is destroyed,
  * each named first. Prints "done" at the end. */
 #include <nccl.h>
 #include <pthread.h>
@@ -56,10 +57,15 @@ int main(int argc, char** argv) {
     ncclComm_t comm = NULL;
     printf("made: %d\n", (int)ncclCommInitRank(&comm, 2, id, 0));
     printf("a group of two empty all-reduces\n");
+    int nranks = 0, rank = -1;
     ncclGroupStart();
+    // Questions in the group, as nccl-tests asks them before a gather.
+    ncclCommCount(comm, &nranks);
+    ncclCommUserRank(comm, &rank);
     ncclAllReduce((void*)16, (void*)16, 0, ncclFloat, ncclSum, comm, NULL);
     ncclAllReduce(NULL, NULL, 0, ncclBfloat16, ncclAvg, comm, NULL);
     ncclGroupEnd();
+    printf("rank %d of %d\n", rank, nranks);
     printf("an empty broadcast from root 1\n");
     ncclBroadcast(NULL, NULL, 0, ncclFloat, 1, comm, NULL);
     printf("an empty broadcast from root 2\n");
