@@ -8,7 +8,8 @@
 //! receive (`ncclGroupStart`, `ncclSend`, `ncclRecv`, `ncclGroupEnd`), as PyTorch issues its
 //! point-to-point calls; and, untraced, groups of eight all-gathers and of eight all-reduces of
 //! no element on a made-up communicator (forwarded), and of eight all-gathers of no element on
-//! one made through the shim (which answers them).
+//! one made through the shim (which answers them); and nccl-tests' gather of no element with two
+//! GPUs a process (groups of four groups of communicator queries).
 //!   make microbench
 
 use std::ffi::{c_char, c_int, c_void};
@@ -36,6 +37,8 @@ type Group = unsafe extern "C" fn() -> u32;
 type Send = unsafe extern "C" fn(*const c_void, usize, u32, c_int, *mut c_void, *mut c_void) -> u32;
 type Recv = unsafe extern "C" fn(*mut c_void, usize, u32, c_int, *mut c_void, *mut c_void) -> u32;
 type GetVersion = unsafe extern "C" fn(*mut c_int) -> u32;
+/// `ncclCommCount` and `ncclCommUserRank`.
+type CommQuery = unsafe extern "C" fn(*mut c_void, *mut c_int) -> u32;
 type InitRank = unsafe extern "C" fn(*mut *mut c_void, c_int, UniqueId, c_int) -> u32;
 type AllGather =
     unsafe extern "C" fn(*const c_void, *mut c_void, usize, u32, *mut c_void, *mut c_void) -> u32;
@@ -234,6 +237,38 @@ fn operations(fake_path: &std::path::Path) {
         "group: 8 all-gathers of 0, answered",
         empty_gathers(&fake, made),
         empty_gathers(&shim, made),
+    );
+    // What nccl-tests' gather and scatter do at 0 bytes with one process driving two GPUs, four
+    // calls aggregated (`-g 2 -m 4`): each asks both communicators their size and rank inside
+    // a group of its own, and calls nothing else.
+    let queries = |library: &Library| {
+        // SAFETY: both libraries export these with NCCL's signatures.
+        let (start, count, rank, end) = unsafe {
+            (
+                *library.get::<Group>("ncclGroupStart").unwrap(),
+                *library.get::<CommQuery>("ncclCommCount").unwrap(),
+                *library.get::<CommQuery>("ncclCommUserRank").unwrap(),
+                *library.get::<Group>("ncclGroupEnd").unwrap(),
+            )
+        };
+        let mut value: c_int = 0;
+        move |_: u32| unsafe {
+            start();
+            for _ in 0..4 {
+                start();
+                for comm in [made, unseen] {
+                    count(comm, &mut value);
+                    rank(comm, &mut value);
+                }
+                end();
+            }
+            black_box(end());
+        }
+    };
+    compare(
+        "group: 4 x (group: 2 x (count, rank))",
+        queries(&fake),
+        queries(&shim),
     );
 }
 
