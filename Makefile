@@ -226,6 +226,11 @@ gpu-check:
 	python3 tests/gpu/nccl_tests_report.py --check tests/gpu/testdata/nccl-tests-shim.log
 	! python3 tests/gpu/nccl_tests_report.py --check tests/gpu/testdata/nccl-tests-wrong.log >/dev/null
 	[ "$$(python3 tests/gpu/nccl_tests_report.py --largest-ratio tests/gpu/testdata nccl-tests)" = 1.000 ]
+	@# The ratios' list of sizes where the shim is slower: the one made-up slower size, and none.
+	python3 tests/gpu/nccl_tests_report.py --ratios tests/gpu/testdata nccl-tests ratios-slow | tail -n 1 | \
+	  grep -qx "# 1 of 10 sizes above 1.02 x NCCL's time (worst 1.20: ratios-slow 1 KiB in place)"
+	python3 tests/gpu/nccl_tests_report.py --ratios tests/gpu/testdata nccl-tests | tail -n 1 | \
+	  grep -qx "# 0 of 6 sizes above 1.02 x NCCL's time"
 	python3 tests/gpu/nccl_tests_report.py --first-call tests/gpu/testdata/nccl-tests-shim.log \
 	  tests/gpu/testdata/nccl-tests-real.log
 	@# The speed gate on made-up rounds (-N 2): an outlier in one shim round is passed over for

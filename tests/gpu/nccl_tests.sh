@@ -232,7 +232,8 @@ for group in basic reg1 reg2 graph types core coregraph corelarge corewindows co
 done
 if [ ${#pairs[@]} -gt 0 ]; then
   python3 "$here/nccl_tests_report.py" --ratios "$dir" "${pairs[@]}" >"$out/nccl-tests-ratios.md"
-  verdict ratios $? "shim / NCCL per size for every pair: nccl-tests-ratios.md"
+  ratios_status=$? slower=$(tail -n 1 "$out/nccl-tests-ratios.md")
+  verdict ratios $ratios_status "shim / NCCL per size for every pair: nccl-tests-ratios.md; ${slower#\# }"
 fi
 if [[ " ${pairs[*]} " == *" large-2.28.9-group-all_reduce "* ]]; then
   limit=$(python3 "$here/nccl_tests_report.py" --largest-ratio "$dir" large-2.28.9-group-all_reduce)

@@ -6,7 +6,8 @@ the run started):
   --first-call SHIM REAL      seconds from NCCL's init to the first result, shim against real;
                               exit 1 if the shim adds more than 1 s
   --ratios DIR NAME...        markdown: shim / real time per size for the pairs of runs
-                              DIR/NAME-shim.log and DIR/NAME-real.log
+                              DIR/NAME-shim.log and DIR/NAME-real.log, then every size and
+                              placement above 1.02 x NCCL's time; the last line counts them
   --largest-ratio DIR NAME    the largest shim / real time of one pair (both placements)
   --gate LIMIT DIR NAME...    markdown: per size and placement, the best (least) time over every
                               round DIR/NAME-shim-r*.log against DIR/NAME-real-r*.log (each log
@@ -66,6 +67,8 @@ def parse_row(text):
 INIT_DONE = re.compile(r"Init COMPLETE|Init timings")
 CORE = re.compile(r"core (on|off) for comm")
 ADDED_LIMIT_S = 1.0
+# Above this shim / NCCL time, a size is listed as slower (the goals' "every size" bound).
+SLOWER_LIMIT = 1.02
 
 
 def stamped(path):
@@ -181,7 +184,33 @@ def ratios(directory, names):
         print("|---|---|---|---|---|")
         for (size, dtype, redop, _), oop, ip in got:
             print(f"| {human(size)} | {dtype} | {redop} | {oop:.2f} | {ip:.2f} |")
+    slower_than_nccl(directory, names)
     return failed
+
+
+def slower_than_nccl(directory, names):
+    """Every size and placement of the pairs where the shim took more than SLOWER_LIMIT x NCCL's
+    time, slowest first, with both times; the last line counts them (one run each: repeat a
+    size before believing it, sub-microsecond rows most of all)."""
+    slower, sizes = [], 0
+    for name in names:
+        shim = rows(f"{directory}/{name}-shim.log")
+        real = rows(f"{directory}/{name}-real.log")
+        for key in sorted(set(shim) & set(real)):
+            s, r = shim[key][1], real[key][1]
+            for col, placement in ((5, "out of place"), (9, "in place")):
+                sizes += 1
+                if float(r[col]) > 0 and float(s[col]) > SLOWER_LIMIT * float(r[col]):
+                    slower.append((float(s[col]) / float(r[col]), name, key, placement, s[col], r[col]))
+    slower.sort(key=lambda x: -x[0])
+    print(f"\n## Sizes above {SLOWER_LIMIT} x NCCL's time\n")
+    if slower:
+        print("| run | size | type | op | placement | shim us | NCCL us | ratio |")
+        print("|---|---|---|---|---|---|---|---|")
+        for ratio, name, (size, dtype, redop, _), placement, s, r in slower:
+            print(f"| {name} | {human(size)} | {dtype} | {redop} | {placement} | {s} | {r} | {ratio:.2f} |")
+    worst = f" (worst {slower[0][0]:.2f}: {slower[0][1]} {human(slower[0][2][0])} {slower[0][3]})" if slower else ""
+    print(f"\n# {len(slower)} of {sizes} sizes above {SLOWER_LIMIT} x NCCL's time{worst}")
 
 
 def samples(paths):
