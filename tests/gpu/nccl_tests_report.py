@@ -138,7 +138,7 @@ def first_call_report(shim, real):
 
 
 def pair(directory, name):
-    """[(key, out-of-place ratio, in-place ratio)] of one pair, by size."""
+    """[(key, out-of-place ratio, in-place ratio, shim row, real row)] of one pair, by size."""
     shim = rows(f"{directory}/{name}-shim.log")
     real = rows(f"{directory}/{name}-real.log")
     out = []
@@ -146,7 +146,7 @@ def pair(directory, name):
         s, r = shim[key][1], real[key][1]
         oop = float(s[5]) / float(r[5]) if float(r[5]) > 0 else float("nan")
         ip = float(s[9]) / float(r[9]) if float(r[9]) > 0 else float("nan")
-        out.append((key, oop, ip))
+        out.append((key, oop, ip, s, r))
     return out
 
 
@@ -164,9 +164,9 @@ def ratios(directory, names):
     print("| run | sizes | out of place: min / median / max | in place: min / median / max |")
     print("|---|---|---|---|")
     failed = 0
-    detail = {}
+    detail, paired = {}, {}
     for name in names:
-        got = pair(directory, name)
+        got = paired[name] = pair(directory, name)
         if not got:
             print(f"| {name} | no rows | | |")
             failed = 1
@@ -182,26 +182,23 @@ def ratios(directory, names):
         print(f"\n## {name}\n")
         print("| size | type | op | out of place | in place |")
         print("|---|---|---|---|---|")
-        for (size, dtype, redop, _), oop, ip in got:
+        for (size, dtype, redop, _), oop, ip, _, _ in got:
             print(f"| {human(size)} | {dtype} | {redop} | {oop:.2f} | {ip:.2f} |")
-    slower_than_nccl(directory, names)
+    slower_than_nccl(paired)
     return failed
 
 
-def slower_than_nccl(directory, names):
-    """Every size and placement of the pairs where the shim took more than SLOWER_LIMIT x NCCL's
-    time, slowest first, with both times; the last line counts them (one run each: repeat a
-    size before believing it, sub-microsecond rows most of all)."""
+def slower_than_nccl(paired):
+    """Every size and placement of the pairs ({name: pair()}) where the shim took more than
+    SLOWER_LIMIT x NCCL's time, slowest first, with both times; the last line counts them (one
+    run each: repeat a size before believing it, sub-microsecond rows most of all)."""
     slower, sizes = [], 0
-    for name in names:
-        shim = rows(f"{directory}/{name}-shim.log")
-        real = rows(f"{directory}/{name}-real.log")
-        for key in sorted(set(shim) & set(real)):
-            s, r = shim[key][1], real[key][1]
-            for col, placement in ((5, "out of place"), (9, "in place")):
+    for name, got in paired.items():
+        for key, oop, ip, s, r in got:
+            for ratio, col, placement in ((oop, 5, "out of place"), (ip, 9, "in place")):
                 sizes += 1
-                if float(r[col]) > 0 and float(s[col]) > SLOWER_LIMIT * float(r[col]):
-                    slower.append((float(s[col]) / float(r[col]), name, key, placement, s[col], r[col]))
+                if ratio > SLOWER_LIMIT:
+                    slower.append((ratio, name, key, placement, s[col], r[col]))
     slower.sort(key=lambda x: -x[0])
     print(f"\n## Sizes above {SLOWER_LIMIT} x NCCL's time\n")
     if slower:

@@ -398,9 +398,10 @@ late_peer_suite() {
 }
 
 # --- What a group costs the host (group_cost.cu): groups of four small all-reduces (and of four
-# of no element, which NCCL only checks), as nccl-tests -m 4 issues them, host-bound under NCCL, through the shim and NCCL alternately in one
-# run; one process per GPU, then one process for every GPU. Fails where the shim's best round
-# takes more than GROUP_COST_LIMIT (1.05) x NCCL's per operation ---
+# of no element, which NCCL only checks), as nccl-tests -m 4 issues them, host-bound under NCCL,
+# through the shim and NCCL alternately in one run; one process per GPU, then one process for
+# every GPU. Fails where the shim's best round takes more than GROUP_COST_LIMIT (1.05) x NCCL's
+# per operation ---
 group_cost_suite() {
   local n=$1 log=$out/group-cost-$n.txt t=$SECONDS status=0
   $nvcc "${flags[@]}" "$here/group_cost.cu" -o "$out/bin/group_cost" -ldl >"$out/build-group_cost.log" 2>&1 ||
