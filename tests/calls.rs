@@ -298,3 +298,49 @@ fn calls_of_no_elements_reach_nccl_only_where_its_checks_may_refuse_them() {
         assert_eq!(seen(&[setting]), forwarded, "{setting:?}");
     }
 }
+
+/// Under `NCCL_DEBUG=INFO` with COLL in `NCCL_DEBUG_SUBSYS`, NCCL logs a line for each
+/// collective call; the shim logs the calls that never reach NCCL (here the three it answers)
+/// in NCCL's words, and nothing where the subsystems leave COLL out.
+#[test]
+fn calls_the_shim_answers_are_logged_as_nccl_logs_its_own() {
+    let dir = scratch("calls-coll-lines");
+    // (time, message) of each line of a call the shim logs.
+    let logged = |env: &[(&str, &str)]| -> Vec<(bool, String)> {
+        let mut all = vec![("NCCL_DEBUG", "INFO")];
+        all.extend_from_slice(env);
+        let out = client_output(&dir, &["empty"], &all);
+        out.lines()
+            .filter_map(|l| l.split_once("[ncclshim] NCCL INFO "))
+            .filter(|(_, m)| m.contains(": opCount "))
+            .map(|(prefix, m)| (prefix.starts_with('['), m.to_string()))
+            .collect()
+    };
+    let lines = |subsystems: &str| -> Vec<String> {
+        let logged = logged(&[("NCCL_DEBUG_SUBSYS", subsystems)]);
+        // As NCCL's INFO lines: no time unless NCCL_DEBUG_TIMESTAMP_LEVELS names INFO.
+        assert!(logged.iter().all(|(timed, _)| !timed), "{logged:?}");
+        logged.into_iter().map(|(_, m)| m).collect()
+    };
+    let tail = "comm 0x1000 [nranks=2] stream (nil)";
+    let expected = [
+        format!(
+            "AllReduce: opCount 0 sendbuff 0x10 recvbuff 0x10 count 0 datatype 7 op 0 root 0 {tail}"
+        ),
+        format!(
+            "AllReduce: opCount 0 sendbuff (nil) recvbuff (nil) count 0 datatype 9 op 4 root 0 {tail}"
+        ),
+        format!(
+            "Broadcast: opCount 0 sendbuff (nil) recvbuff (nil) count 0 datatype 7 op 0 root 1 {tail}"
+        ),
+    ];
+    assert_eq!(lines("INIT,COLL"), expected);
+    assert_eq!(lines("^NET"), expected);
+    assert!(lines("INIT,ENV").is_empty());
+    let timed = logged(&[
+        ("NCCL_DEBUG_SUBSYS", "COLL"),
+        ("NCCL_DEBUG_TIMESTAMP_LEVELS", "WARN,INFO"),
+    ]);
+    assert_eq!(timed.len(), 3);
+    assert!(timed.iter().all(|(timed, _)| *timed), "{timed:?}");
+}

@@ -1,7 +1,9 @@
-//! Logging like NCCL's, under NCCL's own variables: `NCCL_DEBUG` (VERSION, WARN, INFO, TRACE)
-//! and `NCCL_DEBUG_FILE` (`%h` host, `%p` pid). Lines are shaped like NCCL's
-//! (`[date time] host:pid:tid [dev] NCCL WARN ...`) with `[ncclshim]` where NCCL puts the device.
-//! Only set-up and error paths log; nothing here is on a forwarded call's path.
+//! Logging like NCCL's, under NCCL's own variables: `NCCL_DEBUG` (VERSION, WARN, INFO, TRACE),
+//! `NCCL_DEBUG_FILE` (`%h` host, `%p` pid), `NCCL_DEBUG_TIMESTAMP_LEVELS` and, for the lines of
+//! calls only, `NCCL_DEBUG_SUBSYS`. Lines are shaped like NCCL's (`[date time] host:pid:tid [dev]
+//! NCCL WARN ...`, the time on warnings only unless `NCCL_DEBUG_TIMESTAMP_LEVELS` says otherwise)
+//! with `[ncclshim]` where NCCL puts the device. Set-up and error paths log, and (COLL) the calls
+//! the core takes; nothing here is on a forwarded call's path.
 //!
 //! `NCCL_DEBUG_FILE` is shared with the real NCCL, which opens it at its first log line of any
 //! level (`fopen(name, "w")`: it empties the file, then writes at its own offset), before or after
@@ -47,6 +49,10 @@ impl Level {
 
 struct Logger {
     level: Level,
+    /// `NCCL_DEBUG_SUBSYS` takes COLL: NCCL's line for each collective call (core/call_line.rs).
+    collectives: bool,
+    /// The levels whose lines start with the time (`NCCL_DEBUG_TIMESTAMP_LEVELS`; unset, WARN).
+    timestamped: [bool; 2],
     host: String,
     /// `NCCL_DEBUG_FILE` as set, to name the file again in a forked child.
     file_pattern: Option<String>,
@@ -63,6 +69,11 @@ static LOGGER: OnceLock<Logger> = OnceLock::new();
 fn logger() -> &'static Logger {
     LOGGER.get_or_init(|| {
         let level = Level::from_setting(std::env::var("NCCL_DEBUG").ok().as_deref());
+        let subsystems = std::env::var("NCCL_DEBUG_SUBSYS").ok();
+        let collectives = takes_subsystem(subsystems.as_deref(), "COLL");
+        let stamped = std::env::var("NCCL_DEBUG_TIMESTAMP_LEVELS").ok();
+        let timestamped = [Level::Warn, Level::Info]
+            .map(|level| list_takes(stamped.as_deref(), level.tag(), &["WARN"]));
         let host = host_name();
         let file_pattern = std::env::var("NCCL_DEBUG_FILE")
             .ok()
@@ -76,6 +87,8 @@ fn logger() -> &'static Logger {
         };
         Logger {
             level,
+            collectives,
+            timestamped,
             host,
             file_pattern,
             sink: Mutex::new(sink),
@@ -294,6 +307,34 @@ pub fn enabled(level: Level) -> bool {
     level <= logger().level && logger().level != Level::None
 }
 
+/// Whether NCCL logs a line for each collective call: `NCCL_DEBUG` at INFO or TRACE and
+/// `NCCL_DEBUG_SUBSYS` taking COLL.
+pub fn collectives_logged() -> bool {
+    logger().collectives && enabled(Level::Info)
+}
+
+/// Whether a list setting of NCCL's debug log (`value`) names `name`, as NCCL reads them
+/// (debug.cc): names split at commas, any case, ALL for every one, a leading `^` for every one but
+/// those named; unset, `unset` names them.
+fn list_takes(value: Option<&str>, name: &str, unset: &[&str]) -> bool {
+    let Some(value) = value else {
+        return unset.contains(&name);
+    };
+    let (invert, names) = match value.strip_prefix('^') {
+        Some(rest) => (true, rest),
+        None => (false, value),
+    };
+    let named = names
+        .split(',')
+        .any(|n| n.eq_ignore_ascii_case(name) || n.eq_ignore_ascii_case("ALL"));
+    named != invert
+}
+
+/// `NCCL_DEBUG_SUBSYS` (`value`) takes the subsystem `name` (unset: INIT, BOOTSTRAP and ENV).
+fn takes_subsystem(value: Option<&str>, name: &str) -> bool {
+    list_takes(value, name, &["INIT", "BOOTSTRAP", "ENV"])
+}
+
 /// Writes one line at `level` if `NCCL_DEBUG` asks for it, or regardless when `always`. A
 /// message of several lines is written at once, with the prefix on its first.
 pub fn write(level: Level, always: bool, message: fmt::Arguments) {
@@ -301,9 +342,12 @@ pub fn write(level: Level, always: bool, message: fmt::Arguments) {
         return;
     }
     let l = logger();
+    let stamp = match l.timestamped[usize::from(level != Level::Warn)] {
+        true => format!("[{}] ", timestamp(std::time::SystemTime::now())),
+        false => String::new(),
+    };
     let line = format!(
-        "[{}] {}:{}:{} [ncclshim] NCCL {} {}\n",
-        timestamp(std::time::SystemTime::now()),
+        "{stamp}{}:{}:{} [ncclshim] NCCL {} {}\n",
         l.host,
         std::process::id(),
         thread_id(),
@@ -355,6 +399,30 @@ mod tests {
         assert_eq!(Level::from_setting(Some("VERSION")), Level::Version);
         assert_eq!(Level::from_setting(Some("bogus")), Level::None);
         assert!(Level::Warn < Level::Info);
+    }
+
+    #[test]
+    fn subsystems_follow_nccl_debug_subsys() {
+        let coll = |setting| takes_subsystem(setting, "COLL");
+        assert!(!coll(None), "NCCL's default: INIT, BOOTSTRAP, ENV");
+        assert!(takes_subsystem(None, "INIT"));
+        assert!(coll(Some("INIT,coll")));
+        assert!(coll(Some("ALL")));
+        assert!(!coll(Some("INIT,NET")));
+        assert!(!coll(Some("COLLX")));
+        assert!(coll(Some("^INIT")));
+        assert!(!coll(Some("^INIT,COLL")));
+        assert!(!coll(Some("^ALL")));
+        assert!(!coll(Some("")));
+    }
+
+    #[test]
+    fn timestamp_levels_follow_nccl_debug_timestamp_levels() {
+        let stamps = |value, level| list_takes(value, level, &["WARN"]);
+        assert!(stamps(None, "WARN") && !stamps(None, "INFO"));
+        assert!(stamps(Some("info"), "INFO") && !stamps(Some("INFO"), "WARN"));
+        assert!(stamps(Some("ALL"), "INFO"));
+        assert!(!stamps(Some("^WARN"), "WARN") && stamps(Some("^WARN"), "INFO"));
     }
 
     #[test]

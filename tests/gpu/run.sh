@@ -713,6 +713,31 @@ observe_suite() {
   check=$($python "$here/trace_check.py" --timed "$dir"/trace.*.jsonl 2>&1) || status=1
   verdict "observe $n GPUs" $status "$(grep -h '^#wrong' "$dir/collectives.log" | tail -1); summary lines of routed all-reduces: $routed; trace: $check; $((SECONDS - t)) s"
   grep -h 'NCCL INFO summary: .*rank 0 ' "$dir/collectives.log" | sed 's/^.*NCCL INFO /  /' | head -12 | tee -a "$summary"
+  coll_lines "$n"
+}
+
+# The log of calls (NCCL_DEBUG_SUBSYS=COLL, part of observe): NCCL writes a line for each collective
+# call, the shim one for each call NCCL never sees. The correctness matrix with every collective on
+# the core, one process driving every GPU, under NCCL alone and under the shim: the same lines, by
+# collective, in both (the shim's and NCCL's together), some of them the shim's.
+coll_lines() {
+  local n=$1 dir=$out/coll-lines-$n t=$SECONDS status=0 lib
+  rm -rf "$dir" && mkdir -p "$dir"
+  local every=NCCLSHIM_MAX_BYTES=all_gather:32M,reduce_scatter:32M,broadcast:32M,reduce:32M,all_to_all:32M,gather:32M,scatter:32M
+  for lib in nccl shim; do
+    local libdir=$shim_lib
+    [ "$lib" = nccl ] && libdir=$(dirname "$real")
+    env $every LD_LIBRARY_PATH="$libdir" NCCLSHIM_REAL_NCCL="$real" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=COLL \
+      timeout "$step_timeout" "$out/bin/collectives" --ngpus "$n" --launch group --matrix quick \
+      --max-bytes 32M --timeout "$((step_timeout - 10))" >"$dir/$lib.log" 2>&1 || status=1
+    grep -q '^#wrong 0' "$dir/$lib.log" || status=1
+    grep -o 'NCCL INFO [A-Za-z]*: opCount ' "$dir/$lib.log" | cut -d' ' -f3 | tr -d : | sort | uniq -c |
+      awk '{print $2, $1}' >"$dir/$lib.counts"
+  done
+  local ours
+  ours=$(grep -c '\[ncclshim\] NCCL INFO [A-Za-z]*: opCount ' "$dir/shim.log")
+  cmp -s "$dir/nccl.counts" "$dir/shim.counts" && [ "$ours" -gt 0 ] || status=1
+  verdict "observe $n GPUs: the log of calls" $status "lines by collective, NCCL alone: $(paste -sd, "$dir/nccl.counts" | sed "s/,/, /g"); under the shim: $(paste -sd, "$dir/shim.counts" | sed "s/,/, /g"), $ours of them the shim's; $((SECONDS - t)) s"
 }
 
 for n in $counts; do

@@ -3,7 +3,7 @@
 //! caller's stream; releasing everything without hanging.
 
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
@@ -206,6 +206,8 @@ pub struct CoreComm {
     /// Its communicator was destroyed, aborted or revoked: a group that kept this core from an
     /// earlier call looks again (group::known).
     released: AtomicBool,
+    /// The calls the core took, counted where they are logged (call_line.rs).
+    calls_logged: AtomicU64,
     early_launch: bool,
     order: StreamOrder,
 }
@@ -250,6 +252,7 @@ impl CoreComm {
             control: parts.control,
             failure_said: AtomicBool::new(false),
             released: AtomicBool::new(false),
+            calls_logged: AtomicU64::new(0),
             early_launch: parts.early_launch,
             order: parts.order,
         }
@@ -262,6 +265,16 @@ impl CoreComm {
 
     pub fn released(&self) -> bool {
         self.released.load(Ordering::Acquire)
+    }
+
+    /// Counts one more call logged as taken; the calls counted before it.
+    pub fn count_call(&self) -> u64 {
+        self.calls_logged.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The calls counted so far (`count_call`).
+    pub fn calls_counted(&self) -> u64 {
+        self.calls_logged.load(Ordering::Relaxed)
     }
 
     /// Launches the call `plan` describes (of `send`, into `recv`) on the caller's stream, in

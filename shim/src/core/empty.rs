@@ -28,21 +28,25 @@ pub fn answer(
     forward: impl FnOnce() -> ncclResult_t,
 ) -> ncclResult_t {
     let comm = call.comm;
-    let nranks = match lifecycle::lookup(comm) {
+    let core = match lifecycle::lookup(comm) {
         // A core that gave up fails every call, as NCCL fails those of a communicator with an
         // error (ncclCommGetAsyncError reports it).
         Lookup::Core(core) if core.failed(comm) => return ncclRemoteError,
-        Lookup::Core(core) => Some(core.facts.nranks),
+        Lookup::Core(core) => Some(core),
         Lookup::NoCore | Lookup::Waiting if policy::settings().enabled => None,
         _ => return forward(),
     };
     // Settled first: NCCL counts the ranks of a communicator only once it is ready (WARN else).
-    let ranks = || nranks.or_else(|| super::ranks_of(comm));
+    let ranks = || match &core {
+        Some(core) => Some(core.facts.nranks),
+        None => super::ranks_of(comm),
+    };
     let answered = answerable() && settled(comm) && arguments_taken(collective, call, ranks);
-    match answered {
-        true => ncclSuccess,
-        false => forward(),
+    if !answered {
+        return forward();
     }
+    super::call_line::answered(collective, call, core.as_deref(), ranks);
+    ncclSuccess
 }
 
 /// Whether this process's NCCL drops calls of no elements after the checks `arguments_taken`

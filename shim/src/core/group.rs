@@ -421,6 +421,19 @@ pub fn drain_queued<T>(f: impl FnOnce(&[Queued]) -> T) -> T {
     })
 }
 
+/// Launches the operations queued in the group (logged first, as the calls the core took:
+/// those sent to NCCL with their group left the queue, and NCCL logs them).
+fn launch_queued() -> Result<(), launcher::LaunchError> {
+    drain_queued(|queued| {
+        for op in queued {
+            if let Some(collective) = super::operations::collective_of(op.call.kind) {
+                super::call_line::took(collective, &op.call, &op.core);
+            }
+        }
+        launcher::launch_group(&batches(queued))
+    })
+}
+
 /// What the group knows of `comm` from its earlier calls (`weigh`).
 pub enum Known {
     /// Nothing: none of its calls so far was one the core would take.
@@ -610,8 +623,7 @@ pub fn end_group(real_end: impl FnOnce() -> ncclResult_t) -> ncclResult_t {
     } else {
         ncclSuccess
     };
-    let first = (ending_outermost() && queued_nonblocking())
-        .then(|| drain_queued(|queued| launcher::launch_group(&batches(queued))));
+    let first = (ending_outermost() && queued_nonblocking()).then(launch_queued);
     let real = real_end();
     let result = match real {
         result if result == ncclSuccess && failed => ncclInvalidUsage,
@@ -714,8 +726,7 @@ pub fn end_group(real_end: impl FnOnce() -> ncclResult_t) -> ncclResult_t {
         }
     }
     // What is still queued (a blocking group's) goes after the set-ups.
-    let launched =
-        launched.and_then(|()| drain_queued(|queued| launcher::launch_group(&batches(queued))));
+    let launched = launched.and_then(|()| launch_queued());
     match launched {
         Ok(()) => result,
         Err((ordinal, e)) => {

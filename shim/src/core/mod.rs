@@ -7,6 +7,7 @@
 //! (`comm`), with kernels built into the library for common GPUs and compiled by NVRTC for
 //! others (`kernels`, `program`, `device/`). What it did, it tells the record of calls through
 //! `observer`.
+mod call_line;
 mod comm;
 mod cuda;
 mod empty;
@@ -372,6 +373,7 @@ fn collective_of_core(
             unsafe { cuda::Stopwatch::start(&core.device, stream) }.ok()
         })
         .flatten();
+    call_line::took(collective, call, &core);
     match core.launch(&plan, call.send, call.recv, stream) {
         Ok(()) => {
             observer().ran_on_core(plan.algorithm, captured);
