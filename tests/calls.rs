@@ -299,6 +299,28 @@ fn calls_of_no_elements_reach_nccl_only_where_its_checks_may_refuse_them() {
     }
 }
 
+/// NCCL 2.30 and later read `NCCL_CHECK_MODE` as they make each communicator: a program that
+/// sets it between two gets NCCL's checks of the later one's calls of no elements, which the shim
+/// then forwards.
+#[test]
+fn calls_of_no_elements_reach_nccl_once_a_communicator_is_made_to_check() {
+    let dir = scratch("calls-check-mode");
+    let out = client_output(&dir, &["checkmode"], &[("FAKE_NCCL_GROUPS", "1")]);
+    let seen: Vec<&str> = out
+        .lines()
+        .filter(|l| !l.contains("NCCL INFO") && !l.contains("NCCL WARN"))
+        .collect();
+    let expected = [
+        "made: 0",
+        "an empty all-reduce",
+        "made with NCCL_CHECK_MODE: 0",
+        "an empty all-reduce on it",
+        "fake ncclAllReduce",
+        "done",
+    ];
+    assert_eq!(seen, expected, "{out}");
+}
+
 /// Under `NCCL_DEBUG=INFO` with COLL in `NCCL_DEBUG_SUBSYS`, NCCL logs a line for each
 /// collective call; the shim logs the calls that never reach NCCL (here the three it answers)
 /// in NCCL's words, and nothing where the subsystems leave COLL out.

@@ -11,12 +11,14 @@
  * "empty", calls of no elements on a communicator made through ncclCommInitRank (valid ones in a
  * group, with questions to the communicator, and alone, then ones NCCL refuses), a call with
  * elements, and one after it is destroyed,
- * each named first. Prints "done" at the end. */
+ * each named first; with "checkmode", a call of no elements on a communicator, then on one made
+ * once NCCL_CHECK_MODE is set. Prints "done" at the end. */
 #include <nccl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -81,6 +83,20 @@ int main(int argc, char** argv) {
     ncclCommDestroy(comm);
     printf("an empty all-reduce once destroyed\n");
     ncclAllReduce((void*)16, (void*)16, 0, ncclFloat, ncclSum, comm, NULL);
+    printf("done\n");
+    return 0;
+  }
+  if (argc > 1 && !strcmp(argv[1], "checkmode")) {
+    ncclUniqueId id;
+    memset(&id, 0, sizeof id);
+    ncclComm_t first = NULL, second = NULL;
+    printf("made: %d\n", (int)ncclCommInitRank(&first, 2, id, 0));
+    printf("an empty all-reduce\n");
+    ncclAllReduce((void*)16, (void*)16, 0, ncclFloat, ncclSum, first, NULL);
+    setenv("NCCL_CHECK_MODE", "DEBUG_LOCAL", 1);
+    printf("made with NCCL_CHECK_MODE: %d\n", (int)ncclCommInitRank(&second, 2, id, 1));
+    printf("an empty all-reduce on it\n");
+    ncclAllReduce((void*)16, (void*)16, 0, ncclFloat, ncclSum, second, NULL);
     printf("done\n");
     return 0;
   }

@@ -6,6 +6,7 @@
 //! and result). With the core off (`NCCLSHIM_CORE=0`) every call forwards.
 
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::lifecycle::{self, Lookup};
 use super::policy;
@@ -51,16 +52,31 @@ pub fn answer(
 
 /// Whether this process's NCCL drops calls of no elements after the checks `arguments_taken`
 /// makes: 2.20 or later, and checking no pointers (`NCCL_CHECK_POINTERS`, `NCCL_CHECK_MODE`,
-/// which also check calls of no elements). Read once, at the first such call on a communicator
-/// the shim saw made: after NCCL made it, so that NCCL's configuration files are in the
-/// environment.
+/// which also check calls of no elements). Read at the first such call on a communicator the
+/// shim saw made (after NCCL made it, so that NCCL's configuration files are in the
+/// environment), and at each communicator's creation (`communicator_made`).
 fn answerable() -> bool {
     static ANSWERABLE: OnceLock<bool> = OnceLock::new();
-    *ANSWERABLE.get_or_init(|| {
+    let answerable = *ANSWERABLE.get_or_init(|| {
         let newer =
             crate::real_nccl::real_nccl().is_some_and(|real| real.version_code >= FIRST_DROPPING);
         newer && !checks_pointers(|name| std::env::var(name).ok())
-    })
+    });
+    answerable && !CHECKS_ASKED.load(Ordering::Relaxed)
+}
+
+/// A communicator was made while NCCL's settings asked for pointer checks. NCCL 2.30 and later
+/// read `NCCL_CHECK_MODE` at each communicator's creation, so a program may set it between two:
+/// from then on every call of no elements goes to NCCL (which checks it, or answers as the shim
+/// would).
+static CHECKS_ASKED: AtomicBool = AtomicBool::new(false);
+
+/// A communicator is being made (or first met): notes whether NCCL's settings now ask for
+/// pointer checks (`CHECKS_ASKED`).
+pub fn communicator_made() {
+    if !CHECKS_ASKED.load(Ordering::Relaxed) && checks_pointers(|name| std::env::var(name).ok()) {
+        CHECKS_ASKED.store(true, Ordering::Relaxed);
+    }
 }
 
 /// Whether NCCL's settings (from `get`) have it check a call's pointers.

@@ -161,6 +161,9 @@ fn with_table<T>(f: impl FnOnce(&mut HashMap<usize, Entry>) -> T) -> T {
 
 /// Records `comm`, if unknown, in `state`; whether it was unknown.
 fn add(comm: ncclComm_t, state: State, blocking: bool) -> bool {
+    // NCCL read its settings for this communicator as it made it: so do the answers of calls of
+    // no elements.
+    super::empty::communicator_made();
     with_table(|table| {
         let unknown = !table.contains_key(&(comm as usize));
         if unknown {
