@@ -299,7 +299,7 @@ fn calls_of_no_elements_reach_nccl_only_where_its_checks_may_refuse_them() {
     }
 }
 
-/// NCCL 2.30 and later read `NCCL_CHECK_MODE` as they make each communicator: a program that
+/// NCCL 2.29.7 and later read `NCCL_CHECK_MODE` as they make each communicator: a program that
 /// sets it between two gets NCCL's checks of the later one's calls of no elements, which the shim
 /// then forwards.
 #[test]

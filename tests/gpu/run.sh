@@ -718,26 +718,44 @@ observe_suite() {
 
 # The log of calls (NCCL_DEBUG_SUBSYS=COLL, part of observe): NCCL writes a line for each collective
 # call, the shim one for each call NCCL never sees. The correctness matrix with every collective on
-# the core, one process driving every GPU, under NCCL alone and under the shim: the same lines, by
-# collective, in both (the shim's and NCCL's together), some of them the shim's.
+# the core, in one process, its calls in groups (--launch group) and alone (--launch threads),
+# under NCCL alone and under the shim: the same lines, by collective, in both (the shim's and
+# NCCL's together), some of them the shim's, whose opCount counts each communicator's calls on the
+# core (each line's the last one's or the next).
 coll_lines() {
-  local n=$1 dir=$out/coll-lines-$n t=$SECONDS status=0 lib
+  local n=$1 dir=$out/coll-lines-$n t=$SECONDS status=0 lib launch details=""
   rm -rf "$dir" && mkdir -p "$dir"
   local every=NCCLSHIM_MAX_BYTES=all_gather:32M,reduce_scatter:32M,broadcast:32M,reduce:32M,all_to_all:32M,gather:32M,scatter:32M
-  for lib in nccl shim; do
-    local libdir=$shim_lib
-    [ "$lib" = nccl ] && libdir=$(dirname "$real")
-    env $every LD_LIBRARY_PATH="$libdir" NCCLSHIM_REAL_NCCL="$real" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=COLL \
-      timeout "$step_timeout" "$out/bin/collectives" --ngpus "$n" --launch group --matrix quick \
-      --max-bytes 32M --timeout "$((step_timeout - 10))" >"$dir/$lib.log" 2>&1 || status=1
-    grep -q '^#wrong 0' "$dir/$lib.log" || status=1
-    grep -o 'NCCL INFO [A-Za-z]*: opCount ' "$dir/$lib.log" | cut -d' ' -f3 | tr -d : | sort | uniq -c |
-      awk '{print $2, $1}' >"$dir/$lib.counts"
+  for launch in group threads; do
+    for lib in nccl shim; do
+      local libdir=$shim_lib log=$dir/$lib-$launch.log
+      [ "$lib" = nccl ] && libdir=$(dirname "$real")
+      env $every LD_LIBRARY_PATH="$libdir" NCCLSHIM_REAL_NCCL="$real" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=COLL \
+        timeout "$step_timeout" "$out/bin/collectives" --ngpus "$n" --launch $launch --matrix quick \
+        --max-bytes 32M --timeout "$((step_timeout - 10))" >"$log" 2>&1 || status=1
+      grep -q '^#wrong 0' "$log" || status=1
+      grep -o 'NCCL INFO [A-Za-z]*: opCount ' "$log" | cut -d' ' -f3 | tr -d : | sort | uniq -c |
+        awk '{print $2, $1}' >"$dir/$lib-$launch.counts"
+    done
+    local ours counted
+    ours=$(grep -c '\[ncclshim\] NCCL INFO [A-Za-z]*: opCount ' "$dir/shim-$launch.log")
+    cmp -s "$dir/nccl-$launch.counts" "$dir/shim-$launch.counts" && [ "$ours" -gt 0 ] || status=1
+    counted=$($python - "$dir/shim-$launch.log" <<'PY'
+import re, sys
+last = {}
+for line in open(sys.argv[1], errors="replace"):
+    m = re.search(r"\[ncclshim\] NCCL INFO \w+: opCount ([0-9a-f]+) .* comm (\S+) ", line)
+    if m:
+        count, comm = int(m.group(1), 16), m.group(2)
+        if count - last.get(comm, 0) not in (0, 1):
+            sys.exit(f"opCount {count:x} after {last.get(comm, 0):x} on comm {comm}")
+        last[comm] = count
+print(f"opCount up to {max(last.values(), default=0)} in {len(last)} comms")
+PY
+    ) || status=1
+    details+="$launch: lines by collective, NCCL alone: $(paste -sd, "$dir/nccl-$launch.counts" | sed "s/,/, /g"); under the shim: $(paste -sd, "$dir/shim-$launch.counts" | sed "s/,/, /g"), $ours of them the shim's, $counted. "
   done
-  local ours
-  ours=$(grep -c '\[ncclshim\] NCCL INFO [A-Za-z]*: opCount ' "$dir/shim.log")
-  cmp -s "$dir/nccl.counts" "$dir/shim.counts" && [ "$ours" -gt 0 ] || status=1
-  verdict "observe $n GPUs: the log of calls" $status "lines by collective, NCCL alone: $(paste -sd, "$dir/nccl.counts" | sed "s/,/, /g"); under the shim: $(paste -sd, "$dir/shim.counts" | sed "s/,/, /g"), $ours of them the shim's; $((SECONDS - t)) s"
+  verdict "observe $n GPUs: the log of calls" $status "$details$((SECONDS - t)) s"
 }
 
 for n in $counts; do

@@ -65,7 +65,7 @@ fn answerable() -> bool {
     answerable && !CHECKS_ASKED.load(Ordering::Relaxed)
 }
 
-/// A communicator was made while NCCL's settings asked for pointer checks. NCCL 2.30 and later
+/// A communicator was made while NCCL's settings asked for pointer checks. NCCL 2.29.7 and later
 /// read `NCCL_CHECK_MODE` at each communicator's creation, so a program may set it between two:
 /// from then on every call of no elements goes to NCCL (which checks it, or answers as the shim
 /// would).

@@ -425,13 +425,16 @@ pub fn drain_queued<T>(f: impl FnOnce(&[Queued]) -> T) -> T {
 /// those sent to NCCL with their group left the queue, and NCCL logs them).
 fn launch_queued() -> Result<(), launcher::LaunchError> {
     drain_queued(|queued| {
-        for op in queued {
-            if let Some(collective) = super::operations::collective_of(op.call.kind) {
-                super::call_line::took(collective, &op.call, &op.core);
-            }
-        }
+        queued.iter().for_each(log_taken);
         launcher::launch_group(&batches(queued))
     })
+}
+
+/// Logs a queued operation as a call the core took (call_line.rs).
+fn log_taken(op: &Queued) {
+    if let Some(collective) = super::operations::collective_of(op.call.kind) {
+        super::call_line::took(collective, &op.call, &op.core);
+    }
 }
 
 /// What the group knows of `comm` from its earlier calls (`weigh`).
@@ -528,9 +531,10 @@ pub fn take_sent_error() -> ncclResult_t {
     SENT_ERROR.with(|e| e.replace(ncclSuccess))
 }
 
-/// Forgets the operations queued in the group (it failed: none of them is launched).
+/// Forgets the operations queued in the group (it failed: none of them is launched). Logged
+/// all the same: NCCL logs each call as it is made, before its group fails.
 pub fn discard_queued() {
-    QUEUED.with(|q| q.borrow_mut().clear());
+    drain_queued(|queued| queued.iter().for_each(log_taken));
 }
 
 /// Whether a call of the outermost group was refused; the group is clean again after.
@@ -591,6 +595,8 @@ pub fn queue(mut op: Queued) -> Result<(), ()> {
                 .collect();
             if mixes_capture(earlier.into_iter(), (comm, mine)) {
                 FAILED.with(|f| f.set(true));
+                // NCCL logs it before refusing it.
+                log_taken(&op);
                 return Err(());
             }
         }
