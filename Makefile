@@ -54,14 +54,14 @@ HEADERS_VERSION = $(if $(filter all,$(SPEC_VERSION)),$(NEWEST_SPEC),$(SPEC_VERSI
 BUILT_ABI = $(if $(filter all,$(SPEC_VERSION)),the ABI of every NCCL from $(firstword \
   $(SPEC_VERSIONS)) to $(NEWEST_SPEC),NCCL $(SPEC_VERSION)'s ABI)
 
-.PHONY: help build install wheel test lint unit-tests integration-tests spec specs spec-diff microbench \
+.PHONY: help build install wheel wheel-aarch64 test lint unit-tests integration-tests spec specs spec-diff microbench \
   deps-test clean readme kernels
 PREFIX ?= /usr/local
 
 help:
 	@echo "make build [NCCL_VERSION=2.27.7|X.Y.Z|all]  the library in build/lib, headers in build/include, the ncclshim command in build/bin"
 	@echo "make install [PREFIX=/usr/local]           build/ into PREFIX/lib, PREFIX/include and PREFIX/bin, as NCCL's packages lay them out"
-	@echo "make wheel                                 dist/ncclshim-*.whl: pip install it (extras cu12, cu13: NVIDIA's NCCL)"
+	@echo "make wheel [WHEEL_ARCH=x86_64|aarch64]     dist/ncclshim-*.whl: pip install it (extras cu12, cu13: NVIDIA's NCCL)"
 	@echo "make test                                  the whole CPU suite (installs what it needs: apt, PyPI; needs root)"
 	@echo "make spec NCCL_VERSION=X.Y.Z | NCCL_H=...  a spec from a release's headers; make specs: every one again"
 	@echo "make spec-diff FROM=2.27.7 TO=2.28.9       what changed between two releases' APIs"
@@ -99,24 +99,41 @@ install:
 # ncclshim command; `pip install dist/ncclshim-*.whl` (or `ncclshim[cu12]`, `ncclshim[cu13]`
 # for NVIDIA's NCCL as well). Both are linked against WHEEL_GLIBC's symbols by cargo-zigbuild
 # (gen/fetch-wheel-tools.sh), so that the wheel installs where NVIDIA's NCCL wheels do
-# (manylinux2014); gen/make-wheel.py refuses files that need a newer glibc.
+# (manylinux2014); gen/make-wheel.py refuses files that need a newer glibc. WHEEL_ARCH: the
+# processor, x86_64 or aarch64 (Grace Hopper, Grace Blackwell), this machine's by default; the
+# other is built across, with Rust's standard library for it (rustup installs it where missing).
 WHEEL_GLIBC := 2.17
-WHEEL_BUILD := $(CURDIR)/target/wheel-build
+WHEEL_ARCH ?= $(shell uname -m)
+WHEEL_TRIPLE = $(WHEEL_ARCH)-unknown-linux-gnu
+WHEEL_BUILD = $(CURDIR)/target/wheel-build-$(WHEEL_ARCH)
 WHEEL_TARGET := $(CURDIR)/target/wheel
 wheel:
-	@# Without debug information: the wheel's files are stripped of it.
+	@case "$(WHEEL_ARCH)" in x86_64|aarch64) ;; *) echo "WHEEL_ARCH is x86_64 or aarch64"; exit 1;; esac
+	@$(call HAS_RUST_TARGET,$(WHEEL_TRIPLE)) || timeout 300 rustup target add $(WHEEL_TRIPLE) || { echo "make wheel WHEEL_ARCH=$(WHEEL_ARCH) needs Rust's standard library for $(WHEEL_TRIPLE): rustup target add $(WHEEL_TRIPLE)"; exit 1; }
+	@# Without debug information: the wheel's files carry none.
 	tools=$$(gen/fetch-wheel-tools.sh) && PATH=$$tools:$$PATH CARGO_TARGET_DIR=$(WHEEL_TARGET) \
-	  CARGO_PROFILE_RELEASE_DEBUG=false \
+	  CARGO_PROFILE_RELEASE_DEBUG=false CARGO_PROFILE_RELEASE_STRIP=debuginfo \
 	  $(MAKE) --no-print-directory build NCCL_VERSION=all BUILD=$(WHEEL_BUILD) \
-	  CARGO_COMMAND="zigbuild --target x86_64-unknown-linux-gnu.$(WHEEL_GLIBC)" \
-	  CARGO_OUT=$(WHEEL_TARGET)/x86_64-unknown-linux-gnu/release
-	strip --strip-debug $(WHEEL_BUILD)/lib/libnccl.so.all $(WHEEL_BUILD)/bin/ncclshim
+	  CARGO_COMMAND="zigbuild --target $(WHEEL_TRIPLE).$(WHEEL_GLIBC)" \
+	  CARGO_OUT=$(WHEEL_TARGET)/$(WHEEL_TRIPLE)/release
 	@python3 gen/make-wheel.py --lib $(WHEEL_BUILD)/lib/libnccl.so.all --bin $(WHEEL_BUILD)/bin/ncclshim \
 	  --version $$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml) --glibc $(WHEEL_GLIBC) \
 	  --abi "the API of every NCCL from $(firstword $(SPEC_VERSIONS)) to $(NEWEST_SPEC)" --out $(CURDIR)/dist
 
+# make test's wheel for aarch64, built on x86_64 and run there under qemu (cli/tests/wheel_aarch64.rs)
+# where Rust's standard library for aarch64 is installed or can be; elsewhere dist/aarch64-skipped
+# says why, and the test says so too.
+HAS_RUST_TARGET = [ -d "$$(rustc --print sysroot)/lib/rustlib/$(1)/lib" ]
+wheel-aarch64:
+	@mkdir -p $(CURDIR)/dist && rm -f $(CURDIR)/dist/aarch64-skipped
+	@if [ "$$(uname -m)" != x86_64 ]; then echo "built and run on x86_64 hosts only" > $(CURDIR)/dist/aarch64-skipped; \
+	elif $(call HAS_RUST_TARGET,aarch64-unknown-linux-gnu) || timeout 300 rustup target add aarch64-unknown-linux-gnu; then \
+	  $(MAKE) --no-print-directory wheel WHEEL_ARCH=aarch64; \
+	else echo "Rust's standard library for aarch64 could not be installed (rustup target add aarch64-unknown-linux-gnu)" > $(CURDIR)/dist/aarch64-skipped; fi
+
 # What the tests need beyond Rust: gcc, libclang (bindgen; libclang-cpp, which comes with llvm,
-# is not it: gen/has-libclang.sh), NVIDIA's libraries from PyPI.
+# is not it: gen/has-libclang.sh), qemu and aarch64's glibc (on x86_64), NVIDIA's libraries from
+# PyPI.
 deps-test:
 	@command -v gcc >/dev/null && gen/has-libclang.sh || { \
 	  echo "installing gcc and libclang-dev"; apt-get update -qq >/dev/null && \
@@ -125,6 +142,10 @@ deps-test:
 	@python3 -c 'import ensurepip, venv' 2>/dev/null || { \
 	  echo "installing python3-venv"; apt-get update -qq >/dev/null && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null; }
+	@# The aarch64 wheel's test runs its files under qemu, with Debian's aarch64 glibc.
+	@[ "$$(uname -m)" != x86_64 ] || { command -v qemu-aarch64 >/dev/null && [ -e /usr/aarch64-linux-gnu/lib/libc.so.6 ]; } || { \
+	  echo "installing qemu-user and libc6-arm64-cross"; apt-get update -qq >/dev/null && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq qemu-user libc6-arm64-cross >/dev/null; }
 	@for v in $(TEST_NCCL_VERSIONS); do $(FETCH) $$v host >/dev/null; done
 
 # lint and test keep no incremental state (about 0.5 GB in target/debug): it speeds the rebuild of
@@ -133,7 +154,7 @@ lint:
 	$(CARGO) fmt --all -- --check
 	CARGO_INCREMENTAL=0 $(WITH_KERNELS) $(CARGO) clippy --locked --workspace --all-targets -- -D warnings
 
-test: build wheel deps-test lint gpu-check
+test: build wheel wheel-aarch64 deps-test lint gpu-check
 	$(WITH_NVRTC) NCCLSHIM_BUILD=$(BUILD) NCCLSHIM_CACHE=$${NCCLSHIM_CACHE:-$$HOME/.cache/ncclshim} \
 	  NCCLSHIM_WHEEL_DIR=$(CURDIR)/dist CARGO_INCREMENTAL=0 \
 	  $(CARGO) test --locked --workspace --all-targets

@@ -4,8 +4,9 @@
 LIB (the shim's library, a build for every NCCL version) goes to ncclshim/lib/libnccl.so.2 in
 site-packages, BIN (the ncclshim command) to the environment's bin/. NVIDIA's NCCL comes as an
 extra (ncclshim[cu12] or ncclshim[cu13]), in the same environment, where the shim finds it.
-The wheel is tagged manylinux_X_Y (glibc X.Y or newer), which LIB and BIN were built for: a file
-that needs a newer GLIBC_ symbol version stops it. Prints the wheel's path."""
+The wheel is tagged manylinux_X_Y_ARCH (glibc X.Y or newer, the processor LIB and BIN are for:
+x86_64 or aarch64), which LIB and BIN were built for: a file that needs a newer GLIBC_ symbol
+version, or files for two processors, stop it. Prints the wheel's path."""
 import argparse
 import base64
 import hashlib
@@ -19,6 +20,8 @@ import zipfile
 # PEP 600's tags that older pips know by their first names (PEP 513, 571, 599).
 LEGACY_NAMES = {(2, 5): "manylinux1", (2, 12): "manylinux2010", (2, 17): "manylinux2014"}
 SHT_GNU_VERNEED = 0x6FFFFFFE
+# ELF's e_machine: the processors a wheel may be for, by their names in platform tags.
+MACHINES = {62: "x86_64", 183: "aarch64"}
 
 INIT = '''"""ncclshim: a drop-in libnccl.so.2 in front of NVIDIA's NCCL ({abi}).
 
@@ -55,12 +58,25 @@ Root-Is-Purelib: false
 """
 
 
-def platform_tags(glibc):
-    """The wheel's platform tags for glibc (major, minor): PEP 600's, then its legacy name."""
-    tags = [f"manylinux_{glibc[0]}_{glibc[1]}_x86_64"]
+def platform_tags(glibc, arch="x86_64"):
+    """The wheel's platform tags for glibc (major, minor) on processor arch: PEP 600's, then its
+    legacy name."""
+    tags = [f"manylinux_{glibc[0]}_{glibc[1]}_{arch}"]
     if glibc in LEGACY_NAMES:
-        tags.append(f"{LEGACY_NAMES[glibc]}_x86_64")
+        tags.append(f"{LEGACY_NAMES[glibc]}_{arch}")
     return tags
+
+
+def elf_machine(path):
+    """The processor an ELF file is for, as platform tags name it; stops on any other."""
+    with open(path, "rb") as f:
+        header = f.read(20)
+    if header[:4] != b"\x7fELF":
+        sys.exit(f"make-wheel: {path} is not an ELF file")
+    (machine,) = struct.unpack_from("<H", header, 0x12)
+    if machine not in MACHINES:
+        sys.exit(f"make-wheel: {path} is for ELF machine {machine}, not {' or '.join(MACHINES.values())}")
+    return MACHINES[machine]
 
 
 def glibc_versions_needed(elf):
@@ -112,7 +128,10 @@ def main():
     glibc = tuple(int(n) for n in args.glibc.split("."))
     for path in (args.lib, args.bin):
         check_glibc(path, glibc)
-    tags = platform_tags(glibc)
+    arch = elf_machine(args.lib)
+    if elf_machine(args.bin) != arch:
+        sys.exit(f"make-wheel: {args.lib} is for {arch}, {args.bin} for {elf_machine(args.bin)}")
+    tags = platform_tags(glibc, arch)
     wheel_file = WHEEL + "".join(f"Tag: py3-none-{tag}\n" for tag in tags)
     dist = f"ncclshim-{args.version}"
     files = [

@@ -29,13 +29,18 @@ fn search_env() -> SearchEnv {
 
 /// The shim's library: `--shim`, `$NCCLSHIM_LIB`, `../lib/libnccl.so.2` beside this program
 /// (`make build`, `make install`), or the `ncclshim` package of its Python environment (the
-/// wheel).
+/// wheel), or beside it (the wheel installed with `pip install --target DIR`: the package in
+/// DIR, this program in DIR/bin).
 pub fn find_shim(chosen: Option<PathBuf>) -> Result<PathBuf, String> {
     let beside = || {
         let prefix = own_prefix()?;
         let installed = prefix.join("lib/libnccl.so.2");
         if installed.exists() {
             return Some(installed);
+        }
+        let targeted = prefix.join("ncclshim/lib/libnccl.so.2");
+        if targeted.exists() {
+            return Some(targeted);
         }
         let env = SearchEnv {
             python_prefixes: vec![prefix],

@@ -1,8 +1,11 @@
 //! The wheel `make wheel` builds, as a user gets it: installed with pip into a fresh virtual
 //! environment beside NVIDIA's NCCL wheel, then `ncclshim doctor` and a C client run with the
 //! shim in front (`ncclshim run`), with nothing but the environment's own files to go by; and
-//! tagged for the glibc its files need, an old one, as auditwheel and readelf read them.
-//! `make test` builds the wheel first and names its folder in NCCLSHIM_WHEEL_DIR.
+//! tagged for the glibc its files need, an old one, as auditwheel and readelf read them. The
+//! wheel for aarch64 (Grace Hopper, Grace Blackwell), built on x86_64 across: tagged alike,
+//! taken by pip for an aarch64 machine, and its library and command run under qemu with C
+//! clients built for aarch64. `make test` builds the wheels first and names their folder in
+//! NCCLSHIM_WHEEL_DIR.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -27,13 +30,6 @@ fn wheels_in(dir: &Path, prefix: &str) -> Vec<PathBuf> {
         .collect();
     wheels.sort_by_key(|p| std::fs::metadata(p).unwrap().modified().unwrap());
     wheels
-}
-
-/// The newest file in `dir` whose name starts with `prefix` and ends with `.whl`.
-fn wheel_in(dir: &Path, prefix: &str) -> PathBuf {
-    wheels_in(dir, prefix)
-        .pop()
-        .unwrap_or_else(|| panic!("no {prefix}*.whl in {}", dir.display()))
 }
 
 fn checked(output: Output, what: &str) -> String {
@@ -109,26 +105,55 @@ with zipfile.ZipFile(wheel, "w", zipfile.ZIP_STORED) as z:
     z.writestr(f"{info}/RECORD", "\n".join(records + [f"{info}/RECORD,,"]) + "\n")
 "#;
 
-/// The wheel `make wheel` left in NCCLSHIM_WHEEL_DIR.
-fn built_wheel() -> PathBuf {
-    let dir = std::env::var_os("NCCLSHIM_WHEEL_DIR")
+/// The folder `make test` left its wheels in (NCCLSHIM_WHEEL_DIR).
+fn wheel_dir() -> PathBuf {
+    std::env::var_os("NCCLSHIM_WHEEL_DIR")
         .map(PathBuf::from)
-        .expect("NCCLSHIM_WHEEL_DIR names the folder of `make wheel`'s wheel (make test sets it)");
-    wheel_in(&dir, "ncclshim-")
+        .expect("NCCLSHIM_WHEEL_DIR names the folder of `make wheel`'s wheel (make test sets it)")
+}
+
+/// The wheel `make wheel` left in NCCLSHIM_WHEEL_DIR for processor `arch`.
+fn built_wheel(arch: &str) -> PathBuf {
+    let mut wheels = wheels_in(&wheel_dir(), "ncclshim-");
+    wheels.retain(|w| w.to_string_lossy().ends_with(&format!("_{arch}.whl")));
+    wheels
+        .pop()
+        .unwrap_or_else(|| panic!("no ncclshim-*_{arch}.whl in {}", wheel_dir().display()))
+}
+
+/// The aarch64 wheel, or `None` (said) where `make test` could not build it here
+/// (`dist/aarch64-skipped` says why: not an x86_64 host, or no Rust standard library for
+/// aarch64 to be had).
+fn aarch64_wheel() -> Option<PathBuf> {
+    let skipped = wheel_dir().join("aarch64-skipped");
+    if let Ok(why) = std::fs::read_to_string(&skipped) {
+        eprintln!("the aarch64 wheel is not tested here: {}", why.trim());
+        return None;
+    }
+    Some(built_wheel("aarch64"))
 }
 
 /// The glibc version, as numbers, that a wheel's name says it needs: that of its first platform
-/// tag, `manylinux_X_Y_x86_64`.
-fn tagged_glibc(wheel: &Path) -> Vec<u32> {
+/// tag, `manylinux_X_Y_ARCH`.
+fn tagged_glibc(wheel: &Path, arch: &str) -> Vec<u32> {
     let name = wheel.file_stem().unwrap().to_str().unwrap();
     let first_tag = name.rsplit('-').next().unwrap().split('.').next().unwrap();
     first_tag
         .strip_prefix("manylinux_")
-        .and_then(|tag| tag.strip_suffix("_x86_64"))
-        .unwrap_or_else(|| panic!("{name}: its first platform tag is not manylinux_X_Y_x86_64"))
+        .and_then(|tag| tag.strip_suffix(&format!("_{arch}")))
+        .unwrap_or_else(|| panic!("{name}: its first platform tag is not manylinux_X_Y_{arch}"))
         .split('_')
         .map(|n| n.parse().unwrap())
         .collect()
+}
+
+/// ELF's `e_machine` of each processor a wheel is for.
+fn elf_machine(arch: &str) -> u16 {
+    match arch {
+        "x86_64" => 62,
+        "aarch64" => 183,
+        _ => panic!("no wheel is made for {arch}"),
+    }
 }
 
 /// Every file under `dir`, in its subfolders too.
@@ -173,10 +198,10 @@ fn dotted(version: &[u32]) -> String {
         .join(".")
 }
 
-#[test]
-fn the_wheel_is_tagged_for_the_old_glibc_its_files_need() {
-    let wheel = built_wheel();
-    let glibc = tagged_glibc(&wheel);
+/// `wheel`, for processor `arch`: tagged for an old glibc, the one its files need, as auditwheel
+/// and readelf read them; both its files are for `arch`.
+fn check_tags(wheel: &Path, arch: &str) {
+    let glibc = tagged_glibc(wheel, arch);
     assert!(
         glibc.as_slice() <= NEWEST_GLIBC_ALLOWED.as_slice(),
         "{} is for glibc {} or newer: RHEL 8 (2.28) cannot install it",
@@ -189,13 +214,13 @@ fn the_wheel_is_tagged_for_the_old_glibc_its_files_need() {
     let shown = checked(
         Command::new(tools.join("auditwheel"))
             .arg("show")
-            .arg(&wheel)
+            .arg(wheel)
             .output()
             .unwrap(),
         "auditwheel show",
     );
     let shown = shown.split_whitespace().collect::<Vec<_>>().join(" ");
-    let tag = format!("manylinux_{}_{}_x86_64", glibc[0], glibc[1]);
+    let tag = format!("manylinux_{}_{}_{arch}", glibc[0], glibc[1]);
     assert!(
         shown.contains(&format!(
             "is consistent with the following platform tag: \"{tag}\""
@@ -204,11 +229,11 @@ fn the_wheel_is_tagged_for_the_old_glibc_its_files_need() {
     );
 
     // readelf, on every ELF file of the wheel: no GLIBC_ symbol version newer than the tag's.
-    let unpacked = scratch("cli-wheel-files");
+    let unpacked = scratch(&format!("cli-wheel-files-{arch}"));
     checked(
         Command::new("python3")
             .args(["-m", "zipfile", "-e"])
-            .arg(&wheel)
+            .arg(wheel)
             .arg(&unpacked)
             .output()
             .unwrap(),
@@ -224,6 +249,14 @@ fn the_wheel_is_tagged_for_the_old_glibc_its_files_need() {
         "the library and the command: {elf_files:?}"
     );
     for file in elf_files {
+        let header = std::fs::read(&file).unwrap();
+        let machine = u16::from_le_bytes([header[0x12], header[0x13]]);
+        assert_eq!(
+            machine,
+            elf_machine(arch),
+            "{} is not for {arch}",
+            file.display()
+        );
         let needed = glibc_versions_needed(&file);
         assert!(
             !needed.is_empty(),
@@ -244,8 +277,20 @@ fn the_wheel_is_tagged_for_the_old_glibc_its_files_need() {
 }
 
 #[test]
+fn the_wheel_is_tagged_for_the_old_glibc_its_files_need() {
+    check_tags(&built_wheel("x86_64"), "x86_64");
+}
+
+#[test]
+fn the_aarch64_wheel_is_tagged_for_the_old_glibc_and_the_processor_its_files_need() {
+    if let Some(wheel) = aarch64_wheel() {
+        check_tags(&wheel, "aarch64");
+    }
+}
+
+#[test]
 fn the_wheel_installs_with_pip_and_finds_nccl_in_its_environment() {
-    let ours = built_wheel();
+    let ours = built_wheel("x86_64");
     let scratch = scratch("cli-wheel");
     let nccl = real_nccl("2.28.9");
     let nvidia = nvidia_nccl_wheel("2.28.9", &scratch);
@@ -327,5 +372,190 @@ fn the_wheel_installs_with_pip_and_finds_nccl_in_its_environment() {
             real.display()
         )),
         "{out}"
+    );
+}
+
+/// Where Debian's libc6-arm64-cross puts aarch64's glibc: qemu's root for the dynamic loader.
+const AARCH64_SYSROOT: &str = "/usr/aarch64-linux-gnu";
+
+/// Compiles `tests/c/<source>` for aarch64 (glibc 2.17) with zig's C compiler (the wheel's tools)
+/// into `out`, with `args` besides.
+fn compile_c_for_aarch64(tools: &Path, source: &str, out: &Path, args: &[&str]) -> PathBuf {
+    let include = real_nccl("2.27.7").join("include");
+    checked(
+        Command::new(tools.join("python"))
+            .args([
+                "-m",
+                "ziglang",
+                "cc",
+                "-target",
+                "aarch64-linux-gnu.2.17",
+                "-O1",
+            ])
+            .arg(format!("-I{}", include.display()))
+            .arg(format!(
+                "-I{}",
+                workspace().join("gen/cuda-stand-ins").display()
+            ))
+            .arg(workspace().join("tests/c").join(source))
+            .arg("-o")
+            .arg(out)
+            .args(args)
+            .output()
+            .unwrap(),
+        &format!("zig cc for aarch64 on tests/c/{source}"),
+    );
+    out.to_path_buf()
+}
+
+/// Runs the aarch64 `program` under qemu with only `env` (and the loader's root).
+fn under_qemu(program: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+    Command::new("qemu-aarch64")
+        .arg(program)
+        .args(args)
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("QEMU_LD_PREFIX", AARCH64_SYSROOT)
+        .envs(env.iter().copied())
+        .output()
+        .expect("qemu-aarch64 runs (make test installs qemu-user)")
+}
+
+/// The aarch64 wheel as pip installs it for an aarch64 machine, and then at work: the library
+/// loads, forwards every call to a stand-in NCCL built for aarch64 (from one thread and from
+/// several), answers calls of no elements and logs them, and counts the calls for the exit
+/// summary; the command says which shim it found and its kernels.
+#[test]
+fn the_aarch64_wheel_installs_for_aarch64_and_forwards_under_qemu() {
+    let Some(wheel) = aarch64_wheel() else {
+        return;
+    };
+    let scratch = scratch("cli-wheel-aarch64");
+    let venv = scratch.join("venv");
+    checked(
+        Command::new("python3")
+            .args(["-m", "venv"])
+            .arg(&venv)
+            .output()
+            .unwrap(),
+        "python3 -m venv",
+    );
+    let site = scratch.join("site");
+    checked(
+        in_venv(
+            &venv,
+            "pip",
+            &[
+                "install",
+                "-q",
+                "--no-index",
+                "--no-deps",
+                "--only-binary=:all:",
+                "--platform",
+                "manylinux2014_aarch64",
+                "--target",
+                site.to_str().unwrap(),
+                wheel.to_str().unwrap(),
+            ],
+            &[],
+        ),
+        "pip install for aarch64",
+    );
+    let shim_dir = site.join("ncclshim/lib");
+    let tools = fetched("gen/fetch-wheel-tools.sh", &[]);
+    let fake = compile_c_for_aarch64(
+        &tools,
+        "fake_operations_nccl.c",
+        &scratch.join("libfake_operations_nccl.so"),
+        &["-shared", "-fPIC"],
+    );
+    // Linked as programs link NCCL (-lnccl), against the wheel's library.
+    let link = scratch.join("link");
+    std::fs::create_dir_all(&link).unwrap();
+    std::os::unix::fs::symlink(shim_dir.join("libnccl.so.2"), link.join("libnccl.so")).unwrap();
+    let client = compile_c_for_aarch64(
+        &tools,
+        "calls_client.c",
+        &scratch.join("calls_client"),
+        &[&format!("-L{}", link.display()), "-lnccl", "-lpthread"],
+    );
+    let (shim_dir, fake) = (shim_dir.to_str().unwrap(), fake.to_str().unwrap());
+    let env = [("LD_LIBRARY_PATH", shim_dir), ("NCCLSHIM_REAL_NCCL", fake)];
+
+    // Calls of no elements: answered, and logged as NCCL logs its calls; the rest forwarded.
+    let mut logged = env.to_vec();
+    logged.extend([
+        ("FAKE_NCCL_GROUPS", "1"),
+        ("NCCL_DEBUG", "INFO"),
+        ("NCCL_DEBUG_SUBSYS", "COLL"),
+    ]);
+    let out = checked(
+        under_qemu(&client, &["empty"], &logged),
+        "calls_client empty",
+    );
+    let printed: Vec<&str> = out
+        .lines()
+        .filter(|l| !l.contains("NCCL INFO") && !l.contains("NCCL WARN"))
+        .collect();
+    let (all_reduce, broadcast) = ("fake ncclAllReduce", "fake ncclBroadcast");
+    let expected = [
+        "made: 0",
+        "a group of two empty all-reduces",
+        "rank 0 of 2",
+        "an empty broadcast from root 1",
+        "an empty broadcast from root 2",
+        broadcast,
+        "an empty all-reduce of type 255",
+        all_reduce,
+        "an empty all-reduce of op 5",
+        all_reduce,
+        "an empty all-reduce of 8-bit floats",
+        all_reduce,
+        "an all-reduce of 4",
+        all_reduce,
+        "an empty all-reduce once destroyed",
+        all_reduce,
+        "done",
+    ];
+    assert_eq!(printed, expected, "{out}");
+    let coll_lines: Vec<&str> = out
+        .lines()
+        .filter(|l| l.contains("[ncclshim] NCCL INFO ") && l.contains(": opCount "))
+        .collect();
+    assert_eq!(coll_lines.len(), 3, "{out}");
+    assert!(
+        coll_lines[2].ends_with(
+            "Broadcast: opCount 0 sendbuff (nil) recvbuff (nil) count 0 datatype 7 op 0 root 1 \
+             comm 0x1000 [nranks=2] stream (nil)"
+        ),
+        "{out}"
+    );
+
+    // Forwarded calls from five threads, counted for the summary.
+    let mut summed = env.to_vec();
+    summed.push(("NCCLSHIM_SUMMARY", "1"));
+    let out = checked(under_qemu(&client, &[], &summed), "calls_client");
+    for line in [
+        "summary: comm 0x1000 rank 0  AllReduce < 4 KiB: 100 calls, 100 KiB: forwarded 100",
+        "summary: comm 0x5000 rank 4  AllReduce < 4 KiB: 5000 calls, 312.5 KiB: forwarded 5000",
+    ] {
+        assert!(out.contains(line), "{line:?} not in\n{out}");
+    }
+
+    // The command finds the library of its package (installed beside it) and reads the kernels
+    // built into it.
+    let doctor = under_qemu(
+        &site.join("bin/ncclshim"),
+        &["doctor", "--no-run"],
+        &[("NCCLSHIM_REAL_NCCL", fake)],
+    );
+    let said = String::from_utf8_lossy(&doctor.stdout).into_owned();
+    assert!(said.contains("kernels built in for sm_"), "{said}");
+    assert!(
+        said.contains(&format!(
+            "the shim: {}/libnccl.so.2 (exports the API of every NCCL version with a spec)",
+            shim_dir
+        )),
+        "{said}"
     );
 }
