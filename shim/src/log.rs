@@ -49,8 +49,6 @@ impl Level {
 
 struct Logger {
     level: Level,
-    /// `NCCL_DEBUG_SUBSYS` takes COLL: NCCL's line for each collective call (core/call_line.rs).
-    collectives: bool,
     /// The levels whose lines start with the time (`NCCL_DEBUG_TIMESTAMP_LEVELS`; unset, WARN).
     timestamped: [bool; 2],
     host: String,
@@ -69,8 +67,6 @@ static LOGGER: OnceLock<Logger> = OnceLock::new();
 fn logger() -> &'static Logger {
     LOGGER.get_or_init(|| {
         let level = Level::from_setting(std::env::var("NCCL_DEBUG").ok().as_deref());
-        let subsystems = std::env::var("NCCL_DEBUG_SUBSYS").ok();
-        let collectives = takes_subsystem(subsystems.as_deref(), "COLL");
         let stamped = std::env::var("NCCL_DEBUG_TIMESTAMP_LEVELS").ok();
         let timestamped = [Level::Warn, Level::Info]
             .map(|level| list_takes(stamped.as_deref(), level.tag(), &["WARN"]));
@@ -87,7 +83,6 @@ fn logger() -> &'static Logger {
         };
         Logger {
             level,
-            collectives,
             timestamped,
             host,
             file_pattern,
@@ -308,14 +303,49 @@ pub fn enabled(level: Level) -> bool {
 }
 
 /// Whether NCCL logs a line for each collective call: `NCCL_DEBUG` at INFO or TRACE and
-/// `NCCL_DEBUG_SUBSYS` taking COLL.
+/// `NCCL_DEBUG_SUBSYS` taking COLL, read as the real NCCL reads it. Asked first by the core's
+/// calls, once the real NCCL is loaded.
 pub fn collectives_logged() -> bool {
-    logger().collectives && enabled(Level::Info)
+    static COLLECTIVES: OnceLock<bool> = OnceLock::new();
+    enabled(Level::Info)
+        && *COLLECTIVES.get_or_init(|| {
+            let strict =
+                crate::real_nccl::real_nccl().is_some_and(|real| real.version_code >= STRICT_LISTS);
+            let value = std::env::var("NCCL_DEBUG_SUBSYS").ok();
+            takes_subsystem(value.as_deref(), "COLL", strict)
+        })
 }
 
-/// Whether a list setting of NCCL's debug log (`value`) names `name`, as NCCL reads them
-/// (debug.cc): names split at commas, any case, ALL for every one, a leading `^` for every one but
-/// those named; unset, `unset` names them.
+/// The first NCCL whose list settings are checked (param/parser_bitset.h): each name trimmed of
+/// spaces, and a value that names what NCCL does not know refused whole, for the default.
+const STRICT_LISTS: i32 = 23000;
+
+/// The subsystems NCCL 2.30 knows, for `NCCL_DEBUG_SUBSYS`.
+const SUBSYSTEMS: [&str; 19] = [
+    "INIT",
+    "COLL",
+    "P2P",
+    "SHM",
+    "NET",
+    "GRAPH",
+    "TUNING",
+    "ENV",
+    "ALLOC",
+    "ALLOC_HOST",
+    "CALL",
+    "PROXY",
+    "NVLS",
+    "BOOTSTRAP",
+    "REG",
+    "PROFILE",
+    "RAS",
+    "DESTROY",
+    "ALL",
+];
+
+/// Whether a list setting of NCCL's debug log (`value`) names `name`, as NCCL before 2.30 reads
+/// them (debug.cc): names split at commas, any case, ALL for every one, a leading `^` for every
+/// one but those named; unset, `unset` names them.
 fn list_takes(value: Option<&str>, name: &str, unset: &[&str]) -> bool {
     let Some(value) = value else {
         return unset.contains(&name);
@@ -330,9 +360,32 @@ fn list_takes(value: Option<&str>, name: &str, unset: &[&str]) -> bool {
     named != invert
 }
 
-/// `NCCL_DEBUG_SUBSYS` (`value`) takes the subsystem `name` (unset: INIT, BOOTSTRAP and ENV).
-fn takes_subsystem(value: Option<&str>, name: &str) -> bool {
-    list_takes(value, name, &["INIT", "BOOTSTRAP", "ENV"])
+/// `NCCL_DEBUG_SUBSYS` (`value`) takes the subsystem `name` (unset: INIT, BOOTSTRAP and ENV);
+/// `strict`, as NCCL 2.30 and later read it (`STRICT_LISTS`).
+fn takes_subsystem(value: Option<&str>, name: &str, strict: bool) -> bool {
+    let unset = ["INIT", "BOOTSTRAP", "ENV"];
+    let Some(value) = value.filter(|_| strict) else {
+        return list_takes(value, name, &unset);
+    };
+    let names: Vec<&str> = value
+        .strip_prefix('^')
+        .unwrap_or(value)
+        .split(',')
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .collect();
+    if !names
+        .iter()
+        .all(|n| SUBSYSTEMS.iter().any(|s| s.eq_ignore_ascii_case(n)))
+    {
+        return unset.contains(&name);
+    }
+    let trimmed = names.join(",");
+    let value = match value.starts_with('^') {
+        true => format!("^{trimmed}"),
+        false => trimmed,
+    };
+    list_takes(Some(&value), name, &unset)
 }
 
 /// Writes one line at `level` if `NCCL_DEBUG` asks for it, or regardless when `always`. A
@@ -403,9 +456,9 @@ mod tests {
 
     #[test]
     fn subsystems_follow_nccl_debug_subsys() {
-        let coll = |setting| takes_subsystem(setting, "COLL");
+        let coll = |setting| takes_subsystem(setting, "COLL", false);
         assert!(!coll(None), "NCCL's default: INIT, BOOTSTRAP, ENV");
-        assert!(takes_subsystem(None, "INIT"));
+        assert!(takes_subsystem(None, "INIT", false));
         assert!(coll(Some("INIT,coll")));
         assert!(coll(Some("ALL")));
         assert!(!coll(Some("INIT,NET")));
@@ -414,6 +467,24 @@ mod tests {
         assert!(!coll(Some("^INIT,COLL")));
         assert!(!coll(Some("^ALL")));
         assert!(!coll(Some("")));
+        // Before 2.30: names as they are, unknown ones passed over.
+        assert!(!coll(Some("INIT, COLL")));
+        assert!(coll(Some("COLL,FOO")));
+    }
+
+    #[test]
+    fn subsystems_follow_nccl_2_30s_stricter_reading() {
+        let coll = |setting| takes_subsystem(setting, "COLL", true);
+        assert!(!coll(None));
+        assert!(coll(Some("INIT, coll ")));
+        assert!(coll(Some("^ INIT")));
+        assert!(!coll(Some("^INIT, COLL")));
+        assert!(coll(Some("ALL")));
+        assert!(!coll(Some("")));
+        // A name NCCL does not know: the whole value refused, the default taken.
+        assert!(!coll(Some("COLL,FOO")));
+        assert!(takes_subsystem(Some("COLL,FOO"), "INIT", true));
+        assert!(!coll(Some("^FOO")));
     }
 
     #[test]
