@@ -80,6 +80,7 @@ fn python_env(root: &Path, library: &Path) -> PathBuf {
 fn system_has_nccl() -> bool {
     [
         "/usr/lib/x86_64-linux-gnu",
+        "/usr/lib64",
         "/usr/local/nccl/lib",
         "/usr/local/cuda/lib64",
     ]
@@ -282,6 +283,7 @@ fn nothing_found_fails_every_call_but_still_answers_error_strings() {
     ];
     let system = [
         "/usr/lib/x86_64-linux-gnu",
+        "/usr/lib64",
         "/usr/local/nccl/lib",
         "/usr/local/cuda/lib64",
     ];

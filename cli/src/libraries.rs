@@ -17,10 +17,15 @@ fn own_prefix() -> Option<PathBuf> {
 }
 
 /// The search environment of the shim, with this program's prefix searched first as a Python
-/// environment (where `pip install ncclshim[cu12]` puts NVIDIA's NCCL beside the shim).
+/// environment (where `pip install ncclshim[cu12]` puts NVIDIA's NCCL beside the shim), or as
+/// the packages folder it was installed into with `pip install --target`.
 fn search_env() -> SearchEnv {
     let mut env = SearchEnv::from_process();
     if let Some(prefix) = own_prefix() {
+        // Installed with `pip install --target DIR`: the packages in DIR, this program in DIR/bin.
+        if prefix.join("ncclshim/lib/libnccl.so.2").exists() {
+            env.own_packages = Some(prefix.clone());
+        }
         env.python_prefixes.retain(|p| *p != prefix);
         env.python_prefixes.insert(0, prefix);
     }

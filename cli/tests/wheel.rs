@@ -373,6 +373,26 @@ fn the_wheel_installs_with_pip_and_finds_nccl_in_its_environment() {
         )),
         "{out}"
     );
+
+    // Preloaded by its path, with nothing pointing at its environment (not active, not on PATH,
+    // no NCCLSHIM_REAL_NCCL): the library finds NVIDIA's NCCL beside its own package.
+    let out = checked(
+        Command::new(&client)
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .env("LD_PRELOAD", &shim)
+            .env("NCCL_DEBUG", "INFO")
+            .output()
+            .unwrap(),
+        "api_client with the shim preloaded",
+    );
+    assert!(
+        out.contains(&format!(
+            "forwarding to real NCCL 2.28.9 at {} (found by searching)",
+            real.display()
+        )),
+        "{out}"
+    );
 }
 
 /// Where Debian's libc6-arm64-cross puts aarch64's glibc: qemu's root for the dynamic loader.
@@ -478,6 +498,28 @@ fn the_aarch64_wheel_installs_for_aarch64_and_forwards_under_qemu() {
         "calls_client.c",
         &scratch.join("calls_client"),
         &[&format!("-L{}", link.display()), "-lnccl", "-lpthread"],
+    );
+    // The stand-in where `pip install --target` puts NVIDIA's NCCL: beside the shim's package.
+    let beside = site.join("nvidia/nccl/lib");
+    std::fs::create_dir_all(&beside).unwrap();
+    std::fs::copy(&fake, beside.join("libnccl.so.2")).unwrap();
+    let out = checked(
+        under_qemu(
+            &client,
+            &["empty"],
+            &[
+                ("LD_LIBRARY_PATH", shim_dir.to_str().unwrap()),
+                ("NCCL_DEBUG", "INFO"),
+            ],
+        ),
+        "calls_client empty, NCCL found beside",
+    );
+    assert!(
+        out.contains(&format!(
+            "at {}/libnccl.so.2 (found by searching)",
+            beside.display()
+        )),
+        "{out}"
     );
     let (shim_dir, fake) = (shim_dir.to_str().unwrap(), fake.to_str().unwrap());
     let env = [("LD_LIBRARY_PATH", shim_dir), ("NCCLSHIM_REAL_NCCL", fake)];

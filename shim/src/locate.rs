@@ -7,12 +7,19 @@ use std::ffi::OsString;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-/// Folders searched after NCCL_HOME, LD_LIBRARY_PATH and the Python environments.
+/// Folders searched after NCCL_HOME, LD_LIBRARY_PATH and the Python environments: Debian's and
+/// Ubuntu's for this processor (NVIDIA's libnccl2 package), RHEL's (its libnccl package),
+/// NVIDIA's archive unpacked, CUDA's.
 pub const SYSTEM_DIRS: &[&str] = &[
-    "/usr/lib/x86_64-linux-gnu",
+    MULTIARCH_DIR,
+    "/usr/lib64",
     "/usr/local/nccl/lib",
     "/usr/local/cuda/lib64",
 ];
+#[cfg(target_arch = "aarch64")]
+const MULTIARCH_DIR: &str = "/usr/lib/aarch64-linux-gnu";
+#[cfg(not(target_arch = "aarch64"))]
+const MULTIARCH_DIR: &str = "/usr/lib/x86_64-linux-gnu";
 const FILE_NAMES: &[&str] = &["libnccl.so.2", "libnccl.so"];
 /// Where NVIDIA's wheels (`nvidia-nccl-cu12`, `nvidia-nccl-cu13`) put the library, inside a
 /// Python environment's `site-packages`.
@@ -26,6 +33,10 @@ pub struct SearchEnv {
     pub nccl_home: Option<PathBuf>,
     /// The folders of `LD_LIBRARY_PATH`, in order.
     pub library_path: Vec<PathBuf>,
+    /// The Python packages folder ncclshim itself was installed into (by its wheel:
+    /// `<it>/ncclshim/lib/libnccl.so.2`), where `pip install ncclshim[cu12]` put NVIDIA's NCCL
+    /// too: searched before the Python environments, whether or not its environment is active.
+    pub own_packages: Option<PathBuf>,
     /// Prefixes of Python environments (`$VIRTUAL_ENV`, `$CONDA_PREFIX`, the parents of `bin`
     /// folders on `PATH`, the usual system ones).
     pub python_prefixes: Vec<PathBuf>,
@@ -68,10 +79,56 @@ impl SearchEnv {
             library_path: var("LD_LIBRARY_PATH")
                 .map(|v| library_path_dirs(&v.to_string_lossy()))
                 .unwrap_or_default(),
+            own_packages: own_library().as_deref().and_then(packages_holding),
             python_prefixes,
             system_dirs: SYSTEM_DIRS.iter().map(PathBuf::from).collect(),
         }
     }
+}
+
+/// The Python packages folder holding the ncclshim library at `library`, where that is its
+/// wheel's place (`<packages>/ncclshim/lib/<library>`).
+pub fn packages_holding(library: &Path) -> Option<PathBuf> {
+    let lib = library.parent()?;
+    let package = lib.parent()?;
+    (lib.file_name()? == "lib" && package.file_name()? == "ncclshim")
+        .then(|| package.parent().map(Path::to_path_buf))
+        .flatten()
+}
+
+#[repr(C)]
+struct DlInfo {
+    fname: *const std::ffi::c_char,
+    fbase: *mut std::ffi::c_void,
+    sname: *const std::ffi::c_char,
+    saddr: *mut std::ffi::c_void,
+}
+
+unsafe extern "C" {
+    fn dladdr(address: *const std::ffi::c_void, info: *mut DlInfo) -> std::ffi::c_int;
+}
+
+/// The file this code was loaded from (the shim's library; in a program built with it, the
+/// program), as the loader names it, links resolved.
+fn own_library() -> Option<PathBuf> {
+    let mut info = DlInfo {
+        fname: std::ptr::null(),
+        fbase: std::ptr::null_mut(),
+        sname: std::ptr::null(),
+        saddr: std::ptr::null_mut(),
+    };
+    // SAFETY: dladdr fills `info` for an address of this object's code; the name it gives lives
+    // as long as the object stays loaded, and is copied at once.
+    let name = unsafe {
+        if dladdr(own_library as *const std::ffi::c_void, &mut info) == 0 || info.fname.is_null() {
+            return None;
+        }
+        std::ffi::CStr::from_ptr(info.fname)
+    };
+    use std::os::unix::ffi::OsStrExt;
+    Path::new(std::ffi::OsStr::from_bytes(name.to_bytes()))
+        .canonicalize()
+        .ok()
 }
 
 /// The folders of an `LD_LIBRARY_PATH` value, as the loader reads it: separated by `:` or `;`;
@@ -245,14 +302,15 @@ fn in_folder(
 }
 
 /// The folders searched, in order: `$NCCL_HOME/lib`, the folders of `LD_LIBRARY_PATH`, the
-/// `nvidia/nccl/lib` folder of every Python environment, then the system folders. Each once
-/// (a folder reached again through a link too). Those the user named (`NCCL_HOME`,
+/// `nvidia/nccl/lib` folder beside ncclshim's own package, then that of every Python
+/// environment, then the system folders. Each once (a folder reached again through a link too). Those the user named (`NCCL_HOME`,
 /// `LD_LIBRARY_PATH`) are searched, and reported, even where they don't exist; those guessed
 /// only where there is something: Python environments that exist, system folders that exist.
 fn search_dirs(env: &SearchEnv) -> Vec<PathBuf> {
     let mut dirs = Vec::new();
     dirs.extend(env.nccl_home.iter().map(|home| home.join("lib")));
     dirs.extend(env.library_path.iter().cloned());
+    dirs.extend(env.own_packages.iter().map(|p| p.join(WHEEL_DIR)));
     dirs.extend(env.python_package_dirs(&[WHEEL_DIR]));
     dirs.extend(env.system_dirs.iter().filter(|d| d.is_dir()).cloned());
     let mut seen = std::collections::HashSet::new();
@@ -490,6 +548,48 @@ mod tests {
         assert_eq!(
             find_real_nccl(&env, is_shim).unwrap().path,
             root.join("sys/libnccl.so")
+        );
+    }
+
+    /// A wheel installed where no environment is active (its library preloaded by path, or
+    /// installed with `pip install --target`): NVIDIA's NCCL beside its package comes before
+    /// any other Python environment's.
+    #[test]
+    fn the_nccl_beside_the_shims_own_package_comes_before_other_environments() {
+        let scratch = tree();
+        let root = &scratch.0;
+        let packages = root.join("target-dir");
+        let shim = packages.join("ncclshim/lib/libnccl.so.2");
+        let beside = packages.join("nvidia/nccl/lib/libnccl.so.2");
+        for file in [&shim, &beside] {
+            std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+        }
+        lib(&shim, "shim");
+        lib(&beside, "real");
+        lib(
+            &root.join("venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2"),
+            "real",
+        );
+        assert_eq!(packages_holding(&shim), Some(packages.clone()));
+        assert_eq!(packages_holding(&root.join("build/lib/libnccl.so.2")), None);
+        let env = SearchEnv {
+            own_packages: packages_holding(&shim),
+            python_prefixes: vec![root.join("venv")],
+            ..Default::default()
+        };
+        assert_eq!(find_real_nccl(&env, is_shim).unwrap().path, beside);
+        std::fs::remove_file(&beside).unwrap();
+        let next = find_real_nccl(&env, is_shim).unwrap().path;
+        assert!(next.starts_with(root.join("venv")), "{next:?}");
+    }
+
+    /// This library's own file, as the loader names it (the test binary here).
+    #[test]
+    fn the_shim_knows_its_own_file() {
+        let own = own_library().unwrap();
+        assert_eq!(
+            own,
+            std::env::current_exe().unwrap().canonicalize().unwrap()
         );
     }
 
