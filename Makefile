@@ -103,13 +103,15 @@ install:
 # processor, x86_64 or aarch64 (Grace Hopper, Grace Blackwell), this machine's by default; the
 # other is built across, with Rust's standard library for it (rustup installs it where missing).
 WHEEL_GLIBC := 2.17
-WHEEL_ARCH ?= $(shell uname -m)
+# Not from the environment (`make wheel WHEEL_ARCH=...` sets it): `make test` builds this machine's.
+WHEEL_ARCH = $(shell uname -m)
 WHEEL_TRIPLE = $(WHEEL_ARCH)-unknown-linux-gnu
 WHEEL_BUILD = $(CURDIR)/target/wheel-build-$(WHEEL_ARCH)
 WHEEL_TARGET := $(CURDIR)/target/wheel
 wheel:
 	@case "$(WHEEL_ARCH)" in x86_64|aarch64) ;; *) echo "WHEEL_ARCH is x86_64 or aarch64"; exit 1;; esac
-	@$(call HAS_RUST_TARGET,$(WHEEL_TRIPLE)) || timeout 300 rustup target add $(WHEEL_TRIPLE) || { echo "make wheel WHEEL_ARCH=$(WHEEL_ARCH) needs Rust's standard library for $(WHEEL_TRIPLE): rustup target add $(WHEEL_TRIPLE)"; exit 1; }
+	@[ "$(WHEEL_ARCH)" = "$$(uname -m)" ] || $(call HAS_RUST_TARGET,$(WHEEL_TRIPLE)) || timeout 300 rustup target add $(WHEEL_TRIPLE) || \
+	  { echo "make wheel WHEEL_ARCH=$(WHEEL_ARCH) needs Rust's standard library for $(WHEEL_TRIPLE): rustup target add $(WHEEL_TRIPLE)"; exit 1; }
 	@# Without debug information: the wheel's files carry none.
 	tools=$$(gen/fetch-wheel-tools.sh) && PATH=$$tools:$$PATH CARGO_TARGET_DIR=$(WHEEL_TARGET) \
 	  CARGO_PROFILE_RELEASE_DEBUG=false CARGO_PROFILE_RELEASE_STRIP=debuginfo \
@@ -120,16 +122,18 @@ wheel:
 	  --version $$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml) --glibc $(WHEEL_GLIBC) \
 	  --abi "the API of every NCCL from $(firstword $(SPEC_VERSIONS)) to $(NEWEST_SPEC)" --out $(CURDIR)/dist
 
-# make test's wheel for aarch64, built on x86_64 and run there under qemu (cli/tests/wheel_aarch64.rs)
+# make test's wheel for aarch64, built on x86_64 and run there under qemu (cli/tests/wheel.rs)
 # where Rust's standard library for aarch64 is installed or can be; elsewhere dist/aarch64-skipped
-# says why, and the test says so too.
-HAS_RUST_TARGET = [ -d "$$(rustc --print sysroot)/lib/rustlib/$(1)/lib" ]
+# says why (and make, and the tests), and no older aarch64 wheel is left to be taken for it.
+# A target's standard library is installed once its manifest is written (rustup does it last).
+HAS_RUST_TARGET = [ -f "$$(rustc --print sysroot)/lib/rustlib/manifest-rust-std-$(1)" ]
 wheel-aarch64:
 	@mkdir -p $(CURDIR)/dist && rm -f $(CURDIR)/dist/aarch64-skipped
-	@if [ "$$(uname -m)" != x86_64 ]; then echo "built and run on x86_64 hosts only" > $(CURDIR)/dist/aarch64-skipped; \
+	@skip() { rm -f $(CURDIR)/dist/ncclshim-*_aarch64.whl; echo "$$1" > $(CURDIR)/dist/aarch64-skipped; echo "no aarch64 wheel: $$1"; }; \
+	if [ "$$(uname -m)" != x86_64 ]; then skip "built and run on x86_64 hosts only"; \
 	elif $(call HAS_RUST_TARGET,aarch64-unknown-linux-gnu) || timeout 300 rustup target add aarch64-unknown-linux-gnu; then \
 	  $(MAKE) --no-print-directory wheel WHEEL_ARCH=aarch64; \
-	else echo "Rust's standard library for aarch64 could not be installed (rustup target add aarch64-unknown-linux-gnu)" > $(CURDIR)/dist/aarch64-skipped; fi
+	else skip "Rust's standard library for aarch64 could not be installed (rustup target add aarch64-unknown-linux-gnu)"; fi
 
 # What the tests need beyond Rust: gcc, libclang (bindgen; libclang-cpp, which comes with llvm,
 # is not it: gen/has-libclang.sh), qemu and aarch64's glibc (on x86_64), NVIDIA's libraries from

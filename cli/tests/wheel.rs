@@ -105,6 +105,9 @@ with zipfile.ZipFile(wheel, "w", zipfile.ZIP_STORED) as z:
     z.writestr(f"{info}/RECORD", "\n".join(records + [f"{info}/RECORD,,"]) + "\n")
 "#;
 
+/// This machine's processor, as wheels' tags name it: `make wheel` builds its wheel.
+const ARCH: &str = std::env::consts::ARCH;
+
 /// The folder `make test` left its wheels in (NCCLSHIM_WHEEL_DIR).
 fn wheel_dir() -> PathBuf {
     std::env::var_os("NCCLSHIM_WHEEL_DIR")
@@ -278,7 +281,7 @@ fn check_tags(wheel: &Path, arch: &str) {
 
 #[test]
 fn the_wheel_is_tagged_for_the_old_glibc_its_files_need() {
-    check_tags(&built_wheel("x86_64"), "x86_64");
+    check_tags(&built_wheel(ARCH), ARCH);
 }
 
 #[test]
@@ -290,7 +293,7 @@ fn the_aarch64_wheel_is_tagged_for_the_old_glibc_and_the_processor_its_files_nee
 
 #[test]
 fn the_wheel_installs_with_pip_and_finds_nccl_in_its_environment() {
-    let ours = built_wheel("x86_64");
+    let ours = built_wheel(ARCH);
     let scratch = scratch("cli-wheel");
     let nccl = real_nccl("2.28.9");
     let nvidia = nvidia_nccl_wheel("2.28.9", &scratch);

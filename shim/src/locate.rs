@@ -87,11 +87,15 @@ impl SearchEnv {
 }
 
 /// The Python packages folder holding the ncclshim library at `library`, where that is its
-/// wheel's place (`<packages>/ncclshim/lib/<library>`).
+/// wheel's place (`<packages>/ncclshim/lib/<library>`, beside the package's `__init__.py`; not
+/// an installation such as `make install PREFIX=/opt/ncclshim`).
 pub fn packages_holding(library: &Path) -> Option<PathBuf> {
     let lib = library.parent()?;
     let package = lib.parent()?;
-    (lib.file_name()? == "lib" && package.file_name()? == "ncclshim")
+    let wheels = lib.file_name()? == "lib"
+        && package.file_name()? == "ncclshim"
+        && package.join("__init__.py").is_file();
+    wheels
         .then(|| package.parent().map(Path::to_path_buf))
         .flatten()
 }
@@ -108,8 +112,9 @@ unsafe extern "C" {
     fn dladdr(address: *const std::ffi::c_void, info: *mut DlInfo) -> std::ffi::c_int;
 }
 
-/// The file this code was loaded from (the shim's library; in a program built with it, the
-/// program), as the loader names it, links resolved.
+/// The file this code was loaded from, as the loader names it (the shim's library: the path it
+/// was opened by; in a program built with this crate, the program's name as it was started, as
+/// glibc gives it), resolved from the current folder, links too.
 fn own_library() -> Option<PathBuf> {
     let mut info = DlInfo {
         fname: std::ptr::null(),
@@ -565,6 +570,9 @@ mod tests {
             std::fs::create_dir_all(file.parent().unwrap()).unwrap();
         }
         lib(&shim, "shim");
+        // Not the wheel's package without its __init__.py (an installation's lib/ folder).
+        assert_eq!(packages_holding(&shim), None);
+        lib(&packages.join("ncclshim/__init__.py"), "");
         lib(&beside, "real");
         lib(
             &root.join("venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2"),

@@ -318,9 +318,9 @@ pub fn collectives_logged() -> bool {
 
 /// The first NCCL whose list settings are checked (param/parser_bitset.h): each name trimmed of
 /// spaces, and a value that names what NCCL does not know refused whole, for the default.
-const STRICT_LISTS: i32 = 23000;
+const STRICT_LISTS: i32 = 23007;
 
-/// The subsystems NCCL 2.30 knows, for `NCCL_DEBUG_SUBSYS`.
+/// The subsystems NCCL 2.30.7 knows, for `NCCL_DEBUG_SUBSYS`.
 const SUBSYSTEMS: [&str; 19] = [
     "INIT",
     "COLL",
@@ -343,8 +343,8 @@ const SUBSYSTEMS: [&str; 19] = [
     "ALL",
 ];
 
-/// Whether a list setting of NCCL's debug log (`value`) names `name`, as NCCL before 2.30 reads
-/// them (debug.cc): names split at commas, any case, ALL for every one, a leading `^` for every
+/// Whether a list setting of NCCL's debug log (`value`) names `name`, as NCCL before 2.30.7
+/// reads them (debug.cc): names split at commas, any case, ALL for every one, a leading `^` for every
 /// one but those named; unset, `unset` names them.
 fn list_takes(value: Option<&str>, name: &str, unset: &[&str]) -> bool {
     let Some(value) = value else {
@@ -361,7 +361,7 @@ fn list_takes(value: Option<&str>, name: &str, unset: &[&str]) -> bool {
 }
 
 /// `NCCL_DEBUG_SUBSYS` (`value`) takes the subsystem `name` (unset: INIT, BOOTSTRAP and ENV);
-/// `strict`, as NCCL 2.30 and later read it (`STRICT_LISTS`).
+/// `strict`, as NCCL 2.30.7 and later read it (`STRICT_LISTS`).
 fn takes_subsystem(value: Option<&str>, name: &str, strict: bool) -> bool {
     let unset = ["INIT", "BOOTSTRAP", "ENV"];
     let Some(value) = value.filter(|_| strict) else {
@@ -467,13 +467,13 @@ mod tests {
         assert!(!coll(Some("^INIT,COLL")));
         assert!(!coll(Some("^ALL")));
         assert!(!coll(Some("")));
-        // Before 2.30: names as they are, unknown ones passed over.
+        // Before 2.30.7: names as they are, unknown ones passed over.
         assert!(!coll(Some("INIT, COLL")));
         assert!(coll(Some("COLL,FOO")));
     }
 
     #[test]
-    fn subsystems_follow_nccl_2_30s_stricter_reading() {
+    fn subsystems_follow_nccl_2_30_7s_stricter_reading() {
         let coll = |setting| takes_subsystem(setting, "COLL", true);
         assert!(!coll(None));
         assert!(coll(Some("INIT, coll ")));
