@@ -27,7 +27,7 @@ real=${REAL:?REAL names the real libnccl.so.2}
 real_dir=$(dirname "$real")
 deadline=${STEP_TIMEOUT:-120}
 [ "$deadline" -gt 120 ] && deadline=120
-mpi_home=${MPI_HOME:-/usr/lib/x86_64-linux-gnu/openmpi}
+mpi_home=${MPI_HOME:-/usr/lib/$(uname -m)-linux-gnu/openmpi}
 gencode=${NVCC_GENCODE:--gencode=arch=compute_90,code=sm_90}
 
 verdict() { echo "VERDICT $*"; }
