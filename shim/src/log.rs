@@ -307,13 +307,13 @@ pub fn enabled(level: Level) -> bool {
 /// calls, once the real NCCL is loaded.
 pub fn collectives_logged() -> bool {
     static COLLECTIVES: OnceLock<bool> = OnceLock::new();
-    enabled(Level::Info)
-        && *COLLECTIVES.get_or_init(|| {
-            let strict =
-                crate::real_nccl::real_nccl().is_some_and(|real| real.version_code >= STRICT_LISTS);
-            let value = std::env::var("NCCL_DEBUG_SUBSYS").ok();
-            takes_subsystem(value.as_deref(), "COLL", strict)
-        })
+    // One load a call once read: the core asks at each call it takes or answers.
+    *COLLECTIVES.get_or_init(|| {
+        let strict =
+            crate::real_nccl::real_nccl().is_some_and(|real| real.version_code >= STRICT_LISTS);
+        let value = std::env::var("NCCL_DEBUG_SUBSYS").ok();
+        enabled(Level::Info) && takes_subsystem(value.as_deref(), "COLL", strict)
+    })
 }
 
 /// The first NCCL whose list settings are checked (param/parser_bitset.h): each name trimmed of
