@@ -96,7 +96,7 @@ install:
 	@echo "installed $$(readlink -f $(PREFIX)/lib/libnccl.so.2), its headers and bin/ncclshim under $(PREFIX)"
 
 # A Python wheel: the build for every NCCL version (its own target and build folders) and the
-# ncclshim command; `pip install dist/ncclshim-*.whl` (or `ncclshim[cu12]`, `ncclshim[cu13]`
+# ncclshim command; `pip install --find-links dist ncclshim` (or `ncclshim[cu12]`, `ncclshim[cu13]`
 # for NVIDIA's NCCL as well). Both are linked against WHEEL_GLIBC's symbols by cargo-zigbuild
 # (gen/fetch-wheel-tools.sh), so that the wheel installs where NVIDIA's NCCL wheels do
 # (manylinux2014); gen/make-wheel.py refuses files that need a newer glibc. WHEEL_ARCH: the
