@@ -10,8 +10,10 @@
 set -euo pipefail
 version=${1:?usage: fetch-nccl.sh <version> [headers|host]}
 cache=${NCCLSHIM_CACHE:-$HOME/.cache/ncclshim}
-platforms=(manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_18_x86_64 manylinux_2_17_x86_64
-  manylinux2014_x86_64)
+# The wheel for this machine's processor (x86_64 or aarch64): its library is loaded by the tests.
+arch=$(uname -m)
+platforms=(manylinux_2_28_$arch manylinux_2_27_$arch manylinux_2_18_$arch manylinux_2_17_$arch
+  manylinux2014_$arch)
 whole=$cache/nccl-$version
 if [ "${2:-}" = headers ] && [ ! -f "$whole/nvidia/nccl/include/nccl.h" ]; then
   dest=$cache/nccl-headers-$version

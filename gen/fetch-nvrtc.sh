@@ -10,6 +10,7 @@ if [ ! -f "$lib" ]; then
   # The library and its builtins (not the wheel's .alt copies, which the build does not load).
   "$(dirname "$0")/fetch-wheel.sh" nvidia-cuda-nvrtc-cu12 "$version" \
     'nvidia/cuda_nvrtc/lib/libnvrtc(-builtins)?\.so' "$dest" \
-    manylinux_2_12_x86_64 manylinux2010_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64
+    manylinux_2_12_"$(uname -m)" manylinux2010_"$(uname -m)" manylinux_2_17_"$(uname -m)" \
+    manylinux2014_"$(uname -m)"
 fi
 echo "$lib"

@@ -65,7 +65,7 @@ fn nvidia_nccl_wheel(version: &str, dir: &Path) -> PathBuf {
         return wheel;
     }
     let root = nccl.ancestors().nth(2).unwrap();
-    let wheel = dir.join(format!("{prefix}py3-none-manylinux2014_x86_64.whl"));
+    let wheel = dir.join(format!("{prefix}py3-none-manylinux2014_{ARCH}.whl"));
     checked(
         Command::new("python3")
             .args(["-c", MAKE_WHEEL])
@@ -73,6 +73,7 @@ fn nvidia_nccl_wheel(version: &str, dir: &Path) -> PathBuf {
             .arg(&wheel)
             .arg(version)
             .arg(workspace().join("gen/make-wheel.py"))
+            .arg(ARCH)
             .output()
             .unwrap(),
         "making NVIDIA's NCCL wheel from its fetched files",
@@ -80,12 +81,12 @@ fn nvidia_nccl_wheel(version: &str, dir: &Path) -> PathBuf {
     wheel
 }
 
-/// python3 -c MAKE_WHEEL ROOT WHEEL VERSION MAKE_WHEEL_PY: `ROOT/nvidia/` and a dist-info into
+/// python3 -c MAKE_WHEEL ROOT WHEEL VERSION MAKE_WHEEL_PY ARCH: `ROOT/nvidia/` and a dist-info into
 /// WHEEL, stored (not compressed: it is installed once, then removed), its RECORD written as
 /// gen/make-wheel.py (MAKE_WHEEL_PY) writes ours.
 const MAKE_WHEEL: &str = r#"
 import importlib.util, os, sys, zipfile
-root, wheel, version, make_wheel_py = sys.argv[1:5]
+root, wheel, version, make_wheel_py, arch = sys.argv[1:6]
 spec = importlib.util.spec_from_file_location("make_wheel", make_wheel_py)
 make_wheel = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(make_wheel)
@@ -101,7 +102,7 @@ with zipfile.ZipFile(wheel, "w", zipfile.ZIP_STORED) as z:
             with open(path, "rb") as f:
                 add(z, os.path.relpath(path, root), f.read())
     add(z, f"{info}/METADATA", f"Metadata-Version: 2.1\nName: nvidia-nccl-cu12\nVersion: {version}\n".encode())
-    add(z, f"{info}/WHEEL", b"Wheel-Version: 1.0\nGenerator: ncclshim-tests\nRoot-Is-Purelib: true\nTag: py3-none-manylinux2014_x86_64\n")
+    add(z, f"{info}/WHEEL", f"Wheel-Version: 1.0\nGenerator: ncclshim-tests\nRoot-Is-Purelib: true\nTag: py3-none-manylinux2014_{arch}\n".encode())
     z.writestr(f"{info}/RECORD", "\n".join(records + [f"{info}/RECORD,,"]) + "\n")
 "#;
 
