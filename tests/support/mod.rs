@@ -159,7 +159,19 @@ pub fn compile_c(
     out: &Path,
     link: &[impl AsRef<std::ffi::OsStr>],
 ) -> PathBuf {
-    let status = Command::new("gcc")
+    compile_c_with(Command::new("gcc"), source, include, out, link)
+}
+
+/// As `compile_c`, with `compiler` (a C compiler's command, with any options of its own, such
+/// as another processor to compile for).
+pub fn compile_c_with(
+    mut compiler: Command,
+    source: &str,
+    include: &Path,
+    out: &Path,
+    link: &[impl AsRef<std::ffi::OsStr>],
+) -> PathBuf {
+    let status = compiler
         .args(["-O1", "-Wall", "-Werror", "-std=gnu11", "-pthread"])
         .arg(format!("-I{}", include.display()))
         .arg(format!("-I{}", workspace().join("tests/c").display()))
@@ -173,10 +185,37 @@ pub fn compile_c(
         .arg(out)
         .args(link)
         .status()
-        .expect("gcc runs");
-    assert!(status.success(), "gcc failed on tests/c/{source}");
+        .expect("the C compiler runs");
+    assert!(
+        status.success(),
+        "the C compiler failed on tests/c/{source}"
+    );
     out.to_path_buf()
 }
+
+/// What tests/c/calls_client.c prints in its "empty" mode, through the shim into the stand-in
+/// NCCL (tests/c/fake_operations_nccl.c, with FAKE_NCCL_GROUPS set), where the shim answers the
+/// calls of no elements NCCL would drop: the first four lines reach no NCCL function; from the
+/// fifth on, each call NCCL's checks may refuse (and those after) reaches it.
+pub const EMPTY_CALLS_ANSWERED: [&str; 17] = [
+    "made: 0",
+    "a group of two empty all-reduces",
+    "rank 0 of 2",
+    "an empty broadcast from root 1",
+    "an empty broadcast from root 2",
+    "fake ncclBroadcast",
+    "an empty all-reduce of type 255",
+    "fake ncclAllReduce",
+    "an empty all-reduce of op 5",
+    "fake ncclAllReduce",
+    "an empty all-reduce of 8-bit floats",
+    "fake ncclAllReduce",
+    "an all-reduce of 4",
+    "fake ncclAllReduce",
+    "an empty all-reduce once destroyed",
+    "fake ncclAllReduce",
+    "done",
+];
 
 /// For tests of what the shim records of each call: tests/c/calls_client.c (linked with the
 /// shim) and tests/c/fake_operations_nccl.c (a stand-in for the real NCCL whose operations
