@@ -174,7 +174,7 @@ fn the_search_looks_in_ld_library_path_past_the_shim_and_its_copies() {
 }
 
 #[test]
-fn the_search_finds_nccl_home_and_python_environments() {
+fn the_search_finds_nccl_home_python_and_conda_environments() {
     let dir = scratch("locating-search");
     let client = client(&dir);
     let real = real_library("2.27.7");
@@ -200,6 +200,16 @@ fn the_search_finds_nccl_home_and_python_environments() {
     );
     let (_, ours) = shim_lines(&client, &[("PATH", &path)]);
     assert!(found_line(&ours).contains(&format!("at {} (found by searching)", in_venv.display())));
+
+    // conda's nccl package: the library in the environment's lib/.
+    let conda = dir.join("conda-env");
+    std::fs::create_dir_all(conda.join("lib")).unwrap();
+    symlink(&real, conda.join("lib/libnccl.so.2")).unwrap();
+    let (_, ours) = shim_lines(&client, &[("CONDA_PREFIX", conda.to_str().unwrap())]);
+    assert!(found_line(&ours).contains(&format!(
+        "at {}/lib/libnccl.so.2 (found by searching)",
+        conda.display()
+    )));
 }
 
 #[test]

@@ -7,9 +7,9 @@ use std::ffi::OsString;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-/// Folders searched after NCCL_HOME, LD_LIBRARY_PATH and the Python environments: Debian's and
-/// Ubuntu's for this processor (NVIDIA's libnccl2 package), RHEL's (its libnccl package),
-/// NVIDIA's archive unpacked, CUDA's.
+/// Folders searched after NCCL_HOME, LD_LIBRARY_PATH, the Python environments and conda's
+/// (`system_dirs`): Debian's and Ubuntu's for this processor (NVIDIA's libnccl2 package),
+/// RHEL's (its libnccl package), NVIDIA's archive unpacked, CUDA's.
 pub const SYSTEM_DIRS: &[&str] = &[
     MULTIARCH_DIR,
     "/usr/lib64",
@@ -81,9 +81,22 @@ impl SearchEnv {
                 .unwrap_or_default(),
             own_packages: own_library().as_deref().and_then(packages_holding),
             python_prefixes,
-            system_dirs: SYSTEM_DIRS.iter().map(PathBuf::from).collect(),
+            system_dirs: system_dirs(var("CONDA_PREFIX").map(PathBuf::from)),
         }
     }
+}
+
+/// The library folders searched last: those of conda environments (`conda install nccl` puts
+/// the library in the environment's `lib/`): `$CONDA_PREFIX`'s, then `/opt/conda`'s (container
+/// images' base environment, where no shell activated it); then `SYSTEM_DIRS`.
+fn system_dirs(conda_prefix: Option<PathBuf>) -> Vec<PathBuf> {
+    let conda = conda_prefix
+        .into_iter()
+        .chain([PathBuf::from("/opt/conda")]);
+    conda
+        .map(|prefix| prefix.join("lib"))
+        .chain(SYSTEM_DIRS.iter().map(PathBuf::from))
+        .collect()
 }
 
 /// The Python packages folder holding the ncclshim library at `library`, where that is its
@@ -589,6 +602,17 @@ mod tests {
         std::fs::remove_file(&beside).unwrap();
         let next = find_real_nccl(&env, is_shim).unwrap().path;
         assert!(next.starts_with(root.join("venv")), "{next:?}");
+    }
+
+    #[test]
+    fn conda_environments_libraries_come_before_the_systems() {
+        let dirs = system_dirs(Some(PathBuf::from("/envs/train")));
+        assert_eq!(
+            dirs[..2],
+            [PathBuf::from("/envs/train/lib"), "/opt/conda/lib".into()]
+        );
+        assert_eq!(dirs[2..].len(), SYSTEM_DIRS.len());
+        assert_eq!(system_dirs(None)[0], PathBuf::from("/opt/conda/lib"));
     }
 
     /// This library's own file, as the loader names it (the test binary here).
