@@ -267,11 +267,26 @@ fn log_host_name(full: &str) -> String {
         .replace(['%', '/'], "-")
 }
 
-fn thread_id() -> String {
-    std::fs::read_link("/proc/thread-self")
-        .ok()
-        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
-        .unwrap_or_else(|| "?".into())
+/// This thread's id, as NCCL's lines give it: read once a thread (the lines of calls come one
+/// a call), again in a forked child.
+fn thread_id() -> u32 {
+    thread_local! {
+        /// (process, thread) as last read.
+        static IDS: std::cell::Cell<(u32, u32)> = const { std::cell::Cell::new((0, 0)) };
+    }
+    let pid = std::process::id();
+    IDS.with(|ids| {
+        let (read_in, tid) = ids.get();
+        if read_in == pid {
+            return tid;
+        }
+        let tid = std::fs::read_link("/proc/thread-self")
+            .ok()
+            .and_then(|p| p.file_name()?.to_str()?.parse().ok())
+            .unwrap_or(0);
+        ids.set((pid, tid));
+        tid
+    })
 }
 
 /// `2026-11-21 06:55:06` (UTC), the shape of NCCL's default timestamps.
@@ -494,6 +509,14 @@ mod tests {
         assert!(stamps(Some("info"), "INFO") && !stamps(Some("INFO"), "WARN"));
         assert!(stamps(Some("ALL"), "INFO"));
         assert!(!stamps(Some("^WARN"), "WARN") && stamps(Some("^WARN"), "INFO"));
+    }
+
+    #[test]
+    fn each_thread_says_its_own_id() {
+        let here = thread_id();
+        assert_eq!(thread_id(), here, "read once, the same after");
+        let there = std::thread::spawn(thread_id).join().unwrap();
+        assert!(here != 0 && there != 0 && there != here, "{here} {there}");
     }
 
     #[test]
