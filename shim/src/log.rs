@@ -1,8 +1,9 @@
 //! Logging like NCCL's, under NCCL's own variables: `NCCL_DEBUG` (VERSION, WARN, INFO, TRACE),
-//! `NCCL_DEBUG_FILE` (`%h` host, `%p` pid), `NCCL_DEBUG_TIMESTAMP_LEVELS` and, for the lines of
-//! calls only, `NCCL_DEBUG_SUBSYS`. Lines are shaped like NCCL's (`[date time] host:pid:tid [dev]
-//! NCCL WARN ...`, the time on warnings only unless `NCCL_DEBUG_TIMESTAMP_LEVELS` says otherwise)
-//! with `[ncclshim]` where NCCL puts the device. Set-up and error paths log, and (COLL) the calls
+//! `NCCL_DEBUG_FILE` (`%h` host, `%p` pid), `NCCL_DEBUG_TIMESTAMP_LEVELS` and
+//! `NCCL_DEBUG_TIMESTAMP_FORMAT`, and, for the lines of calls only, `NCCL_DEBUG_SUBSYS`. Lines are
+//! shaped like NCCL's (`[date time] host:pid:tid [dev] NCCL WARN ...`, the local time on
+//! warnings only unless `NCCL_DEBUG_TIMESTAMP_LEVELS` says otherwise) with `[ncclshim]` where
+//! NCCL puts the device. Set-up and error paths log, and (COLL) the calls
 //! the core takes; nothing here is on a forwarded call's path.
 //!
 //! `NCCL_DEBUG_FILE` is shared with the real NCCL, which opens it at its first log line of any
@@ -51,6 +52,8 @@ struct Logger {
     level: Level,
     /// The levels whose lines start with the time (`NCCL_DEBUG_TIMESTAMP_LEVELS`; unset, WARN).
     timestamped: [bool; 2],
+    /// `NCCL_DEBUG_TIMESTAMP_FORMAT`, or NCCL's default.
+    timestamp_format: String,
     host: String,
     /// `NCCL_DEBUG_FILE` as set, to name the file again in a forked child.
     file_pattern: Option<String>,
@@ -70,6 +73,8 @@ fn logger() -> &'static Logger {
         let stamped = std::env::var("NCCL_DEBUG_TIMESTAMP_LEVELS").ok();
         let timestamped = [Level::Warn, Level::Info]
             .map(|level| list_takes(stamped.as_deref(), level.tag(), &["WARN"]));
+        let timestamp_format = std::env::var("NCCL_DEBUG_TIMESTAMP_FORMAT")
+            .unwrap_or_else(|_| TIMESTAMP_FORMAT.to_string());
         let host = host_name();
         let file_pattern = std::env::var("NCCL_DEBUG_FILE")
             .ok()
@@ -84,6 +89,7 @@ fn logger() -> &'static Logger {
         Logger {
             level,
             timestamped,
+            timestamp_format,
             host,
             file_pattern,
             sink: Mutex::new(sink),
@@ -289,28 +295,74 @@ fn thread_id() -> u32 {
     })
 }
 
-/// `2026-11-21 06:55:06` (UTC), the shape of NCCL's default timestamps.
-fn timestamp(now: std::time::SystemTime) -> String {
-    let secs = now
+/// NCCL's default `NCCL_DEBUG_TIMESTAMP_FORMAT`: `[2026-11-21 06:55:06] `.
+const TIMESTAMP_FORMAT: &str = "[%F %T] ";
+
+/// glibc's `struct tm` (56 bytes on 64-bit Linux), held whole: only libc reads and writes it.
+#[repr(C, align(8))]
+struct Tm([u8; 64]);
+
+unsafe extern "C" {
+    fn localtime_r(time: *const i64, tm: *mut Tm) -> *mut Tm;
+    fn strftime(
+        out: *mut std::ffi::c_char,
+        max: usize,
+        format: *const std::ffi::c_char,
+        tm: *const Tm,
+    ) -> usize;
+}
+
+/// The time `now` as NCCL stamps its lines (debug.cc): local time through `strftime` with
+/// `format` (`NCCL_DEBUG_TIMESTAMP_FORMAT`), whose first `%Nf` (N a digit from 1 to 9) is the
+/// fraction of the second in N digits; empty where the format gives nothing.
+fn timestamp(format: &str, now: std::time::SystemTime) -> String {
+    let since = now
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let (days, rest) = (secs / 86_400, secs % 86_400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}",
-        rest / 3600,
-        rest % 3600 / 60,
-        rest % 60
-    )
+        .unwrap_or_default();
+    let format = with_subseconds(format, since.subsec_nanos());
+    let Ok(format) = std::ffi::CString::new(format) else {
+        return String::new();
+    };
+    let secs = since.as_secs() as i64;
+    let mut tm = Tm([0; 64]);
+    let mut out = [0u8; 256];
+    // SAFETY: localtime_r writes the `struct tm` it is given, which `tm` holds whole; strftime
+    // writes at most `out.len()` bytes, and says how many (0: none fitted).
+    let written = unsafe {
+        if localtime_r(&secs, &mut tm).is_null() {
+            return String::new();
+        }
+        strftime(out.as_mut_ptr().cast(), out.len(), format.as_ptr(), &tm)
+    };
+    String::from_utf8_lossy(&out[..written]).into_owned()
+}
+
+/// `format` with its first `%Nf` (`%%` passed over) replaced by the first N digits of the
+/// fraction of a second `nanos` makes, as NCCL does before `strftime`.
+fn with_subseconds(format: &str, nanos: u32) -> String {
+    let bytes = format.as_bytes();
+    let mut i = 0;
+    while i + 1 < bytes.len() {
+        if bytes[i] == b'%' && bytes[i + 1] == b'%' {
+            i += 2;
+            continue;
+        }
+        if bytes[i] == b'%'
+            && bytes.get(i + 2) == Some(&b'f')
+            && (b'1'..=b'9').contains(&bytes[i + 1])
+        {
+            let digits = usize::from(bytes[i + 1] - b'0');
+            let fraction = format!("{nanos:09}");
+            return format!(
+                "{}{}{}",
+                &format[..i],
+                &fraction[..digits],
+                &format[i + 3..]
+            );
+        }
+        i += 1;
+    }
+    format.to_string()
 }
 
 pub fn enabled(level: Level) -> bool {
@@ -411,7 +463,7 @@ pub fn write(level: Level, always: bool, message: fmt::Arguments) {
     }
     let l = logger();
     let stamp = match l.timestamped[usize::from(level != Level::Warn)] {
-        true => format!("[{}] ", timestamp(std::time::SystemTime::now())),
+        true => timestamp(&l.timestamp_format, std::time::SystemTime::now()),
         false => String::new(),
     };
     let line = format!(
@@ -521,10 +573,20 @@ mod tests {
 
     #[test]
     fn timestamps_read_like_nccls() {
-        let at = |secs| timestamp(std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs));
-        assert_eq!(at(0), "1970-01-01 00:00:00");
-        assert_eq!(at(951_782_400), "2000-02-29 00:00:00");
-        assert_eq!(at(1_795_244_106), "2026-11-21 06:55:06");
+        // Mid-month, at noon: the same month in every time zone.
+        let at = |format: &str, nanos| {
+            let when = std::time::Duration::new(961_070_400, nanos);
+            timestamp(format, std::time::UNIX_EPOCH + when)
+        };
+        assert_eq!(at("[%Y-%m] ", 0), "[2000-06] ");
+        assert_eq!(
+            at(TIMESTAMP_FORMAT, 0).len(),
+            "[2000-06-15 12:00:00] ".len()
+        );
+        assert!(at(TIMESTAMP_FORMAT, 0).starts_with("[2000-06-1"));
+        assert_eq!(at("%Y.%3f 100%%", 123_456_789), "2000.123 100%");
+        assert_eq!(at("%%3f %9f", 5), "%3f 000000005");
+        assert_eq!(at("", 0), "");
     }
 
     #[test]
