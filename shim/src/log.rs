@@ -411,20 +411,27 @@ const SUBSYSTEMS: [&str; 19] = [
 ];
 
 /// Whether a list setting of NCCL's debug log (`value`) names `name`, as NCCL before 2.30.7
-/// reads them (debug.cc): names split at commas, any case, ALL for every one, a leading `^` for every
-/// one but those named; unset, `unset` names them.
+/// reads them (debug.cc): names split at commas, any case, ALL for every one, a leading `^` for
+/// every one but those named; unset, `unset` names them.
 fn list_takes(value: Option<&str>, name: &str, unset: &[&str]) -> bool {
     let Some(value) = value else {
         return unset.contains(&name);
     };
-    let (invert, names) = match value.strip_prefix('^') {
+    let (invert, names) = inverted(value);
+    names.split(',').any(|n| names_it(n, name)) != invert
+}
+
+/// A list setting's leading `^` (every name but those listed), and the list.
+fn inverted(value: &str) -> (bool, &str) {
+    match value.strip_prefix('^') {
         Some(rest) => (true, rest),
         None => (false, value),
-    };
-    let named = names
-        .split(',')
-        .any(|n| n.eq_ignore_ascii_case(name) || n.eq_ignore_ascii_case("ALL"));
-    named != invert
+    }
+}
+
+/// Whether the listed `entry` names `name` (ALL names every one).
+fn names_it(entry: &str, name: &str) -> bool {
+    entry.eq_ignore_ascii_case(name) || entry.eq_ignore_ascii_case("ALL")
 }
 
 /// `NCCL_DEBUG_SUBSYS` (`value`) takes the subsystem `name` (unset: INIT, BOOTSTRAP and ENV);
@@ -434,25 +441,17 @@ fn takes_subsystem(value: Option<&str>, name: &str, strict: bool) -> bool {
     let Some(value) = value.filter(|_| strict) else {
         return list_takes(value, name, &unset);
     };
-    let names: Vec<&str> = value
-        .strip_prefix('^')
-        .unwrap_or(value)
+    let (invert, names) = inverted(value);
+    let names: Vec<&str> = names
         .split(',')
         .map(str::trim)
         .filter(|n| !n.is_empty())
         .collect();
-    if !names
-        .iter()
-        .all(|n| SUBSYSTEMS.iter().any(|s| s.eq_ignore_ascii_case(n)))
-    {
+    let known = |n: &&str| SUBSYSTEMS.iter().any(|s| s.eq_ignore_ascii_case(n));
+    if !names.iter().all(known) {
         return unset.contains(&name);
     }
-    let trimmed = names.join(",");
-    let value = match value.starts_with('^') {
-        true => format!("^{trimmed}"),
-        false => trimmed,
-    };
-    list_takes(Some(&value), name, &unset)
+    names.iter().any(|n| names_it(n, name)) != invert
 }
 
 /// Writes one line at `level` if `NCCL_DEBUG` asks for it, or regardless when `always`. A
