@@ -56,6 +56,23 @@ fn in_venv(venv: &Path, program: &str, args: &[&str], env: &[(&str, &str)]) -> O
         .unwrap()
 }
 
+/// A fresh virtual environment at `venv`, and in it `pip install -q --no-index ARGS` (`what`
+/// names it where it fails).
+fn pip_install_in_new_venv(venv: &Path, args: &[&str], what: &str) {
+    let _ = std::fs::remove_dir_all(venv);
+    checked(
+        Command::new("python3")
+            .args(["-m", "venv"])
+            .arg(venv)
+            .output()
+            .unwrap(),
+        "python3 -m venv",
+    );
+    let mut install = vec!["install", "-q", "--no-index"];
+    install.extend_from_slice(args);
+    checked(in_venv(venv, "pip", &install, &[]), what);
+}
+
 /// NVIDIA's NCCL wheel of `version`: the one the tests' fetcher kept whole (where PyPI answered
 /// no range requests), else one made in `dir` from the files it fetched from that wheel (all of
 /// `nvidia/nccl/`, laid out as there), with the wheel's name and metadata: pip installs the same
@@ -302,28 +319,9 @@ fn the_wheel_installs_with_pip_and_finds_nccl_in_its_environment() {
     let nccl = real_nccl("2.28.9");
     let nvidia = nvidia_nccl_wheel("2.28.9", &scratch);
     let venv = scratch.join("venv");
-    let _ = std::fs::remove_dir_all(&venv);
-    checked(
-        Command::new("python3")
-            .args(["-m", "venv"])
-            .arg(&venv)
-            .output()
-            .unwrap(),
-        "python3 -m venv",
-    );
-    checked(
-        in_venv(
-            &venv,
-            "pip",
-            &[
-                "install",
-                "-q",
-                "--no-index",
-                ours.to_str().unwrap(),
-                nvidia.to_str().unwrap(),
-            ],
-            &[],
-        ),
+    pip_install_in_new_venv(
+        &venv,
+        &[ours.to_str().unwrap(), nvidia.to_str().unwrap()],
         "pip install",
     );
     let packages = std::fs::read_dir(venv.join("lib"))
@@ -437,34 +435,18 @@ fn the_aarch64_wheel_installs_for_aarch64_and_forwards_under_qemu() {
         return;
     };
     let scratch = scratch("cli-wheel-aarch64");
-    let venv = scratch.join("venv");
-    checked(
-        Command::new("python3")
-            .args(["-m", "venv"])
-            .arg(&venv)
-            .output()
-            .unwrap(),
-        "python3 -m venv",
-    );
     let site = scratch.join("site");
-    checked(
-        in_venv(
-            &venv,
-            "pip",
-            &[
-                "install",
-                "-q",
-                "--no-index",
-                "--no-deps",
-                "--only-binary=:all:",
-                "--platform",
-                "manylinux2014_aarch64",
-                "--target",
-                site.to_str().unwrap(),
-                wheel.to_str().unwrap(),
-            ],
-            &[],
-        ),
+    pip_install_in_new_venv(
+        &scratch.join("venv"),
+        &[
+            "--no-deps",
+            "--only-binary=:all:",
+            "--platform",
+            "manylinux2014_aarch64",
+            "--target",
+            site.to_str().unwrap(),
+            wheel.to_str().unwrap(),
+        ],
         "pip install for aarch64",
     );
     let shim_dir = site.join("ncclshim/lib");
