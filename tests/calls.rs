@@ -345,3 +345,53 @@ fn calls_the_shim_answers_are_logged_as_nccl_logs_its_own() {
     assert_eq!(timed.len(), 3);
     assert!(timed.iter().all(|(timed, _)| *timed), "{timed:?}");
 }
+
+/// NCCL's settings come from its configuration files where the environment has none (NCCL loads
+/// them into the environment at its first init, `NCCL_CONF_FILE` naming one): the shim's log
+/// follows `NCCL_DEBUG` from there, and a communicator `NCCL_COMM_BLOCKING=0` makes nonblocking
+/// (whatever its config) is one to the shim too.
+#[test]
+fn nccls_settings_come_from_its_configuration_files_too() {
+    let dir = scratch("calls-conf-file");
+    let conf = dir.join("nccl.conf");
+    std::fs::write(
+        &conf,
+        "# NCCL_DEBUG=WARN\nNCCL_DEBUG=INFO\nNCCL_COMM_BLOCKING=0\nNCCL_DEBUG=WARN\n",
+    )
+    .unwrap();
+    let conf = conf.to_str().unwrap();
+    let info = |env: &[(&str, &str)]| -> Vec<String> {
+        let out = client_output(&dir, &["checkmode"], env);
+        assert!(out.contains("done"), "{out}");
+        out.lines()
+            .filter_map(|l| l.split_once("[ncclshim] NCCL INFO "))
+            .map(|(_, m)| m.to_string())
+            .collect()
+    };
+    let nonblocking = "comm 0x1000 is nonblocking: its core is set up after its first all-reduce";
+    let from_file = info(&[("NCCL_CONF_FILE", conf)]);
+    assert!(
+        from_file
+            .iter()
+            .any(|m| m.contains("forwarding to real NCCL")),
+        "{from_file:?}"
+    );
+    assert!(from_file.iter().any(|m| m == nonblocking), "{from_file:?}");
+    // The environment comes first.
+    assert!(info(&[("NCCL_CONF_FILE", conf), ("NCCL_DEBUG", "WARN")]).is_empty());
+    let blocking = info(&[("NCCL_CONF_FILE", conf), ("NCCL_COMM_BLOCKING", "1")]);
+    assert!(
+        !blocking.is_empty() && !blocking.iter().any(|m| m == nonblocking),
+        "{blocking:?}"
+    );
+    let by_default = info(&[("NCCL_DEBUG", "INFO")]);
+    assert!(
+        !by_default.is_empty() && !by_default.iter().any(|m| m == nonblocking),
+        "{by_default:?}"
+    );
+    assert!(
+        info(&[("NCCL_DEBUG", "INFO"), ("NCCL_COMM_BLOCKING", "0")])
+            .iter()
+            .any(|m| m == nonblocking)
+    );
+}

@@ -198,15 +198,8 @@ fn check_core(report: &mut Report, machine: Option<&Machine>) {
         report.warn("NCCLSHIM_CORE=0: every call forwards to NCCL");
         return;
     }
-    let env = |name: &str| {
-        std::env::var(name)
-            .ok()
-            .map(|v| v.trim().to_ascii_uppercase())
-    };
-    if env("NCCL_P2P_DISABLE").is_some_and(|v| !v.is_empty() && v != "0")
-        || env("NCCL_P2P_LEVEL").is_some_and(|v| v == "LOC" || v == "0")
-    {
-        report.warn("NCCL_P2P_DISABLE or NCCL_P2P_LEVEL forbid peer-to-peer: the core stays off");
+    if let Some(why) = nccl::core::p2p_forbidden() {
+        report.warn(format!("{why}: the core stays off"));
     }
     let built_in = kernels::built_in_archs();
     if built_in.is_empty() {
@@ -294,7 +287,7 @@ fn check_routing(report: &mut Report, machine: Option<&Machine>) {
         "Routing for {nranks} ranks (this environment's NCCLSHIM_* settings)"
     ));
     let settings = policy::settings();
-    for problem in settings::problems(|name| std::env::var(name).ok()) {
+    for problem in settings::problems(nccl::nccl_env::get) {
         report.warn(problem);
     }
     let size = |bytes: usize| match bytes {

@@ -59,6 +59,27 @@ fn doctor_names_the_libraries_and_passes_without_a_gpu() {
     );
 }
 
+/// NCCL's configuration file forbidding peer-to-peer keeps the core off, as the variable does.
+#[test]
+fn doctor_reads_nccls_configuration_files() {
+    let dir = scratch("doctor-conf-file");
+    let conf = dir.join("nccl.conf");
+    std::fs::write(&conf, "NCCL_P2P_DISABLE=1\n").unwrap();
+    let real = real_library("2.27.7");
+    let warning = "warn  NCCL_P2P_DISABLE is set: no peer-to-peer between GPUs: the core stays off";
+    for (conf_file, warned) in [(conf.to_str().unwrap(), true), ("/nonexistent", false)] {
+        let out = ncclshim(
+            &["--shim", &shim(), "doctor", "--no-run"],
+            &[
+                ("NCCLSHIM_REAL_NCCL", real.to_str().unwrap()),
+                ("NCCL_CONF_FILE", conf_file),
+            ],
+        );
+        let said = text(&out);
+        assert_eq!(said.contains(warning), warned, "{said}");
+    }
+}
+
 #[test]
 fn doctor_fails_with_the_fix_when_no_real_nccl_is_found() {
     let out = ncclshim(

@@ -11,6 +11,7 @@ pub mod ffi;
 pub mod identity;
 pub mod locate;
 mod log;
+pub mod nccl_env;
 mod real;
 mod real_nccl;
 mod route;

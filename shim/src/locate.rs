@@ -73,7 +73,7 @@ impl SearchEnv {
         python_prefixes.retain(|p| seen.insert(p.clone()));
         let built = env!("NCCLSHIM_BUILD_REAL_NCCL");
         SearchEnv {
-            explicit: var("NCCLSHIM_REAL_NCCL"),
+            explicit: crate::nccl_env::get_os("NCCLSHIM_REAL_NCCL").filter(|v| !v.is_empty()),
             build_default: (!built.is_empty()).then(|| PathBuf::from(built)),
             nccl_home: var("NCCL_HOME").map(PathBuf::from),
             library_path: var("LD_LIBRARY_PATH")

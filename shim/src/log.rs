@@ -1,4 +1,5 @@
-//! Logging like NCCL's, under NCCL's own variables: `NCCL_DEBUG` (VERSION, WARN, INFO, TRACE),
+//! Logging like NCCL's, under NCCL's own variables (from the environment or NCCL's configuration
+//! files, nccl_env.rs): `NCCL_DEBUG` (VERSION, WARN, INFO, TRACE),
 //! `NCCL_DEBUG_FILE` (`%h` host, `%p` pid), `NCCL_DEBUG_TIMESTAMP_LEVELS` and
 //! `NCCL_DEBUG_TIMESTAMP_FORMAT`, and, for the lines of calls only, `NCCL_DEBUG_SUBSYS`. Lines are
 //! shaped like NCCL's (`[date time] host:pid:tid [dev] NCCL WARN ...`, the local time on
@@ -21,6 +22,8 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::{Mutex, OnceLock};
+
+use crate::nccl_env;
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
 pub enum Level {
@@ -69,16 +72,14 @@ static LOGGER: OnceLock<Logger> = OnceLock::new();
 
 fn logger() -> &'static Logger {
     LOGGER.get_or_init(|| {
-        let level = Level::from_setting(std::env::var("NCCL_DEBUG").ok().as_deref());
-        let stamped = std::env::var("NCCL_DEBUG_TIMESTAMP_LEVELS").ok();
+        let level = Level::from_setting(nccl_env::get("NCCL_DEBUG").as_deref());
+        let stamped = nccl_env::get("NCCL_DEBUG_TIMESTAMP_LEVELS");
         let timestamped = [Level::Warn, Level::Info]
             .map(|level| list_takes(stamped.as_deref(), level.tag(), &["WARN"]));
-        let timestamp_format = std::env::var("NCCL_DEBUG_TIMESTAMP_FORMAT")
-            .unwrap_or_else(|_| TIMESTAMP_FORMAT.to_string());
+        let timestamp_format = nccl_env::get("NCCL_DEBUG_TIMESTAMP_FORMAT")
+            .unwrap_or_else(|| TIMESTAMP_FORMAT.to_string());
         let host = host_name();
-        let file_pattern = std::env::var("NCCL_DEBUG_FILE")
-            .ok()
-            .filter(|f| !f.is_empty());
+        let file_pattern = nccl_env::get("NCCL_DEBUG_FILE").filter(|f| !f.is_empty());
         let opened = file_pattern
             .as_deref()
             .and_then(|pattern| DebugFile::open_for_process(pattern, &host, level));
@@ -378,7 +379,7 @@ pub fn collectives_logged() -> bool {
     *COLLECTIVES.get_or_init(|| {
         let strict =
             crate::real_nccl::real_nccl().is_some_and(|real| real.version_code >= STRICT_LISTS);
-        let value = std::env::var("NCCL_DEBUG_SUBSYS").ok();
+        let value = nccl_env::get("NCCL_DEBUG_SUBSYS");
         enabled(Level::Info) && takes_subsystem(value.as_deref(), "COLL", strict)
     })
 }

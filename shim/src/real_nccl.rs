@@ -115,6 +115,8 @@ fn load() -> Option<RealNccl> {
         log_warn!("ncclGetVersion of {path_text} failed");
     }
     real.version_code = code;
+    // Before the line below: the log reads NCCL's settings, whose files follow its version.
+    crate::nccl_env::noted_version(code);
     let every_version = built_for_every_version();
     log_info!(
         "ncclshim {} ({}, build {}) forwarding to real NCCL {} at {path_text} (found by {})",

@@ -5,22 +5,39 @@
 //! versions have are claimed inside `if_exported!`.
 
 use std::ffi::{c_char, c_int};
+use std::sync::OnceLock;
 
 use crate::call::Call;
 use crate::ffi::if_exported;
 use crate::ffi::*;
 use crate::real::{self, Route, real_functions};
-use crate::{calls, core, error_strings, runtime};
+use crate::{calls, core, error_strings, nccl_env, runtime};
 
 pub struct Router;
 
-/// Whether a communicator made with `config` blocks (NULL: the default, blocking).
+/// Whether NCCL makes a communicator with `config` blocking: as `NCCL_COMM_BLOCKING` says where
+/// it is 0 or 1, whatever the config (init.cc, `envConfigOverride`), else as the config says
+/// (NULL: the default, blocking).
 ///
 /// # Safety
 /// `config` is NULL or points to an `ncclConfig_t` the real NCCL accepted.
 unsafe fn blocking(config: *const ncclConfig_t) -> bool {
+    if let Some(set) = blocking_setting() {
+        return set;
+    }
     // SAFETY: the caller's; `blocking` sits at the same offset in every NCCL version's config.
     config.is_null() || unsafe { (*config).blocking } != 0
+}
+
+/// `NCCL_COMM_BLOCKING` where it is 0 or 1, read once, as NCCL caches it at its first
+/// communicator.
+fn blocking_setting() -> Option<bool> {
+    static SETTING: OnceLock<Option<bool>> = OnceLock::new();
+    *SETTING.get_or_init(|| match nccl_env::integer("NCCL_COMM_BLOCKING") {
+        Some(0) => Some(false),
+        Some(1) => Some(true),
+        _ => None,
+    })
 }
 
 /// The most unique ids whose bytes name a communicator (ncclCommInitRankScalable); more, and the
@@ -165,7 +182,7 @@ impl Route for Router {
             let arrival = core::sign_in(&id_bytes(&comm_id, 1), nranks, rank);
             Self::before_forward();
             let result = real::ncclCommInitRank(comm, nranks, comm_id, rank);
-            created(result, comm, true, arrival)
+            created(result, comm, blocking(std::ptr::null()), arrival)
         }
     }
 
@@ -199,12 +216,17 @@ impl Route for Router {
                 .collect();
             Self::before_forward();
             let result = real::ncclCommInitAll(comms, ndev, devlist);
-            if result == ncclSuccess && !comms.is_null() && ndev > 0 {
+            let blocking = blocking(std::ptr::null());
+            let made = result == ncclSuccess || (!blocking && result == ncclInProgress);
+            if made && !comms.is_null() && ndev > 0 {
                 let made = std::slice::from_raw_parts(comms, ndev as usize);
                 made.iter()
                     .zip(arrivals)
                     .for_each(|(&c, a)| core::arrived(c, a));
-                core::created(made);
+                match blocking {
+                    true => core::created(made),
+                    false => made.iter().for_each(|&c| core::created_nonblocking(c)),
+                }
             }
             result
         }

@@ -35,7 +35,7 @@ fn settings() -> &'static Settings {
     static SETTINGS: OnceLock<Settings> = OnceLock::new();
     SETTINGS.get_or_init(|| {
         // Given, and not a no (policy::switch): a switch that is on, or the trace's file.
-        let set = |name: &str| std::env::var(name).ok().filter(|v| switch(v) == Some(true));
+        let set = |name: &str| crate::nccl_env::get(name).filter(|v| switch(v) == Some(true));
         if set("NCCLSHIM_DUMP_ON_SIGNAL").is_some() {
             signal::dump_on_sigusr1();
         }

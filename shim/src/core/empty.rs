@@ -53,14 +53,13 @@ pub fn answer(
 /// Whether this process's NCCL drops calls of no elements after the checks `arguments_taken`
 /// makes: 2.20 or later, and checking no pointers (`NCCL_CHECK_POINTERS`, `NCCL_CHECK_MODE`,
 /// which also check calls of no elements). Read at the first such call on a communicator the
-/// shim saw made (after NCCL made it, so that NCCL's configuration files are in the
-/// environment), and at each communicator's creation (`communicator_made`).
+/// shim saw made, and at each communicator's creation (`communicator_made`).
 fn answerable() -> bool {
     static ANSWERABLE: OnceLock<bool> = OnceLock::new();
     let answerable = *ANSWERABLE.get_or_init(|| {
         let newer =
             crate::real_nccl::real_nccl().is_some_and(|real| real.version_code >= FIRST_DROPPING);
-        newer && !checks_pointers(|name| std::env::var(name).ok())
+        newer && !checks_pointers(crate::nccl_env::get)
     });
     answerable && !CHECKS_ASKED.load(Ordering::Relaxed)
 }
@@ -74,7 +73,7 @@ static CHECKS_ASKED: AtomicBool = AtomicBool::new(false);
 /// A communicator is being made (or first met): notes whether NCCL's settings now ask for
 /// pointer checks (`CHECKS_ASKED`).
 pub fn communicator_made() {
-    if !CHECKS_ASKED.load(Ordering::Relaxed) && checks_pointers(|name| std::env::var(name).ok()) {
+    if !CHECKS_ASKED.load(Ordering::Relaxed) && checks_pointers(crate::nccl_env::get) {
         CHECKS_ASKED.store(true, Ordering::Relaxed);
     }
 }

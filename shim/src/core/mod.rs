@@ -218,6 +218,12 @@ pub fn window_deregistered(comm: ncclComm_t, handle: usize) {
     windows::deregistered(comm, handle);
 }
 
+/// Why NCCL's settings (environment or configuration files) keep the core off, if they do: they
+/// forbid peer-to-peer between GPUs.
+pub fn p2p_forbidden() -> Option<String> {
+    setup::p2p_forbidden(crate::nccl_env::get)
+}
+
 pub fn group_start() {
     group::start();
 }

@@ -50,7 +50,7 @@ fn find_and_open() -> Result<(), String> {
 
 fn candidates() -> Vec<PathBuf> {
     let mut found = Vec::new();
-    if let Some(path) = std::env::var_os("NCCLSHIM_NVRTC") {
+    if let Some(path) = crate::nccl_env::get_os("NCCLSHIM_NVRTC") {
         found.push(PathBuf::from(path));
     }
     let mut dirs = vec![

@@ -1,8 +1,8 @@
-//! The settings: `NCCLSHIM_*` variables read once from the environment (`Settings::from_lookup`;
-//! what each means: variables.rs, the one place that says them), and the thresholds each
-//! stands for where it is not given. Every rank of a communicator must have every one of them
-//! alike (`Settings::agreed`): where one differs, the core stays off for that communicator on
-//! every rank, and each says which.
+//! The settings: `NCCLSHIM_*` variables read once, from the environment or NCCL's configuration
+//! files (nccl_env.rs; `Settings::from_lookup`; what each means: variables.rs, the one place that
+//! says them), and the thresholds each stands for where it is not given. Every rank of a
+//! communicator must have every one of them alike (`Settings::agreed`): where one differs, the
+//! core stays off for that communicator on every rank, and each says which.
 
 use std::sync::OnceLock;
 
@@ -550,7 +550,7 @@ pub fn switch(value: &str) -> Option<bool> {
 pub fn settings() -> &'static Settings {
     static SETTINGS: OnceLock<Settings> = OnceLock::new();
     SETTINGS.get_or_init(|| {
-        let get = |name: &str| std::env::var(name).ok();
+        let get = crate::nccl_env::get;
         for problem in problems(get) {
             log_warn!("{problem}");
         }

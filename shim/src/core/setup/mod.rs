@@ -324,7 +324,7 @@ fn childless(parent: ncclComm_t) -> Candidate {
 
 /// Kernels, buffer and control block of this rank.
 pub(super) fn own_parts(device: Device) -> Result<Parts, String> {
-    if let Some(why) = p2p_forbidden(|name| std::env::var(name).ok()) {
+    if let Some(why) = p2p_forbidden(crate::nccl_env::get) {
         return Err(why);
     }
     let _context = device.enter().map_err(|e| e.to_string())?;
@@ -362,7 +362,7 @@ pub(super) fn own_parts(device: Device) -> Result<Parts, String> {
 
 /// Why the core must stay off where the user told NCCL not to use peer-to-peer between GPUs
 /// (`NCCL_P2P_DISABLE=1`, `NCCL_P2P_LEVEL=LOC` or `0`): the core is nothing but peer-to-peer.
-fn p2p_forbidden(get: impl Fn(&str) -> Option<String>) -> Option<String> {
+pub(super) fn p2p_forbidden(get: impl Fn(&str) -> Option<String>) -> Option<String> {
     let value = |name: &str| get(name).map(|v| v.trim().to_ascii_uppercase());
     if value("NCCL_P2P_DISABLE").is_some_and(|v| v != "0" && !v.is_empty()) {
         return Some("NCCL_P2P_DISABLE is set: no peer-to-peer between GPUs".into());
