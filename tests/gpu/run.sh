@@ -2,7 +2,7 @@
 # The GPU suite, on a machine with NVIDIA GPUs, nvcc and PyTorch (no Rust needed): compiles the
 # C/CUDA programs, runs the correctness matrix, the PyTorch checks and the side-by-side
 # benchmark through ncclshim, and writes logs and OUTDIR/summary.txt.
-#   run.sh OUTDIR [collectives] [torch] [torchbench] [zerocopy] [bench] [latepeer] [groupcost] [graphlaunch] [groupfused] [groupmoves] [torchcoalesced] [launch] [floor] [sanitizer] [waitlimit] [nccltests] [badinput] [faults] [observe] [netplugin]  (default: the first three)
+#   run.sh OUTDIR [collectives] [torch] [torchbench] [zerocopy] [bench] [latepeer] [groupcost] [graphlaunch] [groupfused] [groupmoves] [torchcoalesced] [torchoverlap] [launch] [floor] [sanitizer] [waitlimit] [nccltests] [badinput] [faults] [observe] [netplugin]  (default: the first three)
 # It runs from the folder `make gpu-bundle` makes (the shim in shim/lib beside this script).
 # Environment (all optional):
 #   GPU_COUNTS  GPU counts to run on (default "2 4", less those the machine lacks)
@@ -20,7 +20,7 @@
 #   FLOOR_ARGS     more arguments for the floor, e.g. "--sizes 8M,16M"
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
-[ $# -ge 1 ] || { echo "usage: $0 OUTDIR [collectives] [torch] [torchbench] [zerocopy] [bench] [latepeer] [groupcost] [graphlaunch] [groupfused] [groupmoves] [torchcoalesced] [launch] [floor] [sanitizer] [waitlimit] [nccltests] [badinput] [faults] [observe] [netplugin]" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "usage: $0 OUTDIR [collectives] [torch] [torchbench] [zerocopy] [bench] [latepeer] [groupcost] [graphlaunch] [groupfused] [groupmoves] [torchcoalesced] [torchoverlap] [launch] [floor] [sanitizer] [waitlimit] [nccltests] [badinput] [faults] [observe] [netplugin]" >&2; exit 2; }
 mkdir -p "$1" && out=$(cd "$1" && pwd) && shift
 suites=${*:-collectives torch bench}
 
@@ -485,6 +485,28 @@ torch_coalesced_suite() {
   sed 's/^/  /' "$dir/report.txt" | tee -a "$summary"
 }
 
+# --- Collectives overlapped with compute (torch_overlap.py): after each of eight bf16 matrix
+# products, an all-reduce, all-gather or reduce-scatter with async_op (as DDP and FSDP overlap
+# them), the step timed eager and in a CUDA graph, and the collectives alone; runs without and
+# with the shim alternate, twice each; fails where a step under the shim is above
+# TORCH_GATE_LIMIT (1.05) x NCCL's, or a result is wrong ---
+torch_overlap_suite() {
+  local n=$1 dir=$out/torch-overlap-$n t=$SECONDS status=0 round
+  rm -rf "$dir" && mkdir -p "$dir"
+  local launch=($python -m torch.distributed.run --standalone --nproc_per_node "$n" "$here/torch_overlap.py")
+  for round in 1 2; do
+    NCCL_DEBUG=WARN timeout "$step_timeout" "${launch[@]}" "$dir/nccl-$round.json" >"$dir/nccl-$round.log" 2>&1 ||
+      status=1
+    LD_PRELOAD="$shim" NCCLSHIM_REAL_NCCL="$real" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT \
+      timeout "$step_timeout" "${launch[@]}" "$dir/shim-$round.json" >"$dir/shim-$round.log" 2>&1 || status=1
+  done
+  $python "$here/torch_bench_report.py" --limit "${TORCH_GATE_LIMIT:-1.05}" --nccl "$dir"/nccl-*.json \
+    --shim "$dir"/shim-*.json >"$dir/report.txt" 2>&1 || status=1
+  [ "$(grep -c 'core on for comm' "$dir/shim-1.log")" -ge "$n" ] || status=1
+  verdict "torch overlap $n GPUs" $status "$(grep -h 'torch overlap: ' "$dir/nccl-1.log" | cut -c1-70); $(grep -h 'torch overlap rank 0:' "$dir/shim-1.log" | cut -c1-60); $((SECONDS - t)) s; table in torch-overlap-$n/report.txt"
+  sed 's/^/  /' "$dir/report.txt" | tee -a "$summary"
+}
+
 # --- What the host pays per launch: the floor under eager times (a table, no verdict on it) ---
 launch_suite() {
   local n=$1 log=$out/launch-cost-$n.txt
@@ -772,6 +794,7 @@ for n in $counts; do
       groupfused) group_fused_suite "$n" ;;
       groupmoves) group_moves_suite "$n" ;;
       torchcoalesced) torch_coalesced_suite "$n" ;;
+      torchoverlap) torch_overlap_suite "$n" ;;
       launch) launch_suite "$n" ;;
       floor) floor_suite "$n" ;;
       sanitizer) sanitizer_suite "$n" ;;
