@@ -15,7 +15,7 @@ is checked after a step.
 
     python3 -m torch.distributed.run --standalone --nproc_per_node N torch_overlap.py OUT.json
 
-TORCH_OVERLAP_MIB: the collectives' sizes in MiB (default 1 4 25); TORCH_OVERLAP_DIM: the
+TORCH_OVERLAP_MIB: the collectives' sizes in MiB (default 1 4 25 64); TORCH_OVERLAP_DIM: the
 products' side (default 4096; 8192 takes about eight times as long).
 """
 import os
@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from torch_bench import finish, pattern
 
-SIZES = [int(float(mib) * (1 << 20)) for mib in os.environ.get("TORCH_OVERLAP_MIB", "1 4 25").split()]
+SIZES = [int(float(mib) * (1 << 20)) for mib in os.environ.get("TORCH_OVERLAP_MIB", "1 4 25 64").split()]
 DIM = int(os.environ.get("TORCH_OVERLAP_DIM", "4096"))
 LAYERS = 8  # products, and collectives, per step
 STEPS = 9
