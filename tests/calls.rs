@@ -395,3 +395,28 @@ fn nccls_settings_come_from_its_configuration_files_too() {
             .any(|m| m == nonblocking)
     );
 }
+
+/// With `NCCL_WARN_ENABLE_DEBUG_INFO=1`, NCCL's log goes on at INFO after a warning it wrote;
+/// so does the shim's after one of its own (here: a variable of an earlier release).
+#[test]
+fn a_warning_raises_the_log_to_info_where_asked() {
+    let dir = scratch("calls-warning-raises");
+    let lines = |raise: &str| -> (usize, usize) {
+        let out = client_output(
+            &dir,
+            &["checkmode"],
+            &[
+                ("NCCL_DEBUG", "WARN"),
+                ("NCCLSHIM_DIRECT", "0"),
+                ("NCCL_WARN_ENABLE_DEBUG_INFO", raise),
+            ],
+        );
+        assert!(out.contains("done"), "{out}");
+        let count = |tag: &str| out.lines().filter(|l| l.contains(tag)).count();
+        (count("[ncclshim] NCCL WARN"), count("[ncclshim] NCCL INFO"))
+    };
+    let (warnings, infos) = lines("0");
+    assert!(warnings > 0 && infos == 0, "{warnings} {infos}");
+    let (warnings, infos) = lines("1");
+    assert!(warnings > 0 && infos > 0, "{warnings} {infos}");
+}

@@ -1,11 +1,12 @@
 //! Logging like NCCL's, under NCCL's own variables (from the environment or NCCL's configuration
-//! files, nccl_env.rs): `NCCL_DEBUG` (VERSION, WARN, INFO, TRACE),
-//! `NCCL_DEBUG_FILE` (`%h` host, `%p` pid), `NCCL_DEBUG_TIMESTAMP_LEVELS` and
-//! `NCCL_DEBUG_TIMESTAMP_FORMAT`, and, for the lines of calls only, `NCCL_DEBUG_SUBSYS`. Lines are
-//! shaped like NCCL's (`[date time] host:pid:tid [dev] NCCL WARN ...`, the local time on
-//! warnings only unless `NCCL_DEBUG_TIMESTAMP_LEVELS` says otherwise) with `[ncclshim]` where
-//! NCCL puts the device. Set-up and error paths log, and (COLL) the calls
-//! the core takes; nothing here is on a forwarded call's path.
+//! files, nccl_env.rs), read as the real NCCL's version reads them: `NCCL_DEBUG` (VERSION, WARN,
+//! INFO, TRACE), `NCCL_DEBUG_FILE` (`%h` host, `%p` pid), `NCCL_DEBUG_TIMESTAMP_LEVELS`,
+//! `NCCL_DEBUG_TIMESTAMP_FORMAT`, `NCCL_WARN_ENABLE_DEBUG_INFO` (INFO from the first warning
+//! on), and, for the lines of calls only, `NCCL_DEBUG_SUBSYS`. Lines are shaped like NCCL's
+//! (`[date time] host:pid:tid [dev] NCCL WARN ...`, the local time on warnings only unless
+//! `NCCL_DEBUG_TIMESTAMP_LEVELS` says otherwise) with `[ncclshim]` where NCCL puts the device.
+//! Set-up and error paths log, and (COLL) the calls the core takes; nothing here is on a
+//! forwarded call's path.
 //!
 //! `NCCL_DEBUG_FILE` is shared with the real NCCL, which opens it at its first log line of any
 //! level (`fopen(name, "w")`: it empties the file, then writes at its own offset), before or after
@@ -21,6 +22,7 @@ use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use crate::nccl_env;
@@ -34,7 +36,9 @@ pub enum Level {
 }
 
 impl Level {
-    fn from_setting(value: Option<&str>) -> Level {
+    /// `NCCL_DEBUG` as NCCL reads it; `strict` (`STRICT_LISTS`): trimmed of spaces.
+    fn from_setting(value: Option<&str>, strict: bool) -> Level {
+        let value = value.map(|v| if strict { v.trim() } else { v });
         match value.map(str::to_ascii_uppercase).as_deref() {
             Some("VERSION") => Level::Version,
             Some("WARN") => Level::Warn,
@@ -49,10 +53,18 @@ impl Level {
             _ => "INFO",
         }
     }
+
+    fn from_u8(value: u8) -> Level {
+        [Level::None, Level::Version, Level::Warn, Level::Info][usize::from(value.min(3))]
+    }
 }
 
 struct Logger {
-    level: Level,
+    /// `NCCL_DEBUG` (a `Level`), raised to INFO after a warning where
+    /// `NCCL_WARN_ENABLE_DEBUG_INFO` asks.
+    level: AtomicU8,
+    /// `NCCL_WARN_ENABLE_DEBUG_INFO`.
+    warning_raises_level: bool,
     /// The levels whose lines start with the time (`NCCL_DEBUG_TIMESTAMP_LEVELS`; unset, WARN).
     timestamped: [bool; 2],
     /// `NCCL_DEBUG_TIMESTAMP_FORMAT`, or NCCL's default.
@@ -72,10 +84,12 @@ static LOGGER: OnceLock<Logger> = OnceLock::new();
 
 fn logger() -> &'static Logger {
     LOGGER.get_or_init(|| {
-        let level = Level::from_setting(nccl_env::get("NCCL_DEBUG").as_deref());
+        let strict = strict_lists();
+        let level = Level::from_setting(nccl_env::get("NCCL_DEBUG").as_deref(), strict);
         let stamped = nccl_env::get("NCCL_DEBUG_TIMESTAMP_LEVELS");
         let timestamped = [Level::Warn, Level::Info]
-            .map(|level| list_takes(stamped.as_deref(), level.tag(), &["WARN"]));
+            .map(|level| takes(stamped.as_deref(), level.tag(), &LEVELS, &["WARN"], strict));
+        let raise = nccl_env::get("NCCL_WARN_ENABLE_DEBUG_INFO");
         let timestamp_format = nccl_env::get("NCCL_DEBUG_TIMESTAMP_FORMAT")
             .unwrap_or_else(|| TIMESTAMP_FORMAT.to_string());
         let host = host_name();
@@ -88,7 +102,8 @@ fn logger() -> &'static Logger {
             None => Sink::Stdout,
         };
         Logger {
-            level,
+            level: AtomicU8::new(level as u8),
+            warning_raises_level: warning_raises_level(raise.as_deref(), nccl_env::version()),
             timestamped,
             timestamp_format,
             host,
@@ -367,26 +382,69 @@ fn with_subseconds(format: &str, nanos: u32) -> String {
 }
 
 pub fn enabled(level: Level) -> bool {
-    level <= logger().level && logger().level != Level::None
+    let set = logger().level();
+    level <= set && set != Level::None
 }
+
+impl Logger {
+    fn level(&self) -> Level {
+        Level::from_u8(self.level.load(Ordering::Relaxed))
+    }
+}
+
+/// Whether `NCCL_WARN_ENABLE_DEBUG_INFO` (`value`) has the log go on at INFO after a warning,
+/// as the real NCCL of `version` reads it: from 2.20, an integer not 0 (`strtoll`); from
+/// 2.30.7, `1`, `T` or `TRUE` (any case). An unknown version reads as the newest.
+fn warning_raises_level(value: Option<&str>, version: Option<i32>) -> bool {
+    let (Some(value), version) = (value, version.unwrap_or(i32::MAX)) else {
+        return false;
+    };
+    if version >= STRICT_LISTS {
+        ["1", "T", "TRUE"]
+            .iter()
+            .any(|t| t.eq_ignore_ascii_case(value))
+    } else {
+        version >= WARNING_RAISES_LEVEL && nccl_env::c_integer(value).is_some_and(|v| v != 0)
+    }
+}
+
+/// The first NCCL that reads `NCCL_WARN_ENABLE_DEBUG_INFO`.
+const WARNING_RAISES_LEVEL: i32 = 22000;
 
 /// Whether NCCL logs a line for each collective call: `NCCL_DEBUG` at INFO or TRACE and
 /// `NCCL_DEBUG_SUBSYS` taking COLL, read as the real NCCL reads it. Asked first by the core's
 /// calls, once the real NCCL is loaded.
 pub fn collectives_logged() -> bool {
     static COLLECTIVES: OnceLock<bool> = OnceLock::new();
-    // One load a call once read: the core asks at each call it takes or answers.
-    *COLLECTIVES.get_or_init(|| {
-        let strict =
-            crate::real_nccl::real_nccl().is_some_and(|real| real.version_code >= STRICT_LISTS);
+    // Two loads a call once read: the core asks at each call it takes or answers.
+    let taken = *COLLECTIVES.get_or_init(|| {
         let value = nccl_env::get("NCCL_DEBUG_SUBSYS");
-        enabled(Level::Info) && takes_subsystem(value.as_deref(), "COLL", strict)
-    })
+        takes(
+            value.as_deref(),
+            "COLL",
+            &SUBSYSTEMS,
+            &UNSET_SUBSYSTEMS,
+            strict_lists(),
+        )
+    });
+    taken && enabled(Level::Info)
+}
+
+/// Whether the real NCCL reads its list settings strictly (`STRICT_LISTS`); an unknown
+/// version reads as the newest.
+fn strict_lists() -> bool {
+    nccl_env::version().is_none_or(|code| code >= STRICT_LISTS)
 }
 
 /// The first NCCL whose list settings are checked (param/parser_bitset.h): each name trimmed of
 /// spaces, and a value that names what NCCL does not know refused whole, for the default.
 const STRICT_LISTS: i32 = 23007;
+
+/// The levels `NCCL_DEBUG_TIMESTAMP_LEVELS` names.
+const LEVELS: [&str; 6] = ["VERSION", "WARN", "INFO", "ABORT", "TRACE", "ALL"];
+
+/// The subsystems NCCL logs where `NCCL_DEBUG_SUBSYS` is unset.
+const UNSET_SUBSYSTEMS: [&str; 3] = ["INIT", "BOOTSTRAP", "ENV"];
 
 /// The subsystems NCCL 2.30.7 knows, for `NCCL_DEBUG_SUBSYS`.
 const SUBSYSTEMS: [&str; 19] = [
@@ -435,12 +493,12 @@ fn names_it(entry: &str, name: &str) -> bool {
     entry.eq_ignore_ascii_case(name) || entry.eq_ignore_ascii_case("ALL")
 }
 
-/// `NCCL_DEBUG_SUBSYS` (`value`) takes the subsystem `name` (unset: INIT, BOOTSTRAP and ENV);
-/// `strict`, as NCCL 2.30.7 and later read it (`STRICT_LISTS`).
-fn takes_subsystem(value: Option<&str>, name: &str, strict: bool) -> bool {
-    let unset = ["INIT", "BOOTSTRAP", "ENV"];
+/// Whether a list setting of NCCL's debug log (`value`), whose names are `known`, takes `name`
+/// (unset: `unset` names them); `strict`, as NCCL 2.30.7 and later read them (`STRICT_LISTS`):
+/// names trimmed, and a value that names one NCCL does not know refused whole, for the default.
+fn takes(value: Option<&str>, name: &str, known: &[&str], unset: &[&str], strict: bool) -> bool {
     let Some(value) = value.filter(|_| strict) else {
-        return list_takes(value, name, &unset);
+        return list_takes(value, name, unset);
     };
     let (invert, names) = inverted(value);
     let names: Vec<&str> = names
@@ -448,8 +506,8 @@ fn takes_subsystem(value: Option<&str>, name: &str, strict: bool) -> bool {
         .map(str::trim)
         .filter(|n| !n.is_empty())
         .collect();
-    let known = |n: &&str| SUBSYSTEMS.iter().any(|s| s.eq_ignore_ascii_case(n));
-    if !names.iter().all(known) {
+    let is_known = |n: &&str| known.iter().any(|k| k.eq_ignore_ascii_case(n));
+    if !names.iter().all(is_known) {
         return unset.contains(&name);
     }
     names.iter().any(|n| names_it(n, name)) != invert
@@ -462,6 +520,10 @@ pub fn write(level: Level, always: bool, message: fmt::Arguments) {
         return;
     }
     let l = logger();
+    // NCCL goes on at INFO after a warning it wrote, where asked (debug.cc).
+    if level == Level::Warn && l.warning_raises_level && enabled(Level::Warn) {
+        l.level.store(Level::Info as u8, Ordering::Relaxed);
+    }
     let stamp = match l.timestamped[usize::from(level != Level::Warn)] {
         true => timestamp(&l.timestamp_format, std::time::SystemTime::now()),
         false => String::new(),
@@ -480,7 +542,7 @@ pub fn write(level: Level, always: bool, message: fmt::Arguments) {
                 // A forked child's lines go to its own file (`%p`), where its NCCL writes.
                 if file.pid != std::process::id()
                     && let Some(pattern) = &l.file_pattern
-                    && let Some(own) = DebugFile::open_for_process(pattern, &l.host, l.level)
+                    && let Some(own) = DebugFile::open_for_process(pattern, &l.host, l.level())
                 {
                     *file = own;
                 }
@@ -513,12 +575,25 @@ mod tests {
 
     #[test]
     fn levels_follow_nccl_debug() {
-        assert_eq!(Level::from_setting(None), Level::None);
-        assert_eq!(Level::from_setting(Some("warn")), Level::Warn);
-        assert_eq!(Level::from_setting(Some("INFO")), Level::Info);
-        assert_eq!(Level::from_setting(Some("VERSION")), Level::Version);
-        assert_eq!(Level::from_setting(Some("bogus")), Level::None);
+        for strict in [false, true] {
+            let level = |value| Level::from_setting(value, strict);
+            assert_eq!(level(None), Level::None);
+            assert_eq!(level(Some("warn")), Level::Warn);
+            assert_eq!(level(Some("INFO")), Level::Info);
+            assert_eq!(level(Some("VERSION")), Level::Version);
+            assert_eq!(level(Some("bogus")), Level::None);
+        }
+        // From 2.30.7 the value is trimmed.
+        assert_eq!(Level::from_setting(Some(" info "), false), Level::None);
+        assert_eq!(Level::from_setting(Some(" info "), true), Level::Info);
         assert!(Level::Warn < Level::Info);
+        for level in [Level::None, Level::Version, Level::Warn, Level::Info] {
+            assert_eq!(Level::from_u8(level as u8), level);
+        }
+    }
+
+    fn takes_subsystem(value: Option<&str>, name: &str, strict: bool) -> bool {
+        takes(value, name, &SUBSYSTEMS, &UNSET_SUBSYSTEMS, strict)
     }
 
     #[test]
@@ -556,11 +631,29 @@ mod tests {
 
     #[test]
     fn timestamp_levels_follow_nccl_debug_timestamp_levels() {
-        let stamps = |value, level| list_takes(value, level, &["WARN"]);
-        assert!(stamps(None, "WARN") && !stamps(None, "INFO"));
-        assert!(stamps(Some("info"), "INFO") && !stamps(Some("INFO"), "WARN"));
-        assert!(stamps(Some("ALL"), "INFO"));
-        assert!(!stamps(Some("^WARN"), "WARN") && stamps(Some("^WARN"), "INFO"));
+        for strict in [false, true] {
+            let stamps = |value, level| takes(value, level, &LEVELS, &["WARN"], strict);
+            assert!(stamps(None, "WARN") && !stamps(None, "INFO"));
+            assert!(stamps(Some("info"), "INFO") && !stamps(Some("INFO"), "WARN"));
+            assert!(stamps(Some("ALL"), "INFO"));
+            assert!(!stamps(Some("^WARN"), "WARN") && stamps(Some("^WARN"), "INFO"));
+        }
+        // From 2.30.7, names trimmed, and a level NCCL does not know refuses the value whole.
+        let stamps = |value, level, strict| takes(Some(value), level, &LEVELS, &["WARN"], strict);
+        assert!(!stamps("WARN, INFO", "INFO", false) && stamps("WARN, INFO", "INFO", true));
+        assert!(stamps("INFO,NOW", "INFO", false) && !stamps("INFO,NOW", "INFO", true));
+        assert!(stamps("INFO,NOW", "WARN", true), "the default");
+    }
+
+    #[test]
+    fn a_warning_raises_the_level_where_nccls_setting_asks() {
+        let raises = |value, version| warning_raises_level(Some(value), version);
+        assert!(!warning_raises_level(None, None));
+        assert!(raises("1", Some(22809)) && raises("0x2", Some(22809)));
+        assert!(!raises("0", Some(22809)) && !raises("yes", Some(22809)));
+        assert!(!raises("1", Some(21903)), "2.19 does not read it");
+        assert!(raises("true", Some(23007)) && raises("T", None));
+        assert!(!raises("2", Some(23007)) && !raises(" 1", Some(23007)));
     }
 
     #[test]

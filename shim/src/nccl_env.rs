@@ -37,7 +37,8 @@ pub fn integer(name: &str) -> Option<i64> {
     c_integer(&get(name)?)
 }
 
-fn c_integer(value: &str) -> Option<i64> {
+/// `value` as C's `strtoll` reads it, any base C takes (`None`: empty, or out of range).
+pub(crate) fn c_integer(value: &str) -> Option<i64> {
     let value = CString::new(value).ok().filter(|v| !v.is_empty())?;
     // SAFETY: errno is this thread's; strtoll reads the NUL-terminated string and writes errno.
     unsafe {
@@ -54,6 +55,11 @@ static VERSION: AtomicI32 = AtomicI32::new(0);
 /// NCCL's settings is read, where it can be).
 pub fn noted_version(code: i32) {
     VERSION.store(code, Ordering::Relaxed);
+}
+
+/// The real NCCL's version code where `noted_version` has said it.
+pub fn version() -> Option<i32> {
+    Some(VERSION.load(Ordering::Relaxed)).filter(|&code| code != 0)
 }
 
 /// The first NCCL that takes `NCCL_CONF_FILE`.

@@ -28,7 +28,7 @@ pub const GENERAL: &[Variable] = &[
     row(
         "NCCL_DEBUG",
         "",
-        "NCCL's own, with `NCCL_DEBUG_FILE`, `NCCL_DEBUG_SUBSYS`, `NCCL_DEBUG_TIMESTAMP_LEVELS` and `NCCL_DEBUG_TIMESTAMP_FORMAT`: the shim's lines follow them (`WARN`: warnings; `INFO`: also the start-up line, each communicator's \"core on/off\" line and the exit summary; with `COLL` in `NCCL_DEBUG_SUBSYS`, NCCL's line for each collective call the core takes or answers, tagged `[ncclshim]` where NCCL's lines name the GPU, its `opCount` counting the calls the core took on the communicator: 0 where it has no core)",
+        "NCCL's own, with `NCCL_DEBUG_FILE`, `NCCL_DEBUG_SUBSYS`, `NCCL_DEBUG_TIMESTAMP_LEVELS`, `NCCL_DEBUG_TIMESTAMP_FORMAT` and `NCCL_WARN_ENABLE_DEBUG_INFO` (INFO after a warning of the shim's), read as the real NCCL's version reads them: the shim's lines follow them (`WARN`: warnings; `INFO`: also the start-up line, each communicator's \"core on/off\" line and the exit summary; with `COLL` in `NCCL_DEBUG_SUBSYS`, NCCL's line for each collective call the core takes or answers, tagged `[ncclshim]` where NCCL's lines name the GPU, its `opCount` counting the calls the core took on the communicator: 0 where it has no core)",
     ),
     row(
         "NCCLSHIM_SUMMARY",
