@@ -124,6 +124,11 @@ pub const TUNE: &[Variable] = &[
         "most blocks of a two-shot grid (128; 64 on 3–4 ranks; 1 to 256, never more than every GPU holds at once)",
     ),
     row(
+        "max_blocks",
+        "",
+        "most blocks of any core kernel's grid (1 to 256; by default each kernel's own: up to 256 blocks of 128 threads for packets, 128 of 512 for two-shot), to leave SMs to kernels that run beside the core's, as NCCL's `maxCTAs` does for its own; fewer blocks make larger calls slower",
+    ),
+    row(
         "direct",
         "`1`",
         "`0`: no direct two-shot all-reduce (staged only, with the staged limits)",

@@ -499,12 +499,19 @@ torch_overlap_suite() {
       status=1
     LD_PRELOAD="$shim" NCCLSHIM_REAL_NCCL="$real" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT \
       timeout "$step_timeout" "${launch[@]}" "$dir/shim-$round.json" >"$dir/shim-$round.log" 2>&1 || status=1
+    # The core's grids bounded as NCCL's CTAs are (a table beside the verdict's, no gate).
+    LD_PRELOAD="$shim" NCCLSHIM_REAL_NCCL="$real" NCCLSHIM_TUNE=max_blocks:${TORCH_OVERLAP_BLOCKS:-32} \
+      timeout "$step_timeout" "${launch[@]}" "$dir/bounded-$round.json" >"$dir/bounded-$round.log" 2>&1 || status=1
   done
   $python "$here/torch_bench_report.py" --limit "${TORCH_GATE_LIMIT:-1.05}" --nccl "$dir"/nccl-*.json \
     --shim "$dir"/shim-*.json >"$dir/report.txt" 2>&1 || status=1
+  $python "$here/torch_bench_report.py" --nccl "$dir"/nccl-*.json --shim "$dir"/bounded-*.json \
+    >"$dir/report-bounded.txt" 2>&1 || status=1
   [ "$(grep -c 'core on for comm' "$dir/shim-1.log")" -ge "$n" ] || status=1
   verdict "torch overlap $n GPUs" $status "$(grep -h 'torch overlap: ' "$dir/nccl-1.log" | cut -c1-70); $(grep -h 'torch overlap rank 0:' "$dir/shim-1.log" | cut -c1-60); $((SECONDS - t)) s; table in torch-overlap-$n/report.txt"
   sed 's/^/  /' "$dir/report.txt" | tee -a "$summary"
+  echo "  with NCCLSHIM_TUNE=max_blocks:${TORCH_OVERLAP_BLOCKS:-32}:" | tee -a "$summary"
+  sed 's/^/  /' "$dir/report-bounded.txt" | tee -a "$summary"
 }
 
 # --- What the host pays per launch: the floor under eager times (a table, no verdict on it) ---

@@ -289,7 +289,7 @@ fn launch_shape(
     nranks: usize,
 ) -> (u32, u32) {
     let two_shot_blocks = settings.two_shot_blocks(nranks);
-    match algorithm {
+    let (threads, most) = match algorithm {
         Algorithm::LowLatency => (128, MAX_BLOCKS),
         // No per-block flags: as many blocks as one pack per thread takes; up to
         // `sentinel_block`, one (a lone block's call ends with no count of blocks done).
@@ -301,7 +301,8 @@ fn launch_shape(
         Algorithm::OneShot => (256, 128),
         _ if bytes <= 4 << 20 => (256, two_shot_blocks),
         _ => (MAX_THREADS, two_shot_blocks),
-    }
+    };
+    (threads, settings.grid_within(most))
 }
 
 /// The blocks and threads per block of a packet call of a collective other than all-reduce
@@ -487,7 +488,7 @@ pub fn plan(
     // As two-shot's, which moves as much: 16 bytes per thread, grids the GPU holds at once.
     let threads = if size <= 4 << 20 { 256 } else { MAX_THREADS };
     let max_blocks = settings
-        .two_shot_blocks(nranks)
+        .grid_within(settings.two_shot_blocks(nranks))
         .min(comm.resident_blocks.max(1));
     let blocks = blocks_for(chunk, 16, threads, max_blocks);
     Some(Plan {
@@ -891,6 +892,43 @@ mod tests {
             compute_capability: 90,
             measured: Measured::NONE,
         }
+    }
+
+    /// `max_blocks` bounds every grid the core plans, alone or fused, and changes nothing else
+    /// of a plan; the defaults go past it.
+    #[test]
+    fn max_blocks_bounds_every_grid() {
+        let everything = [("NCCLSHIM_CORE", "force")];
+        let capped = [
+            ("NCCLSHIM_CORE", "force"),
+            ("NCCLSHIM_TUNE", "max_blocks:32"),
+        ];
+        let (free, bounded) = (with(&everything), with(&capped));
+        let mut above = 0;
+        for nranks in [2, 4] {
+            for collective in Collective::ALL {
+                for shift in 3..=28 {
+                    let count = (1usize << shift) / 4;
+                    let plan = |s| plan_args(s, collective, count, 7, 0, 0, &procs(nranks));
+                    let (a, b) = (plan(&free).unwrap(), plan(&bounded).unwrap());
+                    assert!(b.blocks <= 32, "{collective:?} {count} on {nranks}: {b:?}");
+                    assert_eq!(b.blocks, a.blocks.min(32), "{collective:?} {count}");
+                    assert_eq!(
+                        Plan {
+                            blocks: a.blocks,
+                            ..b
+                        },
+                        a
+                    );
+                    above += usize::from(a.blocks > 32);
+                }
+            }
+            for algorithm in [Algorithm::Sentinel, Algorithm::LowLatency] {
+                assert!(fused_shape(&bounded, algorithm, 512 << 10, nranks).0 <= 32);
+            }
+        }
+        assert!(above > 0, "no default grid above 32 blocks");
+        assert!(bounded.agreed() != free.agreed(), "ranks compare it");
     }
 
     /// fp8 stays with NCCL where a rank's GPU is older than sm_90, as NCCL refuses it there;

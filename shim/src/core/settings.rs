@@ -51,6 +51,8 @@ pub struct Settings {
     pub zero_copy: bool,
     /// `None`: by the number of ranks (see `two_shot_blocks`).
     pub two_shot_blocks: Option<u32>,
+    /// The most blocks of any grid (`None`: each kernel's own most).
+    pub max_blocks: Option<u32>,
     /// Helper threads launch a group's all-reduces on other GPUs (launcher.rs).
     pub launch_helpers: bool,
     /// A group's calls of one communicator, stream and kernel share launches, and its small
@@ -83,6 +85,7 @@ impl Settings {
             direct: true,
             zero_copy: true,
             two_shot_blocks: None,
+            max_blocks: None,
             launch_helpers: true,
             batch: true,
             early_launch: true,
@@ -160,6 +163,7 @@ impl Settings {
             direct,
             zero_copy,
             two_shot_blocks,
+            max_blocks,
             launch_helpers,
             batch,
             early_launch,
@@ -201,6 +205,10 @@ impl Settings {
                 given(sentinel_block_bytes),
             ),
             ("NCCLSHIM_TUNE (ll_block)", given(ll_block_bytes)),
+            (
+                "NCCLSHIM_TUNE (max_blocks)",
+                given(max_blocks.map(|n| n as usize)),
+            ),
         ]
         .map(|(name, value)| (name.to_string(), value))
         .into();
@@ -319,6 +327,12 @@ impl Settings {
         self.two_shot_blocks.unwrap_or(by_ranks)
     }
 
+    /// `most` blocks, or fewer where `max_blocks` says: every kernel takes any grid (its loops
+    /// step by the grid's threads), so this leaves SMs to the work beside it.
+    pub fn grid_within(&self, most: u32) -> u32 {
+        self.max_blocks.map_or(most, |cap| most.min(cap))
+    }
+
     /// The largest all-reduce the core takes: where its two-shot still beat NCCL (docs/
     /// performance.md). On 2 ranks, direct and staged alike took 0.87 - 0.92 of NCCL's time at
     /// 128 - 256 MiB, one process per GPU, on H100 and H200 (the staged one's windows no longer
@@ -383,17 +397,18 @@ impl Settings {
             value.map(|v| *slot = v).is_some()
         }
         let bytes = || size(value).map(Some);
+        let blocks = || {
+            (value.trim().parse::<usize>().ok())
+                .map(|n| Some(n.clamp(1, MAX_BLOCKS as usize) as u32))
+        };
         match key {
             "sentinel_max" => put(&mut self.sentinel_max_bytes, bytes()),
             "sentinel_block" => put(&mut self.sentinel_block_bytes, bytes()),
             "ll_max" => put(&mut self.ll_max_bytes, bytes()),
             "ll_block" => put(&mut self.ll_block_bytes, bytes()),
             "one_shot_max" => put(&mut self.one_shot_max_bytes, bytes()),
-            "two_shot_blocks" => put(
-                &mut self.two_shot_blocks,
-                (value.trim().parse::<usize>().ok())
-                    .map(|n| Some(n.clamp(1, MAX_BLOCKS as usize) as u32)),
-            ),
+            "two_shot_blocks" => put(&mut self.two_shot_blocks, blocks()),
+            "max_blocks" => put(&mut self.max_blocks, blocks()),
             "direct" => put(&mut self.direct, switch(value)),
             "zero_copy" => put(&mut self.zero_copy, switch(value)),
             "group_core" => put(
