@@ -393,7 +393,7 @@ impl Logger {
 }
 
 /// Whether `NCCL_WARN_ENABLE_DEBUG_INFO` (`value`) has the log go on at INFO after a warning,
-/// as the real NCCL of `version` reads it: from 2.20, an integer not 0 (`strtoll`); from
+/// as the real NCCL of `version` reads it: from 2.19.4, an integer not 0 (`strtoll`); from
 /// 2.30.7, `1`, `T` or `TRUE` (any case). An unknown version reads as the newest.
 fn warning_raises_level(value: Option<&str>, version: Option<i32>) -> bool {
     let (Some(value), version) = (value, version.unwrap_or(i32::MAX)) else {
@@ -409,7 +409,7 @@ fn warning_raises_level(value: Option<&str>, version: Option<i32>) -> bool {
 }
 
 /// The first NCCL that reads `NCCL_WARN_ENABLE_DEBUG_INFO`.
-const WARNING_RAISES_LEVEL: i32 = 22000;
+const WARNING_RAISES_LEVEL: i32 = 21904;
 
 /// Whether NCCL logs a line for each collective call: `NCCL_DEBUG` at INFO or TRACE and
 /// `NCCL_DEBUG_SUBSYS` taking COLL, read as the real NCCL reads it. Asked first by the core's
@@ -651,7 +651,8 @@ mod tests {
         assert!(!warning_raises_level(None, None));
         assert!(raises("1", Some(22809)) && raises("0x2", Some(22809)));
         assert!(!raises("0", Some(22809)) && !raises("yes", Some(22809)));
-        assert!(!raises("1", Some(21903)), "2.19 does not read it");
+        assert!(!raises("1", Some(21903)), "2.19.3 does not read it");
+        assert!(raises("1", Some(21904)));
         assert!(raises("true", Some(23007)) && raises("T", None));
         assert!(!raises("2", Some(23007)) && !raises(" 1", Some(23007)));
     }

@@ -80,7 +80,7 @@ fn from_files() -> &'static [(OsString, OsString)] {
     READ[way].get_or_init(|| {
         let conf_file = std::env::var_os("NCCL_CONF_FILE").filter(|f| !f.is_empty());
         let home = || match version >= HOME_VARIABLE {
-            true => std::env::var_os("HOME").map(PathBuf::from),
+            true => std::env::var_os("HOME"),
             false => password_home(),
         };
         conf_files(version, conf_file.map(PathBuf::from), home)
@@ -95,11 +95,17 @@ fn from_files() -> &'static [(OsString, OsString)] {
 fn conf_files(
     version: i32,
     conf_file: Option<PathBuf>,
-    home: impl FnOnce() -> Option<PathBuf>,
+    home: impl FnOnce() -> Option<OsString>,
 ) -> Vec<PathBuf> {
+    // As NCCL writes it, "%s/.nccl.conf": an empty home is the root's.
+    let in_home = |home: OsString| {
+        let mut path = home;
+        path.push("/.nccl.conf");
+        PathBuf::from(path)
+    };
     let first = match conf_file.filter(|_| version >= CONF_FILE_VARIABLE) {
         Some(named) => Some(named),
-        None => home().map(|home| home.join(".nccl.conf")),
+        None => home().map(in_home),
     };
     first
         .into_iter()
@@ -108,28 +114,35 @@ fn conf_files(
 }
 
 /// The home directory of this process's user in the password database.
-fn password_home() -> Option<PathBuf> {
+fn password_home() -> Option<OsString> {
     // SAFETY: `passwd` is plain data (integers and pointers), for which zeroes are valid.
     let mut entry: libc::passwd = unsafe { std::mem::zeroed() };
     let mut space = vec![0 as libc::c_char; 16 << 10];
-    let mut found: *mut libc::passwd = std::ptr::null_mut();
-    // SAFETY: getpwuid_r writes the entry and its strings into `entry` and `space` (whose length
-    // it is given), and `found` to `&entry` or NULL.
-    let status = unsafe {
-        libc::getpwuid_r(
-            libc::getuid(),
-            &mut entry,
-            space.as_mut_ptr(),
-            space.len(),
-            &mut found,
-        )
-    };
-    if status != 0 || found.is_null() || entry.pw_dir.is_null() {
-        return None;
+    loop {
+        let mut found: *mut libc::passwd = std::ptr::null_mut();
+        // SAFETY: getpwuid_r writes the entry and its strings into `entry` and `space` (whose
+        // length it is given), and `found` to `&entry` or NULL.
+        let status = unsafe {
+            libc::getpwuid_r(
+                libc::getuid(),
+                &mut entry,
+                space.as_mut_ptr(),
+                space.len(),
+                &mut found,
+            )
+        };
+        // An entry larger than the room (a directory service's): more room, as getpwuid has.
+        if status == libc::ERANGE && space.len() < 1 << 24 {
+            space.resize(space.len() * 4, 0);
+            continue;
+        }
+        if status != 0 || found.is_null() || entry.pw_dir.is_null() {
+            return None;
+        }
+        // SAFETY: set by getpwuid_r to a NUL-terminated string inside `space`, alive here.
+        let dir = unsafe { CStr::from_ptr(entry.pw_dir) };
+        return Some(OsStr::from_bytes(dir.to_bytes()).to_os_string());
     }
-    // SAFETY: set by getpwuid_r to a NUL-terminated string inside `space`, alive here.
-    let dir = unsafe { CStr::from_ptr(entry.pw_dir) };
-    Some(PathBuf::from(OsStr::from_bytes(dir.to_bytes())))
 }
 
 /// Longest name and value NCCL keeps of a line (its buffers of 1024 bytes).
@@ -191,7 +204,7 @@ mod tests {
     #[test]
     fn the_files_follow_the_real_nccls_version() {
         let named = || Some(PathBuf::from("/job/nccl.conf"));
-        let home = || Some(PathBuf::from("/home/me"));
+        let home = || Some(OsString::from("/home/me"));
         let etc = PathBuf::from("/etc/nccl.conf");
         assert_eq!(
             conf_files(22809, named(), home),
@@ -206,7 +219,13 @@ mod tests {
             conf_files(22809, None, home),
             [PathBuf::from("/home/me/.nccl.conf"), etc.clone()]
         );
-        assert_eq!(conf_files(22809, None, || None), [etc]);
+        assert_eq!(conf_files(22809, None, || None), vec![etc.clone()]);
+        // An empty HOME (2.30.3 on) names the root's.
+        let empty = || Some(OsString::new());
+        assert_eq!(
+            conf_files(23007, None, empty),
+            [PathBuf::from("/.nccl.conf"), etc]
+        );
     }
 
     #[test]
@@ -225,6 +244,6 @@ mod tests {
     fn the_home_is_the_password_databases() {
         // Some user entry exists wherever the tests run (root in CI).
         let home = password_home().expect("this user's entry");
-        assert!(home.is_absolute(), "{home:?}");
+        assert!(std::path::Path::new(&home).is_absolute(), "{home:?}");
     }
 }

@@ -179,10 +179,11 @@ impl Route for Router {
     ) -> ncclResult_t {
         // SAFETY: the caller's arguments, unchanged; then the handle NCCL wrote.
         unsafe {
-            let arrival = core::sign_in(&id_bytes(&comm_id, 1), nranks, rank);
+            let blocking = blocking(std::ptr::null());
+            let arrival = core::sign_in(&id_bytes(&comm_id, 1), nranks, rank, blocking);
             Self::before_forward();
             let result = real::ncclCommInitRank(comm, nranks, comm_id, rank);
-            created(result, comm, blocking(std::ptr::null()), arrival)
+            created(result, comm, blocking, arrival)
         }
     }
 
@@ -195,10 +196,11 @@ impl Route for Router {
     ) -> ncclResult_t {
         // SAFETY: as above; the config NCCL accepted.
         unsafe {
-            let arrival = core::sign_in(&id_bytes(&comm_id, 1), nranks, rank);
+            let blocking = blocking(config);
+            let arrival = core::sign_in(&id_bytes(&comm_id, 1), nranks, rank, blocking);
             Self::before_forward();
             let result = real::ncclCommInitRankConfig(comm, nranks, comm_id, rank, config);
-            created(result, comm, blocking(config), arrival)
+            created(result, comm, blocking, arrival)
         }
     }
 
@@ -211,12 +213,12 @@ impl Route for Router {
         unsafe {
             // Its ranks are this process's: they meet in shared memory under a name of their own.
             let id = core::new_id();
+            let blocking = blocking(std::ptr::null());
             let arrivals: Vec<_> = (0..ndev)
-                .map(|rank| core::sign_in(&id, ndev, rank))
+                .map(|rank| core::sign_in(&id, ndev, rank, blocking))
                 .collect();
             Self::before_forward();
             let result = real::ncclCommInitAll(comms, ndev, devlist);
-            let blocking = blocking(std::ptr::null());
             let made = result == ncclSuccess || (!blocking && result == ncclInProgress);
             if made && !comms.is_null() && ndev > 0 {
                 let made = std::slice::from_raw_parts(comms, ndev as usize);
@@ -264,10 +266,11 @@ impl Route for Router {
         ) -> ncclResult_t {
             // SAFETY: as above.
             unsafe {
-                let arrival = core::sign_in(&id_bytes(comm_ids, n_id), nranks, myrank);
+                let blocking = blocking(config);
+                let arrival = core::sign_in(&id_bytes(comm_ids, n_id), nranks, myrank, blocking);
                 Self::before_forward();
                 let result = real::ncclCommInitRankScalable(newcomm, nranks, myrank, n_id, comm_ids, config);
-                created(result, newcomm, blocking(config), arrival)
+                created(result, newcomm, blocking, arrival)
             }
         }
     });

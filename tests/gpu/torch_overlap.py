@@ -36,8 +36,9 @@ STEPS = 9
 def collective_calls(collective, size, world):
     """LAYERS (issue, fill, check) for one collective and size, each on tensors of its own as a
     bucket or a layer's parameters are: `issue` returns PyTorch's work, `fill` writes this rank's
-    input, `check` says whether the output is right."""
-    rank, n = dist.get_rank(), size // 2
+    input (and spoils the rest of the output, so that a call that writes nothing is seen),
+    `check` says whether the output is right."""
+    rank, n = dist.get_rank(), size // 2 // world * world
     calls = []
     for layer in range(LAYERS):
         if collective == "all_reduce":
@@ -52,7 +53,8 @@ def collective_calls(collective, size, world):
             inp = out[rank * part:(rank + 1) * part]  # in place, as FSDP gathers its parameters
             want = torch.cat([pattern(part, 7 * r + layer) for r in range(world)])
             calls.append(((lambda out=out, inp=inp: dist.all_gather_into_tensor(out, inp, async_op=True)),
-                          (lambda inp=inp, layer=layer: inp.copy_(pattern(part, 7 * rank + layer))),
+                          (lambda out=out, inp=inp, layer=layer: (out.fill_(float("nan")),
+                                                                  inp.copy_(pattern(part, 7 * rank + layer)))),
                           (lambda out=out, want=want: torch.equal(out, want))))
         elif collective == "reduce_scatter":
             inp = torch.zeros(n, dtype=torch.bfloat16, device="cuda")
@@ -60,7 +62,8 @@ def collective_calls(collective, size, world):
             mine = slice(rank * (n // world), (rank + 1) * (n // world))
             want = sum(pattern(n, r + layer).float() for r in range(world))[mine].to(torch.bfloat16)
             calls.append(((lambda out=out, inp=inp: dist.reduce_scatter_tensor(out, inp, async_op=True)),
-                          (lambda inp=inp, layer=layer: inp.copy_(pattern(n, rank + layer))),
+                          (lambda out=out, inp=inp, layer=layer: (out.fill_(float("nan")),
+                                                                  inp.copy_(pattern(n, rank + layer)))),
                           (lambda out=out, want=want: torch.equal(out, want))))
         else:
             raise SystemExit(f"torch_overlap.py: no collective {collective!r}")

@@ -68,8 +68,8 @@ pub fn created(comms: &[ncclComm_t]) {
 /// Signs this rank in where its peers on this host can meet it in shared memory, before the
 /// real NCCL's init of a communicator made with the unique id(s) `id`; handed back with the
 /// communicator (`arrived`), or dropped if the init failed (setup/rendezvous.rs).
-pub fn sign_in(id: &[u8], nranks: i32, rank: i32) -> Option<Arrival> {
-    setup::sign_in(id, nranks, rank)
+pub fn sign_in(id: &[u8], nranks: i32, rank: i32, blocking: bool) -> Option<Arrival> {
+    setup::sign_in(id, nranks, rank, blocking)
 }
 
 /// A name to sign in under for the ranks of a communicator that are all this process's.

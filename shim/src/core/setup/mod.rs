@@ -218,7 +218,12 @@ fn describe(comm: ncclComm_t) -> Option<(usize, usize, i32)> {
 /// and sets up this rank's side.
 fn prepare(comm: ncclComm_t, blocking: bool, parent: Option<ncclComm_t>) -> Candidate {
     // Where every rank signed in here, they meet in shared memory whatever happens below.
-    let place = rendezvous::meet(comm);
+    let met = rendezvous::meet(comm);
+    let mixed = matches!(met, rendezvous::Met::Mixed);
+    let place = match met {
+        rendezvous::Met::Here(place) => Some(place),
+        _ => None,
+    };
     let described = describe(comm);
     let (rank, nranks, ordinal) = described.unwrap_or_default();
     let meeting = match parent {
@@ -242,6 +247,14 @@ fn prepare(comm: ncclComm_t, blocking: bool, parent: Option<ncclComm_t>) -> Cand
         parts: None,
         why_not: None,
     };
+    // No exchange at all (neither place nor room for one through NCCL): every rank declines.
+    if mixed {
+        candidate.why_not = Some(
+            "its ranks' communicators are not all blocking nor all nonblocking (their configs or NCCL_COMM_BLOCKING differ)"
+                .into(),
+        );
+        return candidate;
+    }
     if let Some(place) = &candidate.place
         && (place.rank(), place.nranks()) != (rank, nranks)
     {

@@ -53,12 +53,16 @@ struct Slot {
     pid: u32,
     /// The inode of the rank's pid namespace: a pid means something only in the same one.
     pid_namespace: u64,
+    /// 1 where the rank's communicator is made blocking (set up at its making, a nonblocking
+    /// one at its first all-reduce); 0 keeps the payloads aligned as before.
+    blocking: u32,
+    padding: u32,
     payloads: [[u8; PAYLOAD_BYTES]; EXCHANGES],
 }
 
 const SEGMENT_BYTES: usize = MAX_RANKS * size_of::<Slot>();
 /// In the segment's name: builds that lay it out otherwise never open each other's.
-const SEGMENT_LAYOUT: u32 = 1;
+const SEGMENT_LAYOUT: u32 = 2;
 
 /// This process's shared mapping of a segment; unmapped when dropped.
 struct Segment {
@@ -184,14 +188,28 @@ pub struct Arrival {
     name: CString,
     rank: usize,
     nranks: usize,
+    blocking: bool,
     met: bool,
 }
 
+/// Where a rank meets its peers for its set-up (`meet`).
+pub enum Met {
+    /// In shared memory: every rank signed in here.
+    Here(Place),
+    /// Through NCCL: some rank did not sign in here.
+    Elsewhere,
+    /// Nowhere: the ranks' communicators are not all blocking or all nonblocking (NCCL allows
+    /// it), so they would set up at different points of their calls, a blocking one waiting in
+    /// its init for peers that come only at their first all-reduce. Every rank sees it from the
+    /// signatures alone and declines the core without a word to the others.
+    Mixed,
+}
+
 /// Signs rank `rank` of `nranks` in to the segment of the communicator made with `id` (its
-/// unique ids' bytes), before the real NCCL's init; `None` where it could not (it then counts as
-/// elsewhere, and its peers exchange through NCCL) or where the core could not take so many
-/// ranks (then every rank's choice is NCCL's).
-pub fn sign_in(id: &[u8], nranks: i32, rank: i32) -> Option<Arrival> {
+/// unique ids' bytes), `blocking` or not, before the real NCCL's init; `None` where it could not
+/// (it then counts as elsewhere, and its peers exchange through NCCL) or where the core could not
+/// take so many ranks (then every rank's choice is NCCL's).
+pub fn sign_in(id: &[u8], nranks: i32, rank: i32, blocking: bool) -> Option<Arrival> {
     let nranks = usize::try_from(nranks)
         .ok()
         .filter(|n| (2..=MAX_RANKS).contains(n))?;
@@ -199,11 +217,11 @@ pub fn sign_in(id: &[u8], nranks: i32, rank: i32) -> Option<Arrival> {
     if id.is_empty() {
         return None;
     }
-    sign_in_as(segment_name(id, nranks, rank), nranks, rank)
+    sign_in_as(segment_name(id, nranks, rank), nranks, rank, blocking)
 }
 
 /// Signs rank `rank` of `nranks` in to the segment `name`.
-fn sign_in_as(name: CString, nranks: usize, rank: usize) -> Option<Arrival> {
+fn sign_in_as(name: CString, nranks: usize, rank: usize, blocking: bool) -> Option<Arrival> {
     let segment = Segment::open(&name)
         .map_err(|e| log_info!("set-up through NCCL: {e}"))
         .ok()?;
@@ -223,6 +241,7 @@ fn sign_in_as(name: CString, nranks: usize, rank: usize) -> Option<Arrival> {
     unsafe {
         (*slot).pid = std::process::id();
         (*slot).pid_namespace = pid_namespace();
+        (*slot).blocking = u32::from(blocking);
     }
     segment.state(rank).store(SIGNED, Ordering::Release);
     Some(Arrival {
@@ -230,6 +249,7 @@ fn sign_in_as(name: CString, nranks: usize, rank: usize) -> Option<Arrival> {
         name,
         rank,
         nranks,
+        blocking,
         met: false,
     })
 }
@@ -270,9 +290,10 @@ fn pid_namespace() -> u64 {
 
 impl Arrival {
     /// After the real NCCL's init completed: where every rank signed in here, the place where
-    /// they exchange; else `None` (they exchange through NCCL). The segment's name is freed: every
-    /// rank of this host has it open by now.
-    fn meet(mut self) -> Option<Place> {
+    /// they exchange, or nowhere where their communicators differ in blocking; else elsewhere
+    /// (they exchange through NCCL). The segment's name is freed: every rank of this host has it
+    /// open by now.
+    fn meet(mut self) -> Met {
         self.met = true;
         // SAFETY: a NUL-terminated name; gone already is fine.
         unsafe { libc::shm_unlink(self.name.as_ptr()) };
@@ -281,7 +302,16 @@ impl Arrival {
             .collect();
         // A rank withdrawn since it signed in counts: its peers meet here and decline.
         let signed = states.iter().filter(|&&s| s != 0).count();
-        (signed == self.nranks && !states.contains(&VOID)).then(|| Place {
+        if signed != self.nranks || states.contains(&VOID) {
+            return Met::Elsewhere;
+        }
+        // SAFETY: written before the state that published it (every rank signed, or withdrew
+        // after signing); read by value.
+        let blocking = |r| unsafe { (*self.segment.slot(r)).blocking } != 0;
+        if (0..self.nranks).any(|r| blocking(r) != self.blocking) {
+            return Met::Mixed;
+        }
+        Met::Here(Place {
             arrival: self,
             exchanges: Cell::new(0),
             stop: Arc::new(AtomicBool::new(false)),
@@ -467,20 +497,26 @@ unsafe impl Send for Meeting {}
 /// waits for its peers on another thread.
 static MEETINGS: Mutex<Vec<Meeting>> = Mutex::new(Vec::new());
 
-/// Where `comm`'s rank meets its peers for its set-up: the place where every rank signed in, or
-/// `None` (they exchange through NCCL). After the real NCCL's init completed.
-pub fn meet(comm: ncclComm_t) -> Option<Place> {
+/// Where `comm`'s rank meets its peers for its set-up (`Met`; elsewhere where it holds no
+/// arrival). After the real NCCL's init completed.
+pub fn meet(comm: ncclComm_t) -> Met {
     // Held from taking the arrival to listing the meeting: a `withdraw` meanwhile finds one or
     // the other. (No `Place` of a listed meeting drops while it is held.)
     let mut meetings = MEETINGS.lock().unwrap_or_else(|e| e.into_inner());
-    let mut place = take(comm)?.meet()?;
+    let Some(arrival) = take(comm) else {
+        return Met::Elsewhere;
+    };
+    let mut place = match arrival.meet() {
+        Met::Here(place) => place,
+        other => return other,
+    };
     place.listed = true;
     meetings.push(Meeting {
         comm: comm as usize,
         state: place.arrival.segment.state(place.rank()),
         stop: place.stop.clone(),
     });
-    Some(place)
+    Met::Here(place)
 }
 
 /// `comm`'s rank withdraws, where its communicator will not be set up or stops being set up:
@@ -520,6 +556,32 @@ fn take(comm: ncclComm_t) -> Option<Arrival> {
 mod tests {
     use super::*;
 
+    impl Met {
+        fn here(self) -> Place {
+            match self {
+                Met::Here(place) => place,
+                _ => panic!("not met here"),
+            }
+        }
+    }
+
+    /// Ranks whose communicators differ in blocking meet nowhere, each seeing it alone; ranks
+    /// alike in it, nonblocking too, meet here.
+    #[test]
+    fn ranks_that_differ_in_blocking_meet_nowhere() {
+        let id = unique_id("mixed");
+        let arrivals =
+            [true, false].map(|blocking| sign_in(&id, 2, i32::from(!blocking), blocking).unwrap());
+        assert!(arrivals.into_iter().all(|a| matches!(a.meet(), Met::Mixed)));
+        let id = unique_id("nonblocking");
+        let arrivals = [0, 1].map(|r| sign_in(&id, 2, r, false).unwrap());
+        assert!(
+            arrivals
+                .into_iter()
+                .all(|a| matches!(a.meet(), Met::Here(_)))
+        );
+    }
+
     fn unique_id(tag: &str) -> Vec<u8> {
         let mut id = format!("{tag}-{}-", std::process::id()).into_bytes();
         id.extend_from_slice(&crate::core::setup::identity::nonce().to_le_bytes());
@@ -530,12 +592,12 @@ mod tests {
     /// arrival held for `comm`, so that `withdraw(comm)` reaches it), the others' directly.
     fn meeting_of(tag: &str, comm: ncclComm_t, nranks: i32) -> (Place, Vec<Place>) {
         let id = unique_id(tag);
-        hold(comm, sign_in(&id, nranks, 0).unwrap());
+        hold(comm, sign_in(&id, nranks, 0, true).unwrap());
         let arrivals: Vec<Arrival> = (1..nranks)
-            .map(|r| sign_in(&id, nranks, r).unwrap())
+            .map(|r| sign_in(&id, nranks, r, true).unwrap())
             .collect();
-        let peers = arrivals.into_iter().map(|a| a.meet().unwrap()).collect();
-        (meet(comm).expect("all signed in"), peers)
+        let peers = arrivals.into_iter().map(|a| a.meet().here()).collect();
+        (meet(comm).here(), peers)
     }
 
     /// Ranks that all signed in meet, exchange both payloads in rank order, and leave no name
@@ -543,9 +605,9 @@ mod tests {
     #[test]
     fn ranks_that_all_signed_in_exchange_in_shared_memory() {
         let id = unique_id("all");
-        let arrivals: Vec<Arrival> = (0..3).map(|r| sign_in(&id, 3, r).unwrap()).collect();
+        let arrivals: Vec<Arrival> = (0..3).map(|r| sign_in(&id, 3, r, true).unwrap()).collect();
         let name = arrivals[0].name.clone();
-        let mut places: Vec<Place> = arrivals.into_iter().map(|a| a.meet().unwrap()).collect();
+        let mut places: Vec<Place> = arrivals.into_iter().map(|a| a.meet().here()).collect();
         let file = std::path::Path::new("/dev/shm").join(&name.to_str().unwrap()[1..]);
         assert!(!file.exists(), "the name is freed once met");
         let threads: Vec<_> = places
@@ -575,18 +637,19 @@ mod tests {
         let id = unique_id("elsewhere");
         let here: Vec<Arrival> = [0, 2]
             .iter()
-            .map(|&r| sign_in(&id, 3, r).unwrap())
+            .map(|&r| sign_in(&id, 3, r, true).unwrap())
             .collect();
-        assert!(here.into_iter().all(|a| a.meet().is_none()));
+        assert!(here.into_iter().all(|a| matches!(a.meet(), Met::Elsewhere)));
     }
 
     /// A rank whose init failed (dropped unmet) withdraws: its peers stop waiting and fail.
     #[test]
     fn a_withdrawn_rank_ends_its_peers_wait() {
         let id = unique_id("withdrawn");
-        let mut arrivals: Vec<Arrival> = (0..2).map(|r| sign_in(&id, 2, r).unwrap()).collect();
+        let mut arrivals: Vec<Arrival> =
+            (0..2).map(|r| sign_in(&id, 2, r, true).unwrap()).collect();
         let failed = arrivals.pop().unwrap();
-        let place = arrivals.pop().unwrap().meet().unwrap();
+        let place = arrivals.pop().unwrap().meet().here();
         drop(failed);
         assert!(place.publish(&[1]));
         assert!(place.collect(1).is_none());
@@ -596,8 +659,8 @@ mod tests {
     #[test]
     fn a_peer_whose_process_ended_is_not_waited_for() {
         let id = unique_id("gone");
-        let arrivals: Vec<Arrival> = (0..2).map(|r| sign_in(&id, 2, r).unwrap()).collect();
-        let mut places: Vec<Place> = arrivals.into_iter().map(|a| a.meet().unwrap()).collect();
+        let arrivals: Vec<Arrival> = (0..2).map(|r| sign_in(&id, 2, r, true).unwrap()).collect();
+        let mut places: Vec<Place> = arrivals.into_iter().map(|a| a.meet().here()).collect();
         let peer = places.pop().unwrap();
         let mut child = std::process::Command::new("true").spawn().unwrap();
         child.wait().unwrap();
@@ -620,9 +683,9 @@ mod tests {
         assert_ne!(second, first);
         assert_eq!(segment_name(&id, 2, 1), second);
         assert_ne!(segment_name(&id, 3, 0), segment_name(&id, 2, 0));
-        assert!(sign_in(&id, MAX_RANKS as i32 + 1, 0).is_none());
-        assert!(sign_in(&id, 2, 2).is_none());
-        assert!(sign_in(&id, 1, 0).is_none());
+        assert!(sign_in(&id, MAX_RANKS as i32 + 1, 0, true).is_none());
+        assert!(sign_in(&id, 2, 2, true).is_none());
+        assert!(sign_in(&id, 1, 0, true).is_none());
     }
 
     /// A rank that finds its place taken (a stale segment) voids the segment before its init:
@@ -630,14 +693,14 @@ mod tests {
     #[test]
     fn a_place_taken_sends_every_rank_to_nccl() {
         let id = unique_id("taken");
-        let first = sign_in(&id, 2, 0).unwrap();
-        let peer = sign_in(&id, 2, 1).unwrap();
+        let first = sign_in(&id, 2, 0, true).unwrap();
+        let peer = sign_in(&id, 2, 1, true).unwrap();
         assert!(
-            sign_in_as(first.name.clone(), 2, 0).is_none(),
+            sign_in_as(first.name.clone(), 2, 0, true).is_none(),
             "rank 0's place is taken"
         );
-        assert!(first.meet().is_none());
-        assert!(peer.meet().is_none());
+        assert!(matches!(first.meet(), Met::Elsewhere));
+        assert!(matches!(peer.meet(), Met::Elsewhere));
     }
 
     /// A killed job's rank left its slot signed: the next job's rank that comes to it finds its
@@ -646,13 +709,16 @@ mod tests {
     #[test]
     fn a_stale_slot_sends_the_next_job_to_nccl() {
         let id = unique_id("stale");
-        let killed = sign_in(&id, 2, 0).unwrap();
+        let killed = sign_in(&id, 2, 0, true).unwrap();
         let name = killed.name.clone();
         // Its process is gone without withdrawing (its mapping stays: nothing else frees it).
         std::mem::forget(killed);
-        let peer = sign_in_as(name.clone(), 2, 1).unwrap();
-        assert!(sign_in_as(name, 2, 0).is_none(), "rank 0's place is taken");
-        assert!(peer.meet().is_none());
+        let peer = sign_in_as(name.clone(), 2, 1, true).unwrap();
+        assert!(
+            sign_in_as(name, 2, 0, true).is_none(),
+            "rank 0's place is taken"
+        );
+        assert!(matches!(peer.meet(), Met::Elsewhere));
     }
 
     /// A rank whose set-up waits for a peer in shared memory gives up once its communicator is
@@ -753,7 +819,7 @@ mod tests {
     fn held_arrivals_are_taken_once() {
         let id = unique_id("held");
         let comm = 0x5100_0000 as ncclComm_t;
-        hold(comm, sign_in(&id, 2, 0).unwrap());
+        hold(comm, sign_in(&id, 2, 0, true).unwrap());
         assert!(take(comm).is_some());
         assert!(take(comm).is_none());
     }
