@@ -468,15 +468,8 @@ group_moves_suite() {
 # in a CUDA graph; runs without and with the shim alternate, twice each; fails where the shim is
 # above TORCH_GATE_LIMIT (1.05) x NCCL, or a result is wrong ---
 torch_coalesced_suite() {
-  local n=$1 dir=$out/torch-coalesced-$n t=$SECONDS status=0 round
-  rm -rf "$dir" && mkdir -p "$dir"
-  local launch=($python -m torch.distributed.run --standalone --nproc_per_node "$n" "$here/torch_coalesced.py")
-  for round in 1 2; do
-    NCCL_DEBUG=WARN timeout "$step_timeout" "${launch[@]}" "$dir/nccl-$round.json" >"$dir/nccl-$round.log" 2>&1 ||
-      status=1
-    LD_PRELOAD="$shim" NCCLSHIM_REAL_NCCL="$real" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT \
-      timeout "$step_timeout" "${launch[@]}" "$dir/shim-$round.json" >"$dir/shim-$round.log" 2>&1 || status=1
-  done
+  local n=$1 dir=$out/torch-coalesced-$n t=$SECONDS status=0
+  torch_rounds "$n" "$dir" torch_coalesced.py || status=1
   $python "$here/torch_bench_report.py" --limit "${TORCH_GATE_LIMIT:-1.05}" --nccl "$dir"/nccl-*.json \
     --shim "$dir"/shim-*.json >"$dir/report.txt" 2>&1 || status=1
   # The core served the shim's runs (each process says so; they end without an exit summary).
@@ -485,24 +478,37 @@ torch_coalesced_suite() {
   sed 's/^/  /' "$dir/report.txt" | tee -a "$summary"
 }
 
+# Two rounds of SCRIPT under torchrun on N GPUs, into DIR (made anew): NCCL alone
+# (nccl-ROUND.json and .log), then the shim (shim-ROUND), then, where SETTINGS (VAR=VALUE ...)
+# are given, the shim under them too (bounded-ROUND); fails where a run failed.
+torch_rounds() {
+  local n=$1 dir=$2 script=$3 settings=${4:-} status=0 round
+  rm -rf "$dir" && mkdir -p "$dir"
+  local launch=($python -m torch.distributed.run --standalone --nproc_per_node "$n" "$here/$script")
+  for round in 1 2; do
+    NCCL_DEBUG=WARN timeout "$step_timeout" "${launch[@]}" "$dir/nccl-$round.json" >"$dir/nccl-$round.log" 2>&1 ||
+      status=1
+    LD_PRELOAD="$shim" NCCLSHIM_REAL_NCCL="$real" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT \
+      timeout "$step_timeout" "${launch[@]}" "$dir/shim-$round.json" >"$dir/shim-$round.log" 2>&1 || status=1
+    if [ -n "$settings" ]; then
+      # shellcheck disable=SC2086 # VAR=VALUE words
+      env LD_PRELOAD="$shim" NCCLSHIM_REAL_NCCL="$real" $settings timeout "$step_timeout" "${launch[@]}" \
+        "$dir/bounded-$round.json" >"$dir/bounded-$round.log" 2>&1 || status=1
+    fi
+  done
+  return $status
+}
+
 # --- Collectives overlapped with compute (torch_overlap.py): after each of eight bf16 matrix
 # products, an all-reduce, all-gather or reduce-scatter with async_op (as DDP and FSDP overlap
 # them), the step timed eager and in a CUDA graph, and the collectives alone; runs without and
 # with the shim alternate, twice each; fails where a step under the shim is above
 # TORCH_GATE_LIMIT (1.05) x NCCL's, or a result is wrong ---
 torch_overlap_suite() {
-  local n=$1 dir=$out/torch-overlap-$n t=$SECONDS status=0 round
-  rm -rf "$dir" && mkdir -p "$dir"
-  local launch=($python -m torch.distributed.run --standalone --nproc_per_node "$n" "$here/torch_overlap.py")
-  for round in 1 2; do
-    NCCL_DEBUG=WARN timeout "$step_timeout" "${launch[@]}" "$dir/nccl-$round.json" >"$dir/nccl-$round.log" 2>&1 ||
-      status=1
-    LD_PRELOAD="$shim" NCCLSHIM_REAL_NCCL="$real" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT \
-      timeout "$step_timeout" "${launch[@]}" "$dir/shim-$round.json" >"$dir/shim-$round.log" 2>&1 || status=1
-    # The core's grids bounded as NCCL's CTAs are (a table beside the verdict's, no gate).
-    LD_PRELOAD="$shim" NCCLSHIM_REAL_NCCL="$real" NCCLSHIM_TUNE=max_blocks:${TORCH_OVERLAP_BLOCKS:-32} \
-      timeout "$step_timeout" "${launch[@]}" "$dir/bounded-$round.json" >"$dir/bounded-$round.log" 2>&1 || status=1
-  done
+  local n=$1 dir=$out/torch-overlap-$n t=$SECONDS status=0
+  # The core's grids bounded as NCCL's CTAs are: a table beside the verdict's, no gate.
+  torch_rounds "$n" "$dir" torch_overlap.py "NCCLSHIM_TUNE=max_blocks:${TORCH_OVERLAP_BLOCKS:-32}" ||
+    status=1
   $python "$here/torch_bench_report.py" --limit "${TORCH_GATE_LIMIT:-1.05}" --nccl "$dir"/nccl-*.json \
     --shim "$dir"/shim-*.json >"$dir/report.txt" 2>&1 || status=1
   $python "$here/torch_bench_report.py" --nccl "$dir"/nccl-*.json --shim "$dir"/bounded-*.json \

@@ -26,8 +26,8 @@ CALLS = 20  # all-reduces per timed batch
 BATCHES = 9
 
 
-def timed(run):
-    """Median microseconds per all-reduce over BATCHES batches of CALLS."""
+def timed(run, per=CALLS):
+    """Median microseconds per call over BATCHES runs of `run`, which makes `per` calls."""
     times = []
     for _ in range(BATCHES):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -35,7 +35,7 @@ def timed(run):
         run()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / CALLS)
+        times.append(start.elapsed_time(end) * 1e3 / per)
     return statistics.median(times)
 
 

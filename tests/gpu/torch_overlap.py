@@ -19,18 +19,16 @@ TORCH_OVERLAP_MIB: the collectives' sizes in MiB (default 1 4 25 64); TORCH_OVER
 products' side (default 4096; 8192 takes about eight times as long).
 """
 import os
-import statistics
 import sys
 
 import torch
 import torch.distributed as dist
 
-from torch_bench import finish, pattern
+from torch_bench import finish, pattern, timed
 
 SIZES = [int(float(mib) * (1 << 20)) for mib in os.environ.get("TORCH_OVERLAP_MIB", "1 4 25 64").split()]
 DIM = int(os.environ.get("TORCH_OVERLAP_DIM", "4096"))
 LAYERS = 8  # products, and collectives, per step
-STEPS = 9
 
 
 def collective_calls(collective, size, world):
@@ -85,19 +83,11 @@ def step_of(calls, a, b, products):
 
 
 def timed_us(run):
-    """Median microseconds of `run` over STEPS, after two untimed."""
+    """Median microseconds of `run` (torch_bench.py's runs of it), after two untimed."""
     run()
     run()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(STEPS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
+    return timed(run, per=1)
 
 
 def graph_us(step):
