@@ -201,6 +201,11 @@ fn check_core(report: &mut Report, machine: Option<&Machine>) {
     if let Some(why) = nccl::core::p2p_forbidden() {
         report.warn(format!("{why}: the core stays off"));
     }
+    if let Some(bound) = nccl::core::cta_bound() {
+        report.note(format!(
+            "NCCL_MAX_CTAS or NCCL_MAX_NCHANNELS bounds NCCL's kernels to {bound} CTAs: the core takes only calls whose kernels fit {bound} blocks"
+        ));
+    }
     let built_in = kernels::built_in_archs();
     if built_in.is_empty() {
         report.warn(

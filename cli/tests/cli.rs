@@ -59,14 +59,16 @@ fn doctor_names_the_libraries_and_passes_without_a_gpu() {
     );
 }
 
-/// NCCL's configuration file forbidding peer-to-peer keeps the core off, as the variable does.
+/// NCCL's configuration file forbidding peer-to-peer keeps the core off, as the variable does;
+/// one bounding NCCL's CTAs bounds the core's calls.
 #[test]
 fn doctor_reads_nccls_configuration_files() {
     let dir = scratch("doctor-conf-file");
     let conf = dir.join("nccl.conf");
-    std::fs::write(&conf, "NCCL_P2P_DISABLE=1\n").unwrap();
+    std::fs::write(&conf, "NCCL_P2P_DISABLE=1\nNCCL_MAX_CTAS=8\n").unwrap();
     let real = real_library("2.27.7");
     let warning = "warn  NCCL_P2P_DISABLE is set: no peer-to-peer between GPUs: the core stays off";
+    let bound = "the core takes only calls whose kernels fit 8 blocks";
     for (conf_file, warned) in [(conf.to_str().unwrap(), true), ("/nonexistent", false)] {
         let out = ncclshim(
             &["--shim", &shim(), "doctor", "--no-run"],
@@ -77,6 +79,7 @@ fn doctor_reads_nccls_configuration_files() {
         );
         let said = text(&out);
         assert_eq!(said.contains(warning), warned, "{said}");
+        assert_eq!(said.contains(bound), warned, "{said}");
     }
 }
 

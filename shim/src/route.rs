@@ -29,6 +29,15 @@ unsafe fn blocking(config: *const ncclConfig_t) -> bool {
     config.is_null() || unsafe { (*config).blocking } != 0
 }
 
+/// The `maxCTAs` of `config` (`None`: no config).
+///
+/// # Safety
+/// `config` is NULL or points to an `ncclConfig_t` the real NCCL accepted.
+unsafe fn max_ctas(config: *const ncclConfig_t) -> Option<c_int> {
+    // SAFETY: the caller's; `maxCTAs` sits at the same offset in every NCCL version's config.
+    (!config.is_null()).then(|| unsafe { (*config).maxCTAs })
+}
+
 /// `NCCL_COMM_BLOCKING` where it is 0 or 1, read once, as NCCL caches it at its first
 /// communicator.
 fn blocking_setting() -> Option<bool> {
@@ -60,15 +69,17 @@ unsafe fn id_bytes(ids: *const ncclUniqueId, count: c_int) -> Vec<u8> {
     }
 }
 
-/// Hands a communicator that the real NCCL just created (or, nonblocking, is creating) to the
-/// core, with where this rank signed in before NCCL's init (`core::sign_in`; dropped, it
-/// withdraws).
+/// Hands a communicator that the real NCCL just created (or, nonblocking, is creating) with
+/// `config` to the core, with where this rank signed in before NCCL's init (`core::sign_in`;
+/// dropped, it withdraws).
 ///
 /// # Safety
-/// `comm` is NULL or points to the handle the real NCCL wrote.
+/// `comm` is NULL or points to the handle the real NCCL wrote; `config` is NULL or the config
+/// the real NCCL accepted.
 unsafe fn created(
     result: ncclResult_t,
     comm: *mut ncclComm_t,
+    config: *const ncclConfig_t,
     blocking: bool,
     arrival: Option<core::Arrival>,
 ) -> ncclResult_t {
@@ -80,6 +91,8 @@ unsafe fn created(
     // SAFETY: the real NCCL wrote it (a nonblocking communicator's before its init goes on).
     let comm = unsafe { *comm };
     core::arrived(comm, arrival);
+    // SAFETY: the caller's config.
+    core::configured(comm, unsafe { max_ctas(config) }, None);
     if blocking {
         core::created(&[comm]);
     } else {
@@ -105,7 +118,7 @@ unsafe fn child_created(
 ) -> ncclResult_t {
     if result == ncclSuccess && !newcomm.is_null() {
         // SAFETY: the caller's slot and config, both accepted by the real NCCL.
-        unsafe { core::child_created(parent, newcomm, blocking(config), color) };
+        unsafe { core::child_created(parent, newcomm, blocking(config), color, max_ctas(config)) };
     }
     result
 }
@@ -183,7 +196,7 @@ impl Route for Router {
             let arrival = core::sign_in(&id_bytes(&comm_id, 1), nranks, rank, blocking);
             Self::before_forward();
             let result = real::ncclCommInitRank(comm, nranks, comm_id, rank);
-            created(result, comm, blocking, arrival)
+            created(result, comm, std::ptr::null(), blocking, arrival)
         }
     }
 
@@ -200,7 +213,7 @@ impl Route for Router {
             let arrival = core::sign_in(&id_bytes(&comm_id, 1), nranks, rank, blocking);
             Self::before_forward();
             let result = real::ncclCommInitRankConfig(comm, nranks, comm_id, rank, config);
-            created(result, comm, blocking, arrival)
+            created(result, comm, config, blocking, arrival)
         }
     }
 
@@ -222,9 +235,10 @@ impl Route for Router {
             let made = result == ncclSuccess || (!blocking && result == ncclInProgress);
             if made && !comms.is_null() && ndev > 0 {
                 let made = std::slice::from_raw_parts(comms, ndev as usize);
-                made.iter()
-                    .zip(arrivals)
-                    .for_each(|(&c, a)| core::arrived(c, a));
+                made.iter().zip(arrivals).for_each(|(&c, a)| {
+                    core::arrived(c, a);
+                    core::configured(c, None, None);
+                });
                 match blocking {
                     true => core::created(made),
                     false => made.iter().for_each(|&c| core::created_nonblocking(c)),
@@ -270,7 +284,7 @@ impl Route for Router {
                 let arrival = core::sign_in(&id_bytes(comm_ids, n_id), nranks, myrank, blocking);
                 Self::before_forward();
                 let result = real::ncclCommInitRankScalable(newcomm, nranks, myrank, n_id, comm_ids, config);
-                created(result, newcomm, blocking, arrival)
+                created(result, newcomm, config, blocking, arrival)
             }
         }
     });

@@ -98,14 +98,27 @@ fn joins(batch: &[Queued], call: &Queued) -> bool {
         return false;
     }
     if first.plan.fused_bytes().is_some() {
-        let bytes = batch.iter().filter_map(|q| q.plan.fused_bytes()).sum();
+        let bytes: usize = batch.iter().filter_map(|q| q.plan.fused_bytes()).sum();
         let nranks = first.core.facts.nranks;
-        return policy::settings().fuses_with(&first.plan, batch.len(), bytes, &call.plan, nranks);
+        return policy::settings().fuses_with(&first.plan, batch.len(), bytes, &call.plan, nranks)
+            && fused_within_bound(
+                &first.core,
+                &first.plan,
+                bytes + call.plan.fused_bytes().unwrap_or(0),
+            );
     }
     batch.len() < MAX_BATCH
         && first.stream() == call.stream()
         && first.plan.same_launch(&call.plan)
         && call.core.may_batch(&call.plan)
+}
+
+/// Whether a fused launch of `first`'s kernel holding `bytes` of calls keeps to its
+/// communicator's bound on blocks (`CommFacts::max_blocks`).
+fn fused_within_bound(core: &CoreComm, first: &Plan, bytes: usize) -> bool {
+    let nranks = core.facts.nranks;
+    policy::fused_shape(policy::settings(), first.algorithm, bytes, nranks).0
+        <= core.facts.max_blocks
 }
 
 /// The batches of `queued` (each device's calls together, each communicator's together, as
@@ -195,6 +208,8 @@ pub struct Child {
     pub blocking: bool,
     /// The split's color (ncclCommShrink: `None`).
     pub color: Option<i32>,
+    /// Its config's `maxCTAs` (`None`: no config, its parent's).
+    pub max_ctas: Option<i32>,
 }
 
 /// A symmetric window registered on a blocking communicator inside a group: NCCL writes its
@@ -484,7 +499,10 @@ pub fn weigh(comm: ncclComm_t, core: &Arc<CoreComm>, collective: Collective, pla
             }
         };
         let s = &mut seen[at];
-        s.fused = settings.fused_with(s.fused, s.so_far.calls, plan, core.facts.nranks);
+        s.fused = settings
+            .fused_with(s.fused, s.so_far.calls, plan, core.facts.nranks)
+            // A launch past the communicator's bound on blocks fuses nothing (`joins` alike).
+            .filter(|f| fused_within_bound(core, &f.first, f.bytes));
         s.so_far = s.so_far.and(collective, plan);
         s.to_nccl()
     });
@@ -661,6 +679,7 @@ pub fn end_group(real_end: impl FnOnce() -> ncclResult_t) -> ncclResult_t {
         for child in ended.children {
             // SAFETY: kept by the caller until its group's end, where NCCL wrote it.
             let comm = unsafe { *child.slot };
+            super::configured(comm, child.max_ctas, Some(child.parent));
             if let Some(split) =
                 super::meets_on_parent(child.parent, comm, child.blocking, child.color)
             {

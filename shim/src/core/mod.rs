@@ -9,6 +9,7 @@
 //! `observer`.
 mod call_line;
 mod comm;
+mod ctas;
 mod cuda;
 mod empty;
 mod fnv;
@@ -87,6 +88,14 @@ pub fn arrived(comm: ncclComm_t, arrival: Option<Arrival>) {
     }
 }
 
+/// `comm` was made with a config whose `maxCTAs` is `max_ctas` (`None`: no config; a child made
+/// without one takes its `parent`'s): its core keeps to the bound (ctas.rs). Before `created`.
+pub fn configured(comm: ncclComm_t, max_ctas: Option<i32>, parent: Option<ncclComm_t>) {
+    if !comm.is_null() {
+        ctas::made(comm, max_ctas, parent);
+    }
+}
+
 /// A nonblocking communicator was created (the real NCCL may still be initialising it): its
 /// core is set up after its first all-reduce (lifecycle.rs).
 pub fn created_nonblocking(comm: ncclComm_t) {
@@ -108,6 +117,7 @@ pub unsafe fn child_created(
     slot: *mut ncclComm_t,
     blocking: bool,
     color: Option<i32>,
+    max_ctas: Option<i32>,
 ) {
     if group::inside() {
         group::defer_child(group::Child {
@@ -115,6 +125,7 @@ pub unsafe fn child_created(
             slot,
             blocking,
             color,
+            max_ctas,
         });
         return;
     }
@@ -123,6 +134,7 @@ pub unsafe fn child_created(
     }
     // SAFETY: the caller's; a blocking parent's call wrote it before returning.
     let comm = unsafe { *slot };
+    configured(comm, max_ctas, Some(parent));
     if let Some(split) = meets_on_parent(parent, comm, blocking, color) {
         setup::set_up_children(&[split]);
     } else if blocking {
@@ -222,6 +234,12 @@ pub fn window_deregistered(comm: ncclComm_t, handle: usize) {
 /// forbid peer-to-peer between GPUs.
 pub fn p2p_forbidden() -> Option<String> {
     setup::p2p_forbidden(crate::nccl_env::get)
+}
+
+/// The bound NCCL's settings (`NCCL_MAX_CTAS`, `NCCL_MAX_NCHANNELS`) put on every
+/// communicator's kernels, whatever its config (ctas.rs).
+pub fn cta_bound() -> Option<u32> {
+    ctas::bound(std::ptr::null_mut())
 }
 
 pub fn group_start() {
@@ -456,6 +474,7 @@ pub fn async_error(comm: ncclComm_t, real: ncclResult_t) -> ncclResult_t {
 pub fn destroyed(comm: ncclComm_t, abort: bool) {
     setup::abandon(comm);
     windows::forget(comm);
+    ctas::forget(comm);
     if let Some(core) = lifecycle::forget(comm) {
         release(comm, core, abort);
     }
@@ -656,9 +675,9 @@ mod tests {
         group::opened_in_nccl();
         // SAFETY: the slots outlive the group.
         unsafe {
-            child_created(PARENT, slot, false, None);
-            child_created(PARENT, blocking_slot, true, None);
-            child_created(PARENT, &raw mut no_color, false, None);
+            child_created(PARENT, slot, false, None, None);
+            child_created(PARENT, blocking_slot, true, None, None);
+            child_created(PARENT, &raw mut no_color, false, None, None);
         }
         assert!(
             !lifecycle::first_all_reduce(CHILD as ncclComm_t),
@@ -693,7 +712,7 @@ mod tests {
         group_start();
         group::opened_in_nccl();
         // SAFETY: the slot outlives the group, which ends here.
-        unsafe { child_created(PARENT, slot, false, None) };
+        unsafe { child_created(PARENT, slot, false, None, None) };
         group_end(|| {
             // SAFETY: the slot above, still in scope.
             unsafe { *slot = child as ncclComm_t };
@@ -768,12 +787,12 @@ mod tests {
         lifecycle::made(nonblocking_parent, false);
         let mut child = (CHILD + 32) as ncclComm_t;
         // SAFETY: written, as NCCL does before a blocking parent's split returns.
-        unsafe { child_created(blocking_parent, &raw mut child, false, None) };
+        unsafe { child_created(blocking_parent, &raw mut child, false, None, None) };
         assert!(lifecycle::first_all_reduce(child));
         for parent in [nonblocking_parent, 0x7400_0000 as ncclComm_t] {
             let mut child = (CHILD + 64) as ncclComm_t;
             // SAFETY: written, as NCCL's thread may have done by the time the split returns.
-            unsafe { child_created(parent, &raw mut child, true, Some(0)) };
+            unsafe { child_created(parent, &raw mut child, true, Some(0), None) };
             assert!(!lifecycle::first_all_reduce(child));
             assert!(matches!(
                 lifecycle::lookup(child),

@@ -205,6 +205,10 @@ pub struct CommFacts {
     /// The least of the ranks' measured limits (measured.rs), for collectives no setting limits:
     /// for any buffers, and for buffers in no symmetric window.
     pub measured: Measured,
+    /// The most blocks a kernel of the communicator may have: the least bound any rank's user
+    /// set on NCCL's CTAs (`maxCTAs`, `NCCL_MAX_CTAS`, `NCCL_MAX_NCHANNELS`); `u32::MAX` where none
+    /// did. A call whose grid would be larger goes to NCCL, which keeps to it.
+    pub max_blocks: u32,
 }
 
 /// A group's calls of a communicator as fused launches hold them (`Settings::fused_with`).
@@ -428,6 +432,17 @@ pub fn plan_args_lying(
 /// its buffers lie (which of NCCL's kernels it races: the measured limits of that kind apply),
 /// asked only where a measured limit decides: not of all-reduce, nor of calls declined before.
 pub fn plan(
+    settings: &Settings,
+    collective: Collective,
+    call: &Call,
+    comm: &CommFacts,
+    buffers: impl FnOnce() -> Buffers,
+) -> Option<Plan> {
+    planned(settings, collective, call, comm, buffers).filter(|plan| plan.blocks <= comm.max_blocks)
+}
+
+/// `plan`, whatever its grid.
+fn planned(
     settings: &Settings,
     collective: Collective,
     call: &Call,
@@ -891,6 +906,7 @@ mod tests {
             resident_blocks: 132,
             compute_capability: 90,
             measured: Measured::NONE,
+            max_blocks: u32::MAX,
         }
     }
 
@@ -929,6 +945,34 @@ mod tests {
         }
         assert!(above > 0, "no default grid above 32 blocks");
         assert!(bounded.agreed() != free.agreed(), "ranks compare it");
+    }
+
+    /// A communicator whose user bounded NCCL's CTAs leaves to NCCL the calls whose grid would
+    /// be larger, and keeps the others as they are.
+    #[test]
+    fn calls_past_the_users_bound_on_ctas_go_to_nccl() {
+        let s = with(&[("NCCLSHIM_CORE", "force")]);
+        let bounded = CommFacts {
+            max_blocks: 8,
+            ..procs(2)
+        };
+        let (mut kept, mut left) = (0, 0);
+        for collective in Collective::ALL {
+            for shift in 3..=24 {
+                let count = (1usize << shift) / 4;
+                let free = plan_args(&s, collective, count, 7, 0, 0, &procs(2)).unwrap();
+                let plan = plan_args(&s, collective, count, 7, 0, 0, &bounded);
+                match free.blocks <= 8 {
+                    true => assert_eq!(plan, Some(free), "{collective:?} {count}"),
+                    false => assert_eq!(plan, None, "{collective:?} {count}"),
+                }
+                (kept, left) = (
+                    kept + usize::from(plan.is_some()),
+                    left + usize::from(plan.is_none()),
+                );
+            }
+        }
+        assert!(kept > 0 && left > 0, "{kept} kept, {left} left");
     }
 
     /// fp8 stays with NCCL where a rank's GPU is older than sm_90, as NCCL refuses it there;

@@ -32,6 +32,8 @@ pub(super) struct Candidate {
     pub(super) place: Option<Place>,
     pub(super) parts: Option<Parts>,
     pub(super) why_not: Option<String>,
+    /// The bound its user set on NCCL's CTAs (ctas.rs).
+    pub(super) cta_bound: Option<u32>,
 }
 
 impl Candidate {

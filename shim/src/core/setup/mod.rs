@@ -246,6 +246,7 @@ fn prepare(comm: ncclComm_t, blocking: bool, parent: Option<ncclComm_t>) -> Cand
         place,
         parts: None,
         why_not: None,
+        cta_bound: crate::core::ctas::bound(comm),
     };
     // No exchange at all (neither place nor room for one through NCCL): every rank declines.
     if mixed {
@@ -325,6 +326,7 @@ fn childless(parent: ncclComm_t) -> Candidate {
         place: None,
         parts: None,
         why_not: Some("no child of this rank's".into()),
+        cta_bound: None,
     };
     if described.is_some() {
         candidate.device = Device::open(ordinal).ok();
@@ -404,6 +406,7 @@ fn own_record(candidate: &Candidate) -> Record {
         rank: candidate.rank as u32,
         nranks: candidate.nranks as u32,
         blocking: candidate.blocking as u32,
+        cta_bound: candidate.cta_bound.unwrap_or(0),
         ..side_record(candidate)
     }
 }
@@ -444,6 +447,7 @@ fn side_record(candidate: &Candidate) -> Record {
         nranks: 0,
         blocking: 0,
         measured_plain: limits.plain.map(Limit::to_words32),
+        cta_bound: 0,
         reserved: [0; RECORD_BYTES - USED_BYTES],
     }
 }
@@ -618,6 +622,7 @@ mod tests {
     #[test]
     fn records_cross_the_wire_unchanged() {
         let mut record = ready(3);
+        record.cta_bound = 24;
         record.ipc[63] = 0xab;
         record.buffer = 0x7f00_0000_1000;
         record.measured[Collective::Scatter as usize] =
@@ -633,6 +638,7 @@ mod tests {
         );
         assert_eq!(back.measured, record.measured);
         assert_eq!(back.measured_plain, record.measured_plain);
+        assert_eq!(back.cta_bound, 24);
     }
 
     /// A split's child, as candidate: its rank and ranks, meeting on a parent of `parent_ranks`.
@@ -653,6 +659,7 @@ mod tests {
             place: None,
             parts: None,
             why_not: None,
+            cta_bound: None,
         }
     }
 

@@ -68,6 +68,10 @@ pub(super) fn map_peers(candidate: &Candidate, gathered: &[u8]) -> Result<Mapped
                 .min()
                 .unwrap_or(0),
             measured: measured_of(&records),
+            max_blocks: (records.iter())
+                .filter_map(|r| (r.cta_bound != 0).then_some(r.cta_bound))
+                .min()
+                .unwrap_or(u32::MAX),
         },
     };
     for (r, record) in records.iter().enumerate() {

@@ -331,6 +331,7 @@ fn core_role(rank: usize, dir: &Path, processes: Vec<u64>) {
         resident_blocks: parts.kernels.two_shot_resident_blocks,
         compute_capability: parts.kernels.compute_capability(),
         measured: crate::core::measured::Measured::NONE,
+        max_blocks: u32::MAX,
     };
     let core = CoreComm::new(
         rank,
