@@ -420,3 +420,24 @@ fn a_warning_raises_the_log_to_info_where_asked() {
     let (warnings, infos) = lines("1");
     assert!(warnings > 0 && infos > 0, "{warnings} {infos}");
 }
+
+/// A blocking communicator whose ranks do not all meet in this host's shared memory (here the
+/// stand-in NCCL's peer never comes) is set up at its first all-reduce, as a nonblocking one
+/// is, not as it is made: ranks that differ in blocking then meet at the same point.
+#[test]
+fn a_communicator_met_through_nccl_is_set_up_at_its_first_all_reduce() {
+    let dir = scratch("calls-first-all-reduce");
+    let out = client_output(&dir, &["empty"], &[("NCCL_DEBUG", "INFO")]);
+    let at = |text: &str| {
+        out.lines()
+            .position(|l| l.contains(text))
+            .unwrap_or_else(|| panic!("{text:?} not in\n{out}"))
+    };
+    let deferred = at("comm 0x1000: not all its ranks met in this host's shared memory");
+    let declined = at("core off for comm 0x1000");
+    assert!(at("made: 0") > deferred, "deferred as it is made\n{out}");
+    assert!(
+        declined > at("an all-reduce of 4"),
+        "set up at its first all-reduce\n{out}"
+    );
+}

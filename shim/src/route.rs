@@ -29,13 +29,15 @@ unsafe fn blocking(config: *const ncclConfig_t) -> bool {
     config.is_null() || unsafe { (*config).blocking } != 0
 }
 
-/// The `maxCTAs` of `config` (`None`: no config).
+/// The `maxCTAs` of `config` (`None`: no config, or one from headers before 2.17, which have
+/// none and which NCCL reads no further than they go).
 ///
 /// # Safety
 /// `config` is NULL or points to an `ncclConfig_t` the real NCCL accepted.
 unsafe fn max_ctas(config: *const ncclConfig_t) -> Option<c_int> {
-    // SAFETY: the caller's; `maxCTAs` sits at the same offset in every NCCL version's config.
-    (!config.is_null()).then(|| unsafe { (*config).maxCTAs })
+    // SAFETY: the caller's; `version` and `maxCTAs` sit at the same offsets in every NCCL
+    // version's config that has them (2.17 on), and `version` in every one.
+    unsafe { (!config.is_null() && (*config).version >= 21700).then(|| (*config).maxCTAs) }
 }
 
 /// `NCCL_COMM_BLOCKING` where it is 0 or 1, read once, as NCCL caches it at its first

@@ -31,6 +31,8 @@ static void* all_reduces(void* comm) {
 }
 
 int main(int argc, char** argv) {
+  // Unbuffered, so that its lines and the shim's (written at once) come in the order made.
+  setvbuf(stdout, NULL, _IONBF, 0);
   int fork_child = argc > 1 && !strcmp(argv[1], "fork");
   int signal_self = argc > 1 && !strcmp(argv[1], "signal");
   int wait_signal = argc > 1 && !strcmp(argv[1], "wait");

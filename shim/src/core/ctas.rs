@@ -3,8 +3,8 @@
 //! larger goes to NCCL (`CommFacts::max_blocks`). NCCL takes `maxCTAs` from the communicator's
 //! config, which `NCCL_MAX_CTAS` overrides (init.cc, `envConfigOverride`; a child made without a
 //! config takes its parent's), and bounds its channels, and so its CTAs, by `NCCL_MAX_NCHANNELS`
-//! too. A bound NCCL's kernels never reach (its most channels: 32 before 2.25, 64 from) bounds
-//! nothing.
+//! (or its older name `NCCL_MAX_NRINGS`; below 1, 1) too. A bound NCCL's kernels never reach
+//! (its most channels: 32 before 2.25, 64 from) bounds nothing.
 
 use std::sync::{Mutex, OnceLock};
 
@@ -54,16 +54,17 @@ pub fn bound(comm: ncclComm_t) -> Option<u32> {
     )
 }
 
-/// `NCCL_MAX_CTAS` and `NCCL_MAX_NCHANNELS` where positive, read once, as NCCL caches them.
+/// `NCCL_MAX_CTAS` where positive, and the channels `NCCL_MAX_NCHANNELS` (else
+/// `NCCL_MAX_NRINGS`) leaves NCCL where set, read once, as NCCL caches them.
 fn settings() -> (Option<u32>, Option<u32>) {
     static READ: OnceLock<(Option<u32>, Option<u32>)> = OnceLock::new();
     *READ.get_or_init(|| {
-        let positive = |name| {
-            nccl_env::integer(name)
-                .filter(|&n| n > 0)
-                .map(|n| n.min(u32::MAX as i64) as u32)
-        };
-        (positive("NCCL_MAX_CTAS"), positive("NCCL_MAX_NCHANNELS"))
+        let ctas = nccl_env::integer("NCCL_MAX_CTAS").filter(|&n| n > 0);
+        // NCCL's default, -2, is "not set" whichever way it comes.
+        let set = |name| nccl_env::integer(name).filter(|&n| n != -2);
+        let channels = set("NCCL_MAX_NCHANNELS").or_else(|| set("NCCL_MAX_NRINGS"));
+        let fit = |n: i64| n.clamp(1, u32::MAX as i64) as u32;
+        (ctas.map(fit), channels.map(fit))
     })
 }
 

@@ -98,27 +98,21 @@ fn joins(batch: &[Queued], call: &Queued) -> bool {
         return false;
     }
     if first.plan.fused_bytes().is_some() {
-        let bytes: usize = batch.iter().filter_map(|q| q.plan.fused_bytes()).sum();
-        let nranks = first.core.facts.nranks;
-        return policy::settings().fuses_with(&first.plan, batch.len(), bytes, &call.plan, nranks)
-            && fused_within_bound(
-                &first.core,
-                &first.plan,
-                bytes + call.plan.fused_bytes().unwrap_or(0),
-            );
+        let bytes = batch.iter().filter_map(|q| q.plan.fused_bytes()).sum();
+        let facts = &first.core.facts;
+        return policy::settings().fuses_with(
+            &first.plan,
+            batch.len(),
+            bytes,
+            &call.plan,
+            facts.nranks,
+            facts.max_blocks,
+        );
     }
     batch.len() < MAX_BATCH
         && first.stream() == call.stream()
         && first.plan.same_launch(&call.plan)
         && call.core.may_batch(&call.plan)
-}
-
-/// Whether a fused launch of `first`'s kernel holding `bytes` of calls keeps to its
-/// communicator's bound on blocks (`CommFacts::max_blocks`).
-fn fused_within_bound(core: &CoreComm, first: &Plan, bytes: usize) -> bool {
-    let nranks = core.facts.nranks;
-    policy::fused_shape(policy::settings(), first.algorithm, bytes, nranks).0
-        <= core.facts.max_blocks
 }
 
 /// The batches of `queued` (each device's calls together, each communicator's together, as
@@ -499,10 +493,14 @@ pub fn weigh(comm: ncclComm_t, core: &Arc<CoreComm>, collective: Collective, pla
             }
         };
         let s = &mut seen[at];
-        s.fused = settings
-            .fused_with(s.fused, s.so_far.calls, plan, core.facts.nranks)
-            // A launch past the communicator's bound on blocks fuses nothing (`joins` alike).
-            .filter(|f| fused_within_bound(core, &f.first, f.bytes));
+        let facts = &core.facts;
+        s.fused = settings.fused_with(
+            s.fused,
+            s.so_far.calls,
+            plan,
+            facts.nranks,
+            facts.max_blocks,
+        );
         s.so_far = s.so_far.and(collective, plan);
         s.to_nccl()
     });

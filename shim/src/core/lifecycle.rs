@@ -4,6 +4,7 @@
 //!
 //! ```text
 //!   unknown --made--------------------> Made ------\
+//!   Made --deferred--> AwaitsFirstAllReduce
 //!   unknown --awaits_first_all_reduce--> AwaitsFirstAllReduce --first_all_reduce--> SettingUp
 //!   unknown --met_at_first_all_reduce------------------------------------------> SettingUp
 //!   Made, SettingUp --came_on--> Core --revoked--> Revoked (revoked: from any state)
@@ -282,6 +283,28 @@ fn read(key: usize) -> Lookup {
         },
         None => Lookup::Unknown,
     }
+}
+
+/// Made -> AwaitsFirstAllReduce: the blocking `comm`'s ranks meet through NCCL, so they set up
+/// at its first all-reduce, as a nonblocking one's do (setup.rs, `set_up`).
+pub fn deferred(comm: ncclComm_t) {
+    with_table(|table| {
+        if let Some(entry) = table.get_mut(&(comm as usize))
+            && matches!(entry.state, State::Made)
+        {
+            entry.state = State::AwaitsFirstAllReduce;
+        }
+    });
+}
+
+/// `comm` is to be taken as nonblocking from now on (its ranks differ: setup.rs), so that its
+/// rank never reads its children's handles nor meets them on it, as its nonblocking peers do not.
+pub fn unblocked(comm: ncclComm_t) {
+    with_table(|table| {
+        if let Some(entry) = table.get_mut(&(comm as usize)) {
+            entry.blocking = false;
+        }
+    });
 }
 
 /// Whether `comm` is known to have been made blocking.

@@ -130,6 +130,7 @@ impl Settings {
         calls: usize,
         next: &Plan,
         nranks: usize,
+        max_blocks: u32,
     ) -> Option<Fused> {
         let more = next.fused_bytes().filter(|_| self.batch)?;
         if calls == 0 {
@@ -142,7 +143,14 @@ impl Settings {
             });
         }
         let so_far = so_far?;
-        if self.fuses_with(&so_far.first, so_far.calls, so_far.bytes, next, nranks) {
+        if self.fuses_with(
+            &so_far.first,
+            so_far.calls,
+            so_far.bytes,
+            next,
+            nranks,
+            max_blocks,
+        ) {
             let (calls, bytes) = (so_far.calls + 1, so_far.bytes + more);
             return Some(Fused {
                 calls,
@@ -162,9 +170,9 @@ impl Settings {
     /// Whether a call planned as `next` joins a fused launch (device.cuh, "fused launches") of
     /// `calls` calls so far, led by `first`, whose data takes `bytes` of the inboxes: the same
     /// packet kernel, at most MAX_FUSED calls, and all their data no more than one call of that
-    /// kernel may have (`sentinel_max`, `ll_max`, `ll_move_max`: what the inboxes hold, or less).
-    /// From the calls' plans and the settings alone: every rank fuses the same calls of its
-    /// group.
+    /// kernel may have (`sentinel_max`, `ll_max`, `ll_move_max`: what the inboxes hold, or less),
+    /// in a grid of at most `max_blocks` (`CommFacts::max_blocks`). From the calls' plans, the
+    /// settings and the communicator's facts alone: every rank fuses the same calls of its group.
     pub fn fuses_with(
         &self,
         first: &Plan,
@@ -172,6 +180,7 @@ impl Settings {
         bytes: usize,
         next: &Plan,
         nranks: usize,
+        max_blocks: u32,
     ) -> bool {
         let most = match first.algorithm {
             Algorithm::Sentinel => self.sentinel_max(nranks),
@@ -182,9 +191,12 @@ impl Settings {
         self.batch
             && calls < MAX_FUSED
             && first.same_launch(next)
-            && next
-                .fused_bytes()
-                .is_some_and(|more| bytes.saturating_add(more) <= most)
+            && next.fused_bytes().is_some_and(|more| {
+                let all = bytes.saturating_add(more);
+                all <= most
+                    && (max_blocks == u32::MAX
+                        || fused_shape(self, first.algorithm, all, nranks).0 <= max_blocks)
+            })
     }
 }
 
@@ -647,7 +659,7 @@ mod tests {
         let mut group = GroupSoFar::NONE;
         for &(count, dtype, op) in calls {
             let plan = plan_all_reduce(s, count, dtype, op, &procs(nranks)).unwrap();
-            fused = s.fused_with(fused, group.calls, &plan, nranks);
+            fused = s.fused_with(fused, group.calls, &plan, nranks, u32::MAX);
             group = group.and(Collective::AllReduce, &plan);
         }
         let goes = s.group_goes_to_nccl(&group, nranks, fused.is_some());
@@ -746,7 +758,7 @@ mod tests {
                     plan.algorithm.is_packet_kernel(),
                     "{collective:?} of {count}"
                 );
-                fused = s.fused_with(fused, k, &plan, nranks);
+                fused = s.fused_with(fused, k, &plan, nranks, u32::MAX);
             }
             fused.map(|f| (f.launches, f.calls))
         };
@@ -840,11 +852,11 @@ mod tests {
                     .wrapping_mul(6364136223846793005)
                     .wrapping_add(1442695040888963407);
                 let plan = plan_of(round % 3, seed).unwrap();
-                fused = s.fused_with(fused, k, &plan, 2);
+                fused = s.fused_with(fused, k, &plan, 2, u32::MAX);
                 let more = plan.fused_bytes().unwrap();
                 match cut.last_mut() {
                     Some((first, calls, bytes))
-                        if s.fuses_with(first, *calls, *bytes, &plan, 2) =>
+                        if s.fuses_with(first, *calls, *bytes, &plan, 2, u32::MAX) =>
                     {
                         *calls += 1;
                         *bytes += more;
@@ -973,6 +985,31 @@ mod tests {
             }
         }
         assert!(kept > 0 && left > 0, "{kept} kept, {left} left");
+    }
+
+    /// Calls that would fuse past the bound go in another launch instead, as `joins` launches
+    /// them (fuses_with), each keeping to it.
+    #[test]
+    fn a_bound_on_blocks_starts_another_fused_launch() {
+        let s = with(&[]);
+        let bounded = CommFacts {
+            max_blocks: 16,
+            ..procs(2)
+        };
+        // Two sentinel all-reduces of 10 KiB: 10 blocks each, 20 together.
+        let plan = plan_args(&s, Collective::AllReduce, 2560, 7, 0, -1, &bounded).unwrap();
+        assert_eq!(plan.algorithm, Algorithm::Sentinel);
+        let launches = |max_blocks| {
+            let first = s.fused_with(None, 0, &plan, 2, max_blocks);
+            let both = s.fused_with(first, 1, &plan, 2, max_blocks).unwrap();
+            (
+                both.launches,
+                s.fuses_with(&plan, 1, 10 << 10, &plan, 2, max_blocks),
+            )
+        };
+        assert_eq!(launches(u32::MAX), (1, true));
+        assert_eq!(launches(16), (2, false));
+        assert!(plan.blocks <= 16 && fused_shape(&s, plan.algorithm, 20 << 10, 2).0 > 16);
     }
 
     /// fp8 stays with NCCL where a rank's GPU is older than sm_90, as NCCL refuses it there;

@@ -32,6 +32,7 @@ use agreement::*;
 pub use exchange::settle;
 use exchange::*;
 use peers::*;
+use rendezvous::Met;
 pub use rendezvous::{Arrival, hold, sign_in};
 
 /// A name for a communicator whose ranks are all this process's (ncclCommInitAll), unlike any
@@ -46,18 +47,36 @@ pub fn abandon(comm: ncclComm_t) {
     rendezvous::withdraw(comm);
 }
 
-/// Sets up the core for `comms` (all driven by this thread, e.g. those of one group; blocking or
-/// nonblocking ones, as NCCL allows no group of both), after the real NCCL has initialised them
-/// and settled their last operation, outside any group; or leaves them to NCCL. Each
-/// communicator's ranks exchange their records on it.
+/// Sets up the core for `comms` (all driven by this thread, e.g. those of one group), after the
+/// real NCCL has initialised them and settled their last operation, outside any group; or leaves
+/// them to NCCL. Blocking ones as they are made; nonblocking ones (`blocking` false) at their
+/// first all-reduce. Each communicator's ranks exchange their records in shared memory, or on it
+/// through NCCL: a blocking one's ranks then set up at its first all-reduce too (`deferred`),
+/// the same point on every rank, so that ranks that differ in blocking (NCCL allows it) never
+/// set up at different points (they meet through NCCL on every rank or on none, and their
+/// records then say they differ).
 pub fn set_up(comms: &[ncclComm_t], blocking: bool) {
-    if comms.is_empty() {
+    let met: Vec<(ncclComm_t, Met)> = comms
+        .iter()
+        .map(|&comm| (comm, rendezvous::meet(comm)))
+        .filter(|&(comm, ref met)| {
+            let later = blocking && matches!(met, Met::Elsewhere);
+            if later {
+                log_info!(
+                    "comm {comm:p}: not all its ranks met in this host's shared memory: its core is set up after its first all-reduce, through NCCL"
+                );
+                lifecycle::deferred(comm);
+            }
+            !later
+        })
+        .collect();
+    if met.is_empty() {
         return;
     }
-    with_candidates(comms.iter().copied(), || {
-        comms
-            .iter()
-            .map(|&comm| prepare(comm, blocking, None))
+    let taken: Vec<ncclComm_t> = met.iter().map(|(comm, _)| *comm).collect();
+    with_candidates(taken.into_iter(), || {
+        met.into_iter()
+            .map(|(comm, met)| prepare(comm, blocking, None, met))
             .collect()
     });
 }
@@ -88,7 +107,8 @@ pub fn set_up_children(splits: &[Split]) {
             .map(|split| match split.child.is_null() {
                 true => childless(split.parent),
                 false => {
-                    let mut candidate = prepare(split.child, true, Some(split.parent));
+                    let met = rendezvous::meet(split.child);
+                    let mut candidate = prepare(split.child, true, Some(split.parent), met);
                     candidate.color = split.color;
                     candidate
                 }
@@ -216,12 +236,11 @@ fn describe(comm: ncclComm_t) -> Option<(usize, usize, i32)> {
 
 /// Asks the real NCCL about the communicator (and about `parent`, where its ranks meet there)
 /// and sets up this rank's side.
-fn prepare(comm: ncclComm_t, blocking: bool, parent: Option<ncclComm_t>) -> Candidate {
+fn prepare(comm: ncclComm_t, blocking: bool, parent: Option<ncclComm_t>, met: Met) -> Candidate {
     // Where every rank signed in here, they meet in shared memory whatever happens below.
-    let met = rendezvous::meet(comm);
-    let mixed = matches!(met, rendezvous::Met::Mixed);
+    let mixed = matches!(met, Met::Mixed);
     let place = match met {
-        rendezvous::Met::Here(place) => Some(place),
+        Met::Here(place) => Some(place),
         _ => None,
     };
     let described = describe(comm);
@@ -248,8 +267,10 @@ fn prepare(comm: ncclComm_t, blocking: bool, parent: Option<ncclComm_t>) -> Cand
         why_not: None,
         cta_bound: crate::core::ctas::bound(comm),
     };
-    // No exchange at all (neither place nor room for one through NCCL): every rank declines.
+    // No exchange at all (neither place nor room for one through NCCL): every rank declines,
+    // and takes the communicator as nonblocking for its children, as its nonblocking peers do.
     if mixed {
+        lifecycle::unblocked(comm);
         candidate.why_not = Some(
             "its ranks' communicators are not all blocking nor all nonblocking (their configs or NCCL_COMM_BLOCKING differ)"
                 .into(),
