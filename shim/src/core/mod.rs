@@ -176,6 +176,10 @@ fn meets_on_parent(
     if !blocking {
         created_nonblocking(child);
     }
+    let nonblocking = match blocking {
+        true => std::ptr::null_mut(),
+        false => child,
+    };
     let child = match blocking && !child.is_null() && lifecycle::made(child, true) {
         true => child,
         false => std::ptr::null_mut(),
@@ -184,6 +188,7 @@ fn meets_on_parent(
         parent,
         child,
         color,
+        nonblocking,
     })
 }
 

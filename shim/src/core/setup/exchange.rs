@@ -34,6 +34,8 @@ pub(super) struct Candidate {
     pub(super) why_not: Option<String>,
     /// The bound its user set on NCCL's CTAs (ctas.rs).
     pub(super) cta_bound: Option<u32>,
+    /// A rank's nonblocking child of a split, set up later (`childless`); NULL for the others.
+    pub(super) waiting: ncclComm_t,
 }
 
 impl Candidate {

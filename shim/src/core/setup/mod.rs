@@ -88,6 +88,9 @@ pub struct Split {
     pub parent: ncclComm_t,
     pub child: ncclComm_t,
     pub color: i32,
+    /// This rank's child where it is nonblocking (else NULL): set up at its first all-reduce,
+    /// unless a peer's child of the split is blocking (`agree_and_finish`).
+    pub nonblocking: ncclComm_t,
 }
 
 /// Sets up the blocking children of blocking parents' splits (this thread's, in the order it
@@ -105,7 +108,7 @@ pub fn set_up_children(splits: &[Split]) {
         splits
             .iter()
             .map(|split| match split.child.is_null() {
-                true => childless(split.parent),
+                true => childless(split.parent, split.nonblocking, split.color),
                 false => {
                     let met = rendezvous::meet(split.child);
                     let mut candidate = prepare(split.child, true, Some(split.parent), met);
@@ -180,6 +183,7 @@ fn agree_and_finish(mut candidates: Vec<Candidate>, mut phases: Phases) {
         candidates.iter_mut().zip(mapped).zip(gathered).zip(members)
     {
         if candidate.comm.is_null() {
+            decline_if_mixed(candidate, &members);
             continue;
         }
         // Every member's verdict has `byte` set.
@@ -201,6 +205,25 @@ fn agree_and_finish(mut candidates: Vec<Candidate>, mut phases: Phases) {
         finish(candidate, mapped, everyone(0), &phases);
     }
     // The exchange buffers and streams are freed as `candidates` drops.
+}
+
+/// A nonblocking child this rank waits to set up at its first all-reduce (`Candidate::waiting`),
+/// declined where a peer's child of the split is blocking: that peer declines its own (this
+/// rank's record says it cannot use the core) and would never join the set-up.
+fn decline_if_mixed(candidate: &Candidate, members: &Result<Members, String>) {
+    if candidate.waiting.is_null() {
+        return;
+    }
+    let records = members.as_ref().map(|m| m.records.chunks(RECORD_BYTES));
+    let blocking_peer = records.is_ok_and(|mut r| r.any(|r| Record::from_bytes(r).blocking != 0));
+    if blocking_peer {
+        abandon(candidate.waiting);
+        lifecycle::declined(
+            candidate.waiting,
+            Some(candidate.rank),
+            "its ranks' communicators are not all blocking nor all nonblocking (their configs or NCCL_COMM_BLOCKING differ)",
+        );
+    }
 }
 
 /// Whether this process can use CUDA at all. The real NCCL needs libcuda, so this comes out the
@@ -266,6 +289,7 @@ fn prepare(comm: ncclComm_t, blocking: bool, parent: Option<ncclComm_t>, met: Me
         parts: None,
         why_not: None,
         cta_bound: crate::core::ctas::bound(comm),
+        waiting: std::ptr::null_mut(),
     };
     // No exchange at all (neither place nor room for one through NCCL): every rank declines,
     // and takes the communicator as nonblocking for its children, as its nonblocking peers do.
@@ -326,28 +350,36 @@ fn prepare(comm: ncclComm_t, blocking: bool, parent: Option<ncclComm_t>, met: Me
     candidate
 }
 
-/// This rank's side of its parent's exchange where the split gave it no child: no record of a
-/// communicator, a "no" verdict, nothing to set up.
-fn childless(parent: ncclComm_t) -> Candidate {
+/// This rank's side of its parent's exchange where the split gave it no child to set up now: a
+/// "no" verdict, nothing to set up. Where it gave it a nonblocking child (`nonblocking`, of
+/// `color`), its record names it as one, so that its peers with blocking children of the split
+/// decline theirs, as it declines its own then (NCCL lets ranks differ in blocking); else no
+/// record of a communicator.
+fn childless(parent: ncclComm_t, nonblocking: ncclComm_t, color: i32) -> Candidate {
     let described = describe(parent);
     let (rank, nranks, ordinal) = described.unwrap_or_default();
+    let (child_rank, child_ranks) = match nonblocking.is_null() {
+        true => (0, 0),
+        false => describe(nonblocking).map_or((0, 0), |(rank, nranks, _)| (rank, nranks)),
+    };
     let mut candidate = Candidate {
         comm: std::ptr::null_mut(),
-        blocking: true,
-        rank: 0,
-        nranks: 0,
+        blocking: nonblocking.is_null(),
+        rank: child_rank,
+        nranks: child_ranks,
         meeting: Meeting {
             comm: parent,
             rank,
             nranks,
         },
-        color: 0,
+        color,
         device: None,
         exchange: None,
         place: None,
         parts: None,
         why_not: Some("no child of this rank's".into()),
         cta_bound: None,
+        waiting: nonblocking,
     };
     if described.is_some() {
         candidate.device = Device::open(ordinal).ok();
@@ -681,6 +713,7 @@ mod tests {
             parts: None,
             why_not: None,
             cta_bound: None,
+            waiting: std::ptr::null_mut(),
         }
     }
 
@@ -712,6 +745,43 @@ mod tests {
             let record = Record::from_bytes(&own_record(&candidate).to_bytes());
             assert_eq!(record.blocking, blocking as u32);
             assert_eq!((record.color, record.rank, record.nranks), (1, 0, 2));
+        }
+    }
+
+    /// A rank whose child of a split is nonblocking declines it where a peer's is blocking (whose
+    /// rank declines its own on this rank's record), and keeps it for its first all-reduce where
+    /// every peer's is nonblocking too.
+    #[test]
+    fn a_nonblocking_child_is_declined_where_a_peers_is_blocking() {
+        let records = |blocking: [u32; 2]| -> Vec<u8> {
+            (0..2)
+                .flat_map(|rank| {
+                    Record {
+                        color: 3,
+                        rank,
+                        nranks: 2,
+                        blocking: blocking[rank as usize],
+                        ..Record::not_ready()
+                    }
+                    .to_bytes()
+                })
+                .collect()
+        };
+        for (peers, declined) in [([0, 1], true), ([0, 0], false)] {
+            let waiting = (0x7b00_0000 + 16 * peers[1] as usize) as ncclComm_t;
+            lifecycle::awaits_first_all_reduce(waiting);
+            let candidate = Candidate {
+                comm: std::ptr::null_mut(),
+                waiting,
+                blocking: false,
+                ..child(3, 0, 2, 2)
+            };
+            let found = members(&candidate, &records(peers));
+            assert!(found.is_ok(), "both ranks' records of color 3");
+            decline_if_mixed(&candidate, &found);
+            let waits = matches!(lifecycle::lookup(waiting), lifecycle::Lookup::Waiting);
+            assert_eq!(waits, !declined, "peers {peers:?}");
+            lifecycle::forget(waiting);
         }
     }
 
