@@ -441,3 +441,60 @@ fn a_communicator_met_through_nccl_is_set_up_at_its_first_all_reduce() {
         "set up at its first all-reduce\n{out}"
     );
 }
+
+/// The two ranks of a communicator in two processes (the stand-in NCCL's init returning once
+/// both have entered it) meet in shared memory as they are made; where one's communicator is
+/// nonblocking (`NCCL_COMM_BLOCKING=0`), each sees it from the other's signature and declines,
+/// the blocking one as it is made and the other at its first all-reduce, neither waiting for the
+/// other.
+#[test]
+fn ranks_that_differ_in_blocking_decline_without_waiting() {
+    let dir = scratch("calls-pair");
+    let (client, fake) = calls_client_and_fake_nccl(&dir);
+    let pair = |tag: &str, nonblocking_rank: Option<usize>| -> Vec<String> {
+        let barrier = dir.join(tag);
+        std::fs::create_dir_all(&barrier).unwrap();
+        let id = format!("{tag}-{}", std::process::id());
+        let ranks: Vec<_> = (0..2)
+            .map(|rank| {
+                let (client, fake, barrier, id) =
+                    (client.clone(), fake.clone(), barrier.clone(), id.clone());
+                std::thread::spawn(move || {
+                    let mut env = vec![
+                        ("NCCLSHIM_REAL_NCCL", fake.to_str().unwrap().to_string()),
+                        ("FAKE_NCCL_BARRIER", barrier.to_str().unwrap().to_string()),
+                        ("PAIR_ID", id),
+                        ("NCCL_DEBUG", "INFO".to_string()),
+                    ];
+                    if nonblocking_rank == Some(rank) {
+                        env.push(("NCCL_COMM_BLOCKING", "0".to_string()));
+                    }
+                    let env: Vec<(&str, &str)> =
+                        env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+                    stdout_of(&run(&client, &["pair", &rank.to_string()], &env))
+                })
+            })
+            .collect();
+        ranks.into_iter().map(|r| r.join().unwrap()).collect()
+    };
+    let started = std::time::Instant::now();
+    for out in pair("mixed", Some(1)) {
+        assert!(out.contains("done"), "{out}");
+        assert!(
+            out.contains("are not all blocking nor all nonblocking"),
+            "{out}"
+        );
+    }
+    // Alike, they meet here (and go no further without a GPU).
+    for out in pair("alike", None) {
+        assert!(
+            out.contains("done") && !out.contains("not all blocking"),
+            "{out}"
+        );
+        assert!(
+            !out.contains("not all its ranks met in this host's shared memory"),
+            "{out}"
+        );
+    }
+    assert!(started.elapsed() < std::time::Duration::from_secs(30));
+}

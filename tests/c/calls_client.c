@@ -12,7 +12,8 @@
  * group, with questions to the communicator, and alone, then ones NCCL refuses), a call with
  * elements, and one after it is destroyed,
  * each named first; with "checkmode", a call of no elements on a communicator, then on one made
- * once NCCL_CHECK_MODE is set. Prints "done" at the end. */
+ * once NCCL_CHECK_MODE is set; with "pair RANK", rank RANK of 2 of a communicator named by
+ * PAIR_ID (its other rank another process), and an all-reduce on it. Prints "done" at the end. */
 #include <nccl.h>
 #include <pthread.h>
 #include <signal.h>
@@ -85,6 +86,19 @@ int main(int argc, char** argv) {
     ncclCommDestroy(comm);
     printf("an empty all-reduce once destroyed\n");
     ncclAllReduce((void*)16, (void*)16, 0, ncclFloat, ncclSum, comm, NULL);
+    printf("done\n");
+    return 0;
+  }
+  if (argc > 2 && !strcmp(argv[1], "pair")) {
+    ncclUniqueId id;
+    memset(&id, 0, sizeof id);
+    const char* name = getenv("PAIR_ID");
+    if (name) strncpy(id.internal, name, sizeof id.internal - 1);
+    int rank = atoi(argv[2]);
+    ncclComm_t comm = NULL;
+    printf("made: %d\n", (int)ncclCommInitRank(&comm, 2, id, rank));
+    printf("an all-reduce\n");
+    ncclAllReduce((void*)16, (void*)16, 4, ncclFloat, ncclSum, comm, NULL);
     printf("done\n");
     return 0;
   }

@@ -4,11 +4,14 @@
  * 2 ranks, GPU 0 (ncclCommInitRank makes them too). With FAKE_NCCL_GROUPS set, it prints
  * "fake NAME" for each group call, all-reduce and broadcast it gets. Windows as NCCL 2.28
  * registers them: handle 0xbeef, and nothing written (ncclSuccess still) where there is nothing
- * to register. */
+ * to register. With FAKE_NCCL_BARRIER naming a folder, ncclCommInitRank returns only once both
+ * ranks' processes have entered it (as NCCL's init completes on no rank before every rank has
+ * entered it), each leaving a file there. */
 #include <nccl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 static void say(const char* name) {
   if (getenv("FAKE_NCCL_GROUPS")) printf("fake %s\n", name);
@@ -37,9 +40,23 @@ ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device) {
   *device = 0;
   return ncclSuccess;
 }
+/* Waits (up to 20 s) until every rank of 2 has entered ncclCommInitRank, where FAKE_NCCL_BARRIER
+ * names a folder for their files. */
+static void barrier(int rank) {
+  const char* dir = getenv("FAKE_NCCL_BARRIER");
+  if (!dir) return;
+  char mine[4096], peer[4096];
+  snprintf(mine, sizeof mine, "%s/rank%d", dir, rank);
+  snprintf(peer, sizeof peer, "%s/rank%d", dir, 1 - rank);
+  FILE* f = fopen(mine, "w");
+  if (f) fclose(f);
+  for (int i = 0; i < 2000 && access(peer, F_OK) != 0; i++) usleep(10000);
+}
+
 /* Makes rank `rank`'s communicator: handle 0x1000 * (rank + 1). */
 ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank) {
   (void)nranks, (void)id;
+  barrier(rank);
   *comm = (ncclComm_t)(uintptr_t)(0x1000 * (rank + 1));
   return ncclSuccess;
 }

@@ -32,8 +32,8 @@ use agreement::*;
 pub use exchange::settle;
 use exchange::*;
 use peers::*;
-use rendezvous::Met;
 pub use rendezvous::{Arrival, hold, sign_in};
+use rendezvous::{Met, Place};
 
 /// A name for a communicator whose ranks are all this process's (ncclCommInitAll), unlike any
 /// other's.
@@ -56,18 +56,25 @@ pub fn abandon(comm: ncclComm_t) {
 /// set up at different points (they meet through NCCL on every rank or on none, and their
 /// records then say they differ).
 pub fn set_up(comms: &[ncclComm_t], blocking: bool) {
-    let met: Vec<(ncclComm_t, Met)> = comms
+    let met: Vec<(ncclComm_t, Option<Place>)> = comms
         .iter()
-        .map(|&comm| (comm, rendezvous::meet(comm)))
-        .filter(|&(comm, ref met)| {
-            let later = blocking && matches!(met, Met::Elsewhere);
-            if later {
+        .filter_map(|&comm| match rendezvous::meet(comm) {
+            Met::Here(place) => Some((comm, Some(place))),
+            Met::Elsewhere if blocking => {
                 log_info!(
                     "comm {comm:p}: not all its ranks met in this host's shared memory: its core is set up after its first all-reduce, through NCCL"
                 );
                 lifecycle::deferred(comm);
+                None
             }
-            !later
+            Met::Elsewhere => Some((comm, None)),
+            // No exchange at all: every rank declines, and takes the communicator as nonblocking
+            // for its splits, as its nonblocking peers do.
+            Met::Mixed => {
+                lifecycle::unblocked(comm);
+                lifecycle::declined(comm, None, MIXED);
+                None
+            }
         })
         .collect();
     if met.is_empty() {
@@ -76,7 +83,7 @@ pub fn set_up(comms: &[ncclComm_t], blocking: bool) {
     let taken: Vec<ncclComm_t> = met.iter().map(|(comm, _)| *comm).collect();
     with_candidates(taken.into_iter(), || {
         met.into_iter()
-            .map(|(comm, met)| prepare(comm, blocking, None, met))
+            .map(|(comm, place)| prepare(comm, blocking, None, place))
             .collect()
     });
 }
@@ -110,8 +117,9 @@ pub fn set_up_children(splits: &[Split]) {
             .map(|split| match split.child.is_null() {
                 true => childless(split.parent, split.nonblocking, split.color),
                 false => {
-                    let met = rendezvous::meet(split.child);
-                    let mut candidate = prepare(split.child, true, Some(split.parent), met);
+                    // Never met in shared memory: no rank of a child signs in.
+                    drop(rendezvous::meet(split.child));
+                    let mut candidate = prepare(split.child, true, Some(split.parent), None);
                     candidate.color = split.color;
                     candidate
                 }
@@ -207,6 +215,9 @@ fn agree_and_finish(mut candidates: Vec<Candidate>, mut phases: Phases) {
     // The exchange buffers and streams are freed as `candidates` drops.
 }
 
+/// Why a communicator whose ranks differ in blocking gets no core.
+const MIXED: &str = "its ranks' communicators are not all blocking nor all nonblocking (their configs or NCCL_COMM_BLOCKING differ)";
+
 /// A nonblocking child this rank waits to set up at its first all-reduce (`Candidate::waiting`),
 /// declined where a peer's child of the split is blocking: that peer declines its own (this
 /// rank's record says it cannot use the core) and would never join the set-up.
@@ -218,11 +229,7 @@ fn decline_if_mixed(candidate: &Candidate, members: &Result<Members, String>) {
     let blocking_peer = records.is_ok_and(|mut r| r.any(|r| Record::from_bytes(r).blocking != 0));
     if blocking_peer {
         abandon(candidate.waiting);
-        lifecycle::declined(
-            candidate.waiting,
-            Some(candidate.rank),
-            "its ranks' communicators are not all blocking nor all nonblocking (their configs or NCCL_COMM_BLOCKING differ)",
-        );
+        lifecycle::declined(candidate.waiting, Some(candidate.rank), MIXED);
     }
 }
 
@@ -259,13 +266,12 @@ fn describe(comm: ncclComm_t) -> Option<(usize, usize, i32)> {
 
 /// Asks the real NCCL about the communicator (and about `parent`, where its ranks meet there)
 /// and sets up this rank's side.
-fn prepare(comm: ncclComm_t, blocking: bool, parent: Option<ncclComm_t>, met: Met) -> Candidate {
-    // Where every rank signed in here, they meet in shared memory whatever happens below.
-    let mixed = matches!(met, Met::Mixed);
-    let place = match met {
-        Met::Here(place) => Some(place),
-        _ => None,
-    };
+fn prepare(
+    comm: ncclComm_t,
+    blocking: bool,
+    parent: Option<ncclComm_t>,
+    place: Option<Place>,
+) -> Candidate {
     let described = describe(comm);
     let (rank, nranks, ordinal) = described.unwrap_or_default();
     let meeting = match parent {
@@ -291,16 +297,6 @@ fn prepare(comm: ncclComm_t, blocking: bool, parent: Option<ncclComm_t>, met: Me
         cta_bound: crate::core::ctas::bound(comm),
         waiting: std::ptr::null_mut(),
     };
-    // No exchange at all (neither place nor room for one through NCCL): every rank declines,
-    // and takes the communicator as nonblocking for its children, as its nonblocking peers do.
-    if mixed {
-        lifecycle::unblocked(comm);
-        candidate.why_not = Some(
-            "its ranks' communicators are not all blocking nor all nonblocking (their configs or NCCL_COMM_BLOCKING differ)"
-                .into(),
-        );
-        return candidate;
-    }
     if let Some(place) = &candidate.place
         && (place.rank(), place.nranks()) != (rank, nranks)
     {
