@@ -692,7 +692,8 @@ fn batches(
         (AllReduce, 4 << 10, 2),
         (AllReduce, 1 << 20, 2),
         (AllReduce, 4 << 20, 2),
-        (Broadcast, 1 << 20, 1),
+        // Past the packets (1 MiB chunks on 2 ranks, whose grids of 256 blocks share no launch).
+        (Broadcast, 4 << 20, 1),
     ];
     for round in 0..2 {
         for (collective, bytes, dtype) in cases {
