@@ -208,7 +208,8 @@ clean:
 GPU_NCCL_VERSION ?= 2.28.9
 BUNDLE ?= $(CURDIR)/.bundle
 NCCL_TESTS_GIT ?=
-GPU_FILES := $(wildcard tests/gpu/*.cu tests/gpu/*.h tests/gpu/*.c tests/gpu/*.py tests/gpu/*.sh)
+GPU_FILES := $(wildcard tests/gpu/*.cu tests/gpu/*.h tests/gpu/*.c tests/gpu/*.py tests/gpu/*.sh) \
+  tests/c/calls_client.c tests/c/fake_operations_nccl.c
 
 .PHONY: gpu-bundle bench gpu-check
 

@@ -2,7 +2,7 @@
 # The GPU suite, on a machine with NVIDIA GPUs, nvcc and PyTorch (no Rust needed): compiles the
 # C/CUDA programs, runs the correctness matrix, the PyTorch checks and the side-by-side
 # benchmark through ncclshim, and writes logs and OUTDIR/summary.txt.
-#   run.sh OUTDIR [collectives] [torch] [torchbench] [zerocopy] [bench] [latepeer] [groupcost] [graphlaunch] [groupfused] [groupmoves] [torchcoalesced] [torchoverlap] [launch] [floor] [sanitizer] [waitlimit] [nccltests] [badinput] [faults] [observe] [netplugin]  (default: the first three)
+#   run.sh OUTDIR [collectives] [torch] [torchbench] [zerocopy] [meeting] [bench] [latepeer] [groupcost] [graphlaunch] [groupfused] [groupmoves] [torchcoalesced] [torchoverlap] [launch] [floor] [sanitizer] [waitlimit] [nccltests] [badinput] [faults] [observe] [netplugin]  (default: the first three)
 # It runs from the folder `make gpu-bundle` makes (the shim in shim/lib beside this script).
 # Environment (all optional):
 #   GPU_COUNTS  GPU counts to run on (default "2 4", less those the machine lacks)
@@ -20,7 +20,7 @@
 #   FLOOR_ARGS     more arguments for the floor, e.g. "--sizes 8M,16M"
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
-[ $# -ge 1 ] || { echo "usage: $0 OUTDIR [collectives] [torch] [torchbench] [zerocopy] [bench] [latepeer] [groupcost] [graphlaunch] [groupfused] [groupmoves] [torchcoalesced] [torchoverlap] [launch] [floor] [sanitizer] [waitlimit] [nccltests] [badinput] [faults] [observe] [netplugin]" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "usage: $0 OUTDIR [collectives] [torch] [torchbench] [zerocopy] [meeting] [bench] [latepeer] [groupcost] [graphlaunch] [groupfused] [groupmoves] [torchcoalesced] [torchoverlap] [launch] [floor] [sanitizer] [waitlimit] [nccltests] [badinput] [faults] [observe] [netplugin]" >&2; exit 2; }
 mkdir -p "$1" && out=$(cd "$1" && pwd) && shift
 suites=${*:-collectives torch bench}
 
@@ -284,6 +284,37 @@ zero_copy_suite() {
   right=$(cat "$dir"/core_*.log | grep -c ' 0 wrong$') all=$(cat "$dir"/core_*.log | grep -c ' wrong$')
   [ "$all" -gt 0 ] && [ "$right" = "$all" ] || status=1
   verdict "zero-copy (1 GPU)" $status "first calls on new buffers $first ms; core all-reduce (eager, graph replays, timed trace): $right of $all right; $((SECONDS - t)) s; logs in zero-copy/"
+}
+
+# --- The set-up's meeting in shared memory, on one GPU: two processes through the shim and a
+# stand-in NCCL (fake_operations_nccl.c, whose init returns once both ranks have entered it, as
+# NCCL's does) make a communicator of 2 ranks (calls_client.c "pair"). Alike, they meet, make
+# their GPU parts, exchange their records and decline (both ranks on one GPU); one nonblocking
+# (NCCL_COMM_BLOCKING=0), both decline without waiting for the other ---
+meeting_suite() {
+  local dir=$out/meeting t=$SECONDS status=0 tag rank
+  rm -rf "$dir" && mkdir -p "$dir"
+  local cflags=(-O2 -std=gnu11 -I"$include" -I/usr/local/cuda/include)
+  { gcc "${cflags[@]}" -shared -fPIC "$here/fake_operations_nccl.c" -o "$dir/libfake.so" &&
+    gcc "${cflags[@]}" "$here/calls_client.c" -o "$dir/calls_client" -L"$shim_lib" -lnccl -lpthread \
+      -Wl,-rpath,"$shim_lib"; } >"$dir/build.log" 2>&1 ||
+    { verdict "set-up meeting (1 GPU)" 1 "build failed: meeting/build.log"; return; }
+  for tag in alike mixed; do
+    mkdir -p "$dir/$tag"
+    for rank in 0 1; do
+      local extra=()
+      [ $tag = mixed ] && [ $rank = 1 ] && extra=(NCCL_COMM_BLOCKING=0)
+      env NCCLSHIM_REAL_NCCL="$dir/libfake.so" FAKE_NCCL_BARRIER="$dir/$tag" PAIR_ID="$tag-$$" \
+        NCCL_DEBUG=INFO CUDA_VISIBLE_DEVICES=0 "${extra[@]}" timeout 60 "$dir/calls_client" pair $rank \
+        >"$dir/$tag-$rank.log" 2>&1 &
+    done
+    wait
+  done
+  local alike mixed
+  alike=$(grep -l 'shares its GPU with another rank' "$dir"/alike-*.log | wc -l)
+  mixed=$(grep -l 'not all blocking nor all nonblocking' "$dir"/mixed-*.log | wc -l)
+  [ "$alike" = 2 ] && [ "$mixed" = 2 ] && [ "$(grep -l '^done' "$dir"/*-*.log | wc -l)" = 4 ] || status=1
+  verdict "set-up meeting (1 GPU)" $status "alike: $alike of 2 ranks met and declined (one GPU); differing in blocking: $mixed of 2 declined without waiting; $((SECONDS - t)) s; logs in meeting/"
 }
 
 # --- PyTorch's all-reduce timed (torch_bench.py; TORCH_BENCH_COLLECTIVES names others too,
@@ -800,6 +831,7 @@ for n in $counts; do
       torch) torch_suite "$n" ;;
       torchbench) torch_bench_suite "$n" ;;
       zerocopy) zero_copy_suite ;;
+      meeting) meeting_suite ;;
       bench) bench_suite "$n" ;;
       latepeer) late_peer_suite "$n" ;;
       groupcost) group_cost_suite "$n" ;;
