@@ -36,7 +36,7 @@ pub enum Level {
 }
 
 impl Level {
-    /// `NCCL_DEBUG` as NCCL reads it; `strict` (`STRICT_LISTS`): trimmed of spaces.
+    /// `NCCL_DEBUG` as NCCL reads it; `strict` (`PARAM_PARSERS`): trimmed of spaces.
     fn from_setting(value: Option<&str>, strict: bool) -> Level {
         let value = value.map(|v| if strict { v.trim() } else { v });
         match value.map(str::to_ascii_uppercase).as_deref() {
@@ -399,7 +399,7 @@ fn warning_raises_level(value: Option<&str>, version: Option<i32>) -> bool {
     let (Some(value), version) = (value, version.unwrap_or(i32::MAX)) else {
         return false;
     };
-    if version >= STRICT_LISTS {
+    if version >= PARAM_PARSERS {
         ["1", "T", "TRUE"]
             .iter()
             .any(|t| t.eq_ignore_ascii_case(value))
@@ -430,15 +430,16 @@ pub fn collectives_logged() -> bool {
     taken && enabled(Level::Info)
 }
 
-/// Whether the real NCCL reads its list settings strictly (`STRICT_LISTS`); an unknown
+/// Whether the real NCCL reads its list settings strictly (`PARAM_PARSERS`); an unknown
 /// version reads as the newest.
 fn strict_lists() -> bool {
-    nccl_env::version().is_none_or(|code| code >= STRICT_LISTS)
+    nccl_env::version().is_none_or(|code| code >= PARAM_PARSERS)
 }
 
-/// The first NCCL whose list settings are checked (param/parser_bitset.h): each name trimmed of
-/// spaces, and a value that names what NCCL does not know refused whole, for the default.
-const STRICT_LISTS: i32 = 23007;
+/// The first NCCL that reads its settings through its parameter parsers (param/parser_*.h): a
+/// list's names trimmed of spaces, and a value that names what NCCL does not know refused whole,
+/// for the default; a level trimmed; a switch `1`, `T` or `TRUE`.
+const PARAM_PARSERS: i32 = 23007;
 
 /// The levels `NCCL_DEBUG_TIMESTAMP_LEVELS` names.
 const LEVELS: [&str; 6] = ["VERSION", "WARN", "INFO", "ABORT", "TRACE", "ALL"];
@@ -494,7 +495,7 @@ fn names_it(entry: &str, name: &str) -> bool {
 }
 
 /// Whether a list setting of NCCL's debug log (`value`), whose names are `known`, takes `name`
-/// (unset: `unset` names them); `strict`, as NCCL 2.30.7 and later read them (`STRICT_LISTS`):
+/// (unset: `unset` names them); `strict`, as NCCL 2.30.7 and later read them (`PARAM_PARSERS`):
 /// names trimmed, and a value that names one NCCL does not know refused whole, for the default.
 fn takes(value: Option<&str>, name: &str, known: &[&str], unset: &[&str], strict: bool) -> bool {
     let Some(value) = value.filter(|_| strict) else {

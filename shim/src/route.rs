@@ -29,26 +29,37 @@ unsafe fn blocking(config: *const ncclConfig_t) -> bool {
     config.is_null() || unsafe { (*config).blocking } != 0
 }
 
-/// The `maxCTAs` of `config` (`None`: no config, or one from headers before 2.17, which have
-/// none and which NCCL reads no further than they go).
+/// The `maxCTAs` of `config` (`None`: no config; NCCL's unset value for one from headers before
+/// 2.17, which have none and which NCCL reads no further than they go).
 ///
 /// # Safety
 /// `config` is NULL or points to an `ncclConfig_t` the real NCCL accepted.
 unsafe fn max_ctas(config: *const ncclConfig_t) -> Option<c_int> {
-    // SAFETY: the caller's; `version` and `maxCTAs` sit at the same offsets in every NCCL
-    // version's config that has them (2.17 on), and `version` in every one.
-    unsafe { (!config.is_null() && (*config).version >= 21700).then(|| (*config).maxCTAs) }
+    if config.is_null() {
+        return None;
+    }
+    // SAFETY: the caller's; `version` sits at the same offset in every NCCL version's config,
+    // and `maxCTAs` in every one that has it (2.17 on).
+    Some(unsafe {
+        match (*config).version >= 21700 {
+            true => (*config).maxCTAs,
+            false => c_int::MIN,
+        }
+    })
 }
 
 /// `NCCL_COMM_BLOCKING` where it is 0 or 1, read once, as NCCL caches it at its first
 /// communicator.
 fn blocking_setting() -> Option<bool> {
     static SETTING: OnceLock<Option<bool>> = OnceLock::new();
-    *SETTING.get_or_init(|| match nccl_env::integer("NCCL_COMM_BLOCKING") {
-        Some(0) => Some(false),
-        Some(1) => Some(true),
-        _ => None,
-    })
+    // NCCL keeps it in an int.
+    *SETTING.get_or_init(
+        || match nccl_env::integer("NCCL_COMM_BLOCKING").map(|n| n as i32) {
+            Some(0) => Some(false),
+            Some(1) => Some(true),
+            _ => None,
+        },
+    )
 }
 
 /// The most unique ids whose bytes name a communicator (ncclCommInitRankScalable); more, and the

@@ -59,11 +59,13 @@ pub fn bound(comm: ncclComm_t) -> Option<u32> {
 fn settings() -> (Option<u32>, Option<u32>) {
     static READ: OnceLock<(Option<u32>, Option<u32>)> = OnceLock::new();
     *READ.get_or_init(|| {
-        let ctas = nccl_env::integer("NCCL_MAX_CTAS").filter(|&n| n > 0);
+        // NCCL keeps each in an int.
+        let int = |name| nccl_env::integer(name).map(|n| i64::from(n as i32));
+        let ctas = int("NCCL_MAX_CTAS").filter(|&n| n > 0);
         // NCCL's default, -2, is "not set" whichever way it comes.
-        let set = |name| nccl_env::integer(name).filter(|&n| n != -2);
+        let set = |name| int(name).filter(|&n| n != -2);
         let channels = set("NCCL_MAX_NCHANNELS").or_else(|| set("NCCL_MAX_NRINGS"));
-        let fit = |n: i64| n.clamp(1, u32::MAX as i64) as u32;
+        let fit = |n: i64| n.max(1) as u32;
         (ctas.map(fit), channels.map(fit))
     })
 }

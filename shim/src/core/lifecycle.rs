@@ -14,7 +14,8 @@
 //!
 //! A communicator is known from the moment the shim sees it made (or, made where the shim could
 //! not see its handle, from its first all-reduce), so that each gets one set-up only.
-//! Nonblocking ones wait for their first all-reduce: their creation returns before the real NCCL
+//! Nonblocking ones wait for their first all-reduce (and so do blocking ones whose ranks did not
+//! all meet in shared memory, `deferred`): their creation returns before the real NCCL
 //! is ready, and the set-up needs every rank's init complete (to count who met in shared memory)
 //! or, through NCCL, makes an operation on the communicator, which NCCL refuses until the
 //! previous one has settled; that first all-reduce is the same point in every rank's sequence of
@@ -35,8 +36,8 @@ use crate::log::log_info;
 enum State {
     /// Seen made: its set-up is due, now or at the end of the group it was made in.
     Made,
-    /// Nonblocking, or made where the shim could not see its handle: set up after its first
-    /// all-reduce (which goes to NCCL).
+    /// Nonblocking, made where the shim could not see its handle, or blocking with ranks that
+    /// meet through NCCL: set up after its first all-reduce (which goes to NCCL).
     AwaitsFirstAllReduce,
     /// Its first all-reduce was taken: set up once that has settled.
     SettingUp,
@@ -51,6 +52,8 @@ struct Entry {
     state: State,
     /// Made blocking, as far as the shim knows (a communicator it never saw made: no).
     blocking: bool,
+    /// Every rank's communicator is known to be made in one mode (`alike`).
+    alike: bool,
 }
 
 static TABLE: RwLock<Option<HashMap<usize, Entry>>> = RwLock::new(None);
@@ -168,7 +171,14 @@ fn add(comm: ncclComm_t, state: State, blocking: bool) -> bool {
     with_table(|table| {
         let unknown = !table.contains_key(&(comm as usize));
         if unknown {
-            table.insert(comm as usize, Entry { state, blocking });
+            table.insert(
+                comm as usize,
+                Entry {
+                    state,
+                    blocking,
+                    alike: false,
+                },
+            );
             ENTRIES.fetch_add(1, Ordering::Release);
         }
         unknown
@@ -286,7 +296,7 @@ fn read(key: usize) -> Lookup {
 }
 
 /// Made -> AwaitsFirstAllReduce: the blocking `comm`'s ranks meet through NCCL, so they set up
-/// at its first all-reduce, as a nonblocking one's do (setup.rs, `set_up`).
+/// at its first all-reduce, as a nonblocking one's do (setup/mod.rs, `set_up`).
 pub fn deferred(comm: ncclComm_t) {
     with_table(|table| {
         if let Some(entry) = table.get_mut(&(comm as usize))
@@ -297,14 +307,24 @@ pub fn deferred(comm: ncclComm_t) {
     });
 }
 
-/// `comm` is to be taken as nonblocking from now on (its ranks differ: setup.rs), so that its
-/// rank never reads its children's handles nor meets them on it, as its nonblocking peers do not.
-pub fn unblocked(comm: ncclComm_t) {
+/// Every rank's `comm` is known to be made in one mode: its ranks met in shared memory, where
+/// each signed in with its mode, or a split's records on its parent said so (setup/mod.rs). Only
+/// then do its blocking ranks meet children on it: every rank of it decides alike.
+pub fn alike(comm: ncclComm_t) {
     with_table(|table| {
         if let Some(entry) = table.get_mut(&(comm as usize)) {
-            entry.blocking = false;
+            entry.alike = true;
         }
     });
+}
+
+/// Whether `comm` is blocking and known to be so on every rank (`alike`).
+pub fn blocking_everywhere(comm: ncclComm_t) -> bool {
+    let table = TABLE.read().unwrap_or_else(|e| e.into_inner());
+    table
+        .as_ref()
+        .and_then(|t| t.get(&(comm as usize)))
+        .is_some_and(|entry| entry.blocking && entry.alike)
 }
 
 /// Whether `comm` is known to have been made blocking.
@@ -356,6 +376,22 @@ pub fn forget(comm: ncclComm_t) -> Option<Arc<CoreComm>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A communicator is blocking on every rank only once known alike: made blocking is not
+    /// enough (its peers may be nonblocking).
+    #[test]
+    fn blocking_everywhere_only_once_alike() {
+        let (blocking, nonblocking) = (0x7500_2000 as ncclComm_t, 0x7500_2010 as ncclComm_t);
+        made(blocking, true);
+        awaits_first_all_reduce(nonblocking);
+        assert!(!blocking_everywhere(blocking));
+        alike(blocking);
+        alike(nonblocking);
+        assert!(blocking_everywhere(blocking) && !blocking_everywhere(nonblocking));
+        for comm in [blocking, nonblocking] {
+            forget(comm);
+        }
+    }
 
     #[test]
     fn a_communicator_is_known_once_until_removed() {

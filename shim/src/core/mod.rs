@@ -157,19 +157,20 @@ fn ranks_of(comm: ncclComm_t) -> Option<usize> {
     counted.then_some(nranks as usize)
 }
 
-/// How a split's child meets its ranks: on its parent where the parent blocks and is not too
-/// large, decided from the parent alone, which every parent rank shares (not from the config,
-/// which NCCL reads only where the split makes a child). Then every parent rank takes part; a
-/// rank whose child is nonblocking takes part without it (the child waits for its first
-/// all-reduce, as any nonblocking communicator, `created_nonblocking`), and so does a rank given
-/// no child or a handle seen before (set up once). `None`: the child meets on itself (`created`).
+/// How a split's child meets its ranks: on its parent where the parent blocks on every rank
+/// (`lifecycle::blocking_everywhere`) and is not too large, decided from the parent alone, which
+/// every parent rank shares (not from the config, which NCCL reads only where the split makes a
+/// child). Then every parent rank takes part; a rank whose child is nonblocking takes part with a
+/// record saying so (the child waits for its first all-reduce, as any nonblocking communicator,
+/// `created_nonblocking`, unless a peer's is blocking), and so does a rank given no child or a
+/// handle seen before (set up once). `None`: the child meets on itself (`created`).
 fn meets_on_parent(
     parent: ncclComm_t,
     child: ncclComm_t,
     blocking: bool,
     color: Option<i32>,
 ) -> Option<setup::Split> {
-    let color = color.filter(|_| lifecycle::blocking(parent))?;
+    let color = color.filter(|_| lifecycle::blocking_everywhere(parent))?;
     if ranks_of(parent)? > MAX_MEETING_RANKS {
         return None;
     }

@@ -148,6 +148,10 @@ pub(super) fn agree(records: &[Record], rank: usize) -> Result<(), String> {
         if record.buffers != me.buffers {
             return Err(format!("rank {r} lays the core's buffers out otherwise"));
         }
+        // Ranks of both kinds would order the core's kernels and NCCL's otherwise in a group.
+        if record.blocking != me.blocking {
+            return Err(super::MIXED.into());
+        }
         if record.ready != 1 {
             return Err(format!("rank {r} cannot use the core"));
         }

@@ -49,18 +49,21 @@ pub fn abandon(comm: ncclComm_t) {
 
 /// Sets up the core for `comms` (all driven by this thread, e.g. those of one group), after the
 /// real NCCL has initialised them and settled their last operation, outside any group; or leaves
-/// them to NCCL. Blocking ones as they are made; nonblocking ones (`blocking` false) at their
-/// first all-reduce. Each communicator's ranks exchange their records in shared memory, or on it
-/// through NCCL: a blocking one's ranks then set up at its first all-reduce too (`deferred`),
-/// the same point on every rank, so that ranks that differ in blocking (NCCL allows it) never
-/// set up at different points (they meet through NCCL on every rank or on none, and their
-/// records then say they differ).
-pub fn set_up(comms: &[ncclComm_t], blocking: bool) {
+/// them to NCCL. Blocking ones as they are made (`as_made`); nonblocking ones, and those made
+/// where the shim could not see them, at their first all-reduce. Each communicator's ranks
+/// exchange their records in shared memory, or on it through NCCL: a blocking one's ranks then
+/// set up at its first all-reduce too (`deferred`), the same point on every rank, so that ranks
+/// that differ in blocking (NCCL allows it) never set up at different points: they meet through
+/// NCCL on every rank or on none, and decline where their records differ in blocking.
+pub fn set_up(comms: &[ncclComm_t], as_made: bool) {
     let met: Vec<(ncclComm_t, Option<Place>)> = comms
         .iter()
         .filter_map(|&comm| match rendezvous::meet(comm) {
-            Met::Here(place) => Some((comm, Some(place))),
-            Met::Elsewhere if blocking => {
+            Met::Here(place) => {
+                lifecycle::alike(comm);
+                Some((comm, Some(place)))
+            }
+            Met::Elsewhere if as_made => {
                 log_info!(
                     "comm {comm:p}: not all its ranks met in this host's shared memory: its core is set up after its first all-reduce, through NCCL"
                 );
@@ -68,10 +71,8 @@ pub fn set_up(comms: &[ncclComm_t], blocking: bool) {
                 None
             }
             Met::Elsewhere => Some((comm, None)),
-            // No exchange at all: every rank declines, and takes the communicator as nonblocking
-            // for its splits, as its nonblocking peers do.
+            // No exchange at all: every rank declines.
             Met::Mixed => {
-                lifecycle::unblocked(comm);
                 lifecycle::declined(comm, None, MIXED);
                 None
             }
@@ -83,7 +84,7 @@ pub fn set_up(comms: &[ncclComm_t], blocking: bool) {
     let taken: Vec<ncclComm_t> = met.iter().map(|(comm, _)| *comm).collect();
     with_candidates(taken.into_iter(), || {
         met.into_iter()
-            .map(|(comm, place)| prepare(comm, blocking, None, place))
+            .map(|(comm, place)| prepare(comm, lifecycle::blocking(comm), None, place))
             .collect()
     });
 }
@@ -194,6 +195,13 @@ fn agree_and_finish(mut candidates: Vec<Candidate>, mut phases: Phases) {
             decline_if_mixed(candidate, &members);
             continue;
         }
+        // A child whose every rank's is blocking may be a parent its children meet on.
+        if candidate.comm != candidate.meeting.comm
+            && let Ok(members) = &members
+            && (members.records.chunks(RECORD_BYTES)).all(|r| Record::from_bytes(r).blocking != 0)
+        {
+            lifecycle::alike(candidate.comm);
+        }
         // Every member's verdict has `byte` set.
         let everyone = |byte: usize| {
             let (Some(verdicts), Ok(members)) = (&verdicts, &members) else {
@@ -216,7 +224,7 @@ fn agree_and_finish(mut candidates: Vec<Candidate>, mut phases: Phases) {
 }
 
 /// Why a communicator whose ranks differ in blocking gets no core.
-const MIXED: &str = "its ranks' communicators are not all blocking nor all nonblocking (their configs or NCCL_COMM_BLOCKING differ)";
+pub(super) const MIXED: &str = "its ranks' communicators are not all blocking nor all nonblocking (their configs or NCCL_COMM_BLOCKING differ)";
 
 /// A nonblocking child this rank waits to set up at its first all-reduce (`Candidate::waiting`),
 /// declined where a peer's child of the split is blocking: that peer declines its own (this

@@ -22,17 +22,12 @@ pub(super) struct Mapped {
     pub(super) facts: CommFacts,
 }
 
-/// The limits every rank's GPU has. Where some ranks' communicators are blocking and some not,
-/// they follow their windows differently (core/windows.rs): every call takes the limits of any
-/// buffers.
+/// The limits every rank's GPU has (ranks that differ in blocking, which would follow their
+/// windows differently, core/windows.rs, decline: `agree`).
 fn measured_of(records: &[Record]) -> Measured {
-    let alike = records.iter().all(|r| r.blocking == records[0].blocking);
     measured::least_measured(records.iter().map(|r| Measured {
         any: r.measured.map(Limit::from_words),
-        plain: match alike {
-            true => r.measured_plain.map(Limit::from_words32),
-            false => r.measured.map(Limit::from_words),
-        },
+        plain: r.measured_plain.map(Limit::from_words32),
     }))
 }
 
@@ -141,23 +136,25 @@ mod tests {
     use super::*;
     use crate::core::types::Collective;
 
+    /// Ranks' limits meet; ranks that differ in blocking never get this far.
     #[test]
-    fn ranks_blocking_and_not_take_the_limits_of_any_buffers_for_every_call() {
+    fn every_rank_takes_the_limits_all_have_and_ranks_that_differ_in_blocking_decline() {
         let gather = Collective::AllGather as usize;
-        let record = |blocking: u32| {
+        let record = |blocking: u32, plain: usize| {
             let mut r = Record::not_ready();
+            r.ready = 1;
             r.blocking = blocking;
             r.measured[gather] = Limit::up_to(2 << 20).to_words();
-            r.measured_plain[gather] = Limit::up_to(256 << 20).to_words32();
+            r.measured_plain[gather] = Limit::up_to(plain).to_words32();
             r
         };
-        for blocking in [0, 1] {
-            let alike = measured_of(&[record(blocking), record(blocking)]);
-            assert_eq!(alike.plain[gather], Limit::up_to(256 << 20));
-            assert_eq!(alike.any[gather], Limit::up_to(2 << 20));
-        }
-        let mixed = measured_of(&[record(1), record(0)]);
-        assert_eq!(mixed.plain[gather], Limit::up_to(2 << 20));
-        assert_eq!(mixed.any[gather], Limit::up_to(2 << 20));
+        let both = measured_of(&[record(1, 256 << 20), record(1, 64 << 20)]);
+        assert_eq!(both.plain[gather], Limit::up_to(64 << 20));
+        assert_eq!(both.any[gather], Limit::up_to(2 << 20));
+        let why = agree(&[record(1, 1 << 20), record(0, 1 << 20)], 0).unwrap_err();
+        assert!(
+            why.contains("not all blocking nor all nonblocking"),
+            "{why}"
+        );
     }
 }

@@ -9,8 +9,9 @@
 //! all-reduce, which NCCL takes only once the init is complete), every rank of this host counts
 //! the same signatures (`meet`): all of them where every rank signed in here, fewer where any is
 //! elsewhere (another host, another `/dev/shm`, or a rank that could not sign in), and then
-//! every rank exchanges through NCCL as before. The same choice on every rank, from what every
-//! rank sees. A rank withdraws where its init or first all-reduce failed, where it finds a peer's
+//! every rank exchanges through NCCL as before. Each rank signs in with its communicator's mode,
+//! blocking or not: where they differ, every rank meets nowhere (`Met::Mixed`) and declines. The
+//! same choice on every rank, from what every rank sees. A rank withdraws where its init or first all-reduce failed, where it finds a peer's
 //! process gone, or where its communicator is destroyed, aborted or revoked before or during its
 //! set-up (`withdraw`): its peers stop waiting for it and decline the core. A rank that finds its
 //! place already taken when it comes to sign in (a segment left from an id used before) voids the
@@ -54,8 +55,9 @@ struct Slot {
     /// The inode of the rank's pid namespace: a pid means something only in the same one.
     pid_namespace: u64,
     /// 1 where the rank's communicator is made blocking (set up at its making, a nonblocking
-    /// one at its first all-reduce); 0 keeps the payloads aligned as before.
+    /// one at its first all-reduce).
     blocking: u32,
+    /// Zero: keeps the payloads at 8-byte alignment.
     padding: u32,
     payloads: [[u8; PAYLOAD_BYTES]; EXCHANGES],
 }
