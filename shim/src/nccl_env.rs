@@ -48,6 +48,34 @@ pub(crate) fn c_integer(value: &str) -> Option<i64> {
     }
 }
 
+/// Whether NCCL reads its setting `name` again at each use rather than once: `NCCL_NO_CACHE`
+/// (2.29.7 on) names it, or ALL (from 2.30.7 the names trimmed).
+pub fn uncached(name: &str) -> bool {
+    static LIST: OnceLock<Vec<String>> = OnceLock::new();
+    let version = version().unwrap_or(i32::MAX);
+    if version < NO_CACHE {
+        return false;
+    }
+    let list = LIST.get_or_init(|| {
+        let value = get("NCCL_NO_CACHE").unwrap_or_default();
+        names_of(&value, version >= 23007)
+    });
+    list.iter().any(|n| n == "ALL" || n == name)
+}
+
+/// The names of a list NCCL splits at commas (`trimmed`: each trimmed of spaces, 2.30.7 on),
+/// empty ones dropped.
+fn names_of(value: &str, trimmed: bool) -> Vec<String> {
+    let names = value.split(',').map(|n| match trimmed {
+        true => n.trim(),
+        false => n,
+    });
+    names.filter(|n| !n.is_empty()).map(String::from).collect()
+}
+
+/// The first NCCL that takes `NCCL_NO_CACHE`.
+const NO_CACHE: i32 = 22907;
+
 /// The real NCCL's version code, once known (`noted_version`); 0 before.
 static VERSION: AtomicI32 = AtomicI32::new(0);
 
@@ -226,6 +254,20 @@ mod tests {
             conf_files(23007, None, empty),
             [PathBuf::from("/.nccl.conf"), etc]
         );
+    }
+
+    #[test]
+    fn lists_split_as_nccl_splits_them() {
+        assert_eq!(
+            names_of("NCCL_MAX_CTAS,ALL", false),
+            ["NCCL_MAX_CTAS", "ALL"]
+        );
+        assert_eq!(names_of(" NCCL_MAX_CTAS,,", false), [" NCCL_MAX_CTAS"]);
+        assert_eq!(
+            names_of(" NCCL_MAX_CTAS, ALL", true),
+            ["NCCL_MAX_CTAS", "ALL"]
+        );
+        assert!(names_of("", true).is_empty());
     }
 
     #[test]

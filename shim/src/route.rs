@@ -49,17 +49,19 @@ unsafe fn max_ctas(config: *const ncclConfig_t) -> Option<c_int> {
 }
 
 /// `NCCL_COMM_BLOCKING` where it is 0 or 1, read once, as NCCL caches it at its first
-/// communicator.
+/// communicator (at each, where `NCCL_NO_CACHE` names it).
 fn blocking_setting() -> Option<bool> {
     static SETTING: OnceLock<Option<bool>> = OnceLock::new();
     // NCCL keeps it in an int.
-    *SETTING.get_or_init(
-        || match nccl_env::integer("NCCL_COMM_BLOCKING").map(|n| n as i32) {
-            Some(0) => Some(false),
-            Some(1) => Some(true),
-            _ => None,
-        },
-    )
+    let read = || match nccl_env::integer("NCCL_COMM_BLOCKING").map(|n| n as i32) {
+        Some(0) => Some(false),
+        Some(1) => Some(true),
+        _ => None,
+    };
+    match nccl_env::uncached("NCCL_COMM_BLOCKING") {
+        true => read(),
+        false => *SETTING.get_or_init(read),
+    }
 }
 
 /// The most unique ids whose bytes name a communicator (ncclCommInitRankScalable); more, and the

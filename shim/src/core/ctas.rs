@@ -55,10 +55,11 @@ pub fn bound(comm: ncclComm_t) -> Option<u32> {
 }
 
 /// `NCCL_MAX_CTAS` where positive, and the channels `NCCL_MAX_NCHANNELS` (else
-/// `NCCL_MAX_NRINGS`) leaves NCCL where set, read once, as NCCL caches them.
+/// `NCCL_MAX_NRINGS`) leaves NCCL where set, read once, as NCCL caches them (at each
+/// communicator, where `NCCL_NO_CACHE` names one of them).
 fn settings() -> (Option<u32>, Option<u32>) {
     static READ: OnceLock<(Option<u32>, Option<u32>)> = OnceLock::new();
-    *READ.get_or_init(|| {
+    let read = || {
         // NCCL keeps each in an int.
         let int = |name| nccl_env::integer(name).map(|n| i64::from(n as i32));
         let ctas = int("NCCL_MAX_CTAS").filter(|&n| n > 0);
@@ -67,7 +68,12 @@ fn settings() -> (Option<u32>, Option<u32>) {
         let channels = set("NCCL_MAX_NCHANNELS").or_else(|| set("NCCL_MAX_NRINGS"));
         let fit = |n: i64| n.max(1) as u32;
         (ctas.map(fit), channels.map(fit))
-    })
+    };
+    let names = ["NCCL_MAX_CTAS", "NCCL_MAX_NCHANNELS", "NCCL_MAX_NRINGS"];
+    match names.iter().any(|name| nccl_env::uncached(name)) {
+        true => read(),
+        false => *READ.get_or_init(read),
+    }
 }
 
 /// NCCL's most channels (`MAXCHANNELS`) in `version` (unknown: the newest's).
