@@ -36,7 +36,7 @@ pub enum Level {
 }
 
 impl Level {
-    /// `NCCL_DEBUG` as NCCL reads it; `strict` (`PARAM_PARSERS`): trimmed of spaces.
+    /// `NCCL_DEBUG` as NCCL reads it; `strict` (`nccl_env::parsed`): trimmed of spaces.
     fn from_setting(value: Option<&str>, strict: bool) -> Level {
         let value = value.map(|v| if strict { v.trim() } else { v });
         match value.map(str::to_ascii_uppercase).as_deref() {
@@ -84,7 +84,7 @@ static LOGGER: OnceLock<Logger> = OnceLock::new();
 
 fn logger() -> &'static Logger {
     LOGGER.get_or_init(|| {
-        let strict = strict_lists();
+        let strict = nccl_env::parsed();
         let level = Level::from_setting(nccl_env::get("NCCL_DEBUG").as_deref(), strict);
         let stamped = nccl_env::get("NCCL_DEBUG_TIMESTAMP_LEVELS");
         let timestamped = [Level::Warn, Level::Info]
@@ -399,7 +399,7 @@ fn warning_raises_level(value: Option<&str>, version: Option<i32>) -> bool {
     let (Some(value), version) = (value, version.unwrap_or(i32::MAX)) else {
         return false;
     };
-    if version >= PARAM_PARSERS {
+    if version >= nccl_env::PARAM_PARSERS {
         ["1", "T", "TRUE"]
             .iter()
             .any(|t| t.eq_ignore_ascii_case(value))
@@ -424,22 +424,11 @@ pub fn collectives_logged() -> bool {
             "COLL",
             &SUBSYSTEMS,
             &UNSET_SUBSYSTEMS,
-            strict_lists(),
+            nccl_env::parsed(),
         )
     });
     taken && enabled(Level::Info)
 }
-
-/// Whether the real NCCL reads its list settings strictly (`PARAM_PARSERS`); an unknown
-/// version reads as the newest.
-fn strict_lists() -> bool {
-    nccl_env::version().is_none_or(|code| code >= PARAM_PARSERS)
-}
-
-/// The first NCCL that reads its settings through its parameter parsers (param/parser_*.h): a
-/// list's names trimmed of spaces, and a value that names what NCCL does not know refused whole,
-/// for the default; a level trimmed; a switch `1`, `T` or `TRUE`.
-const PARAM_PARSERS: i32 = 23007;
 
 /// The levels `NCCL_DEBUG_TIMESTAMP_LEVELS` names.
 const LEVELS: [&str; 6] = ["VERSION", "WARN", "INFO", "ABORT", "TRACE", "ALL"];
@@ -495,18 +484,14 @@ fn names_it(entry: &str, name: &str) -> bool {
 }
 
 /// Whether a list setting of NCCL's debug log (`value`), whose names are `known`, takes `name`
-/// (unset: `unset` names them); `strict`, as NCCL 2.30.7 and later read them (`PARAM_PARSERS`):
+/// (unset: `unset` names them); `strict`, as NCCL 2.30.7 and later read them (`nccl_env::parsed`):
 /// names trimmed, and a value that names one NCCL does not know refused whole, for the default.
 fn takes(value: Option<&str>, name: &str, known: &[&str], unset: &[&str], strict: bool) -> bool {
     let Some(value) = value.filter(|_| strict) else {
         return list_takes(value, name, unset);
     };
     let (invert, names) = inverted(value);
-    let names: Vec<&str> = names
-        .split(',')
-        .map(str::trim)
-        .filter(|n| !n.is_empty())
-        .collect();
+    let names: Vec<&str> = nccl_env::names_of(names, true).collect();
     let is_known = |n: &&str| known.iter().any(|k| k.eq_ignore_ascii_case(n));
     if !names.iter().all(is_known) {
         return unset.contains(&name);

@@ -48,30 +48,49 @@ pub(crate) fn c_integer(value: &str) -> Option<i64> {
     }
 }
 
+/// A setting NCCL caches (`NCCL_PARAM`), made of the settings `names`: read once, through
+/// `cell`, or at each use where `NCCL_NO_CACHE` names one of them (`uncached`).
+pub fn as_nccl_caches<T: Copy>(cell: &OnceLock<T>, names: &[&str], read: impl FnOnce() -> T) -> T {
+    match names.iter().any(|name| uncached(name)) {
+        true => read(),
+        false => *cell.get_or_init(read),
+    }
+}
+
 /// Whether NCCL reads its setting `name` again at each use rather than once: `NCCL_NO_CACHE`
 /// (2.29.7 on) names it, or ALL (from 2.30.7 the names trimmed).
-pub fn uncached(name: &str) -> bool {
+fn uncached(name: &str) -> bool {
     static LIST: OnceLock<Vec<String>> = OnceLock::new();
-    let version = version().unwrap_or(i32::MAX);
-    if version < NO_CACHE {
+    if version().is_some_and(|code| code < NO_CACHE) {
         return false;
     }
     let list = LIST.get_or_init(|| {
         let value = get("NCCL_NO_CACHE").unwrap_or_default();
-        names_of(&value, version >= 23007)
+        names_of(&value, parsed()).map(String::from).collect()
     });
     list.iter().any(|n| n == "ALL" || n == name)
 }
 
-/// The names of a list NCCL splits at commas (`trimmed`: each trimmed of spaces, 2.30.7 on),
-/// empty ones dropped.
-fn names_of(value: &str, trimmed: bool) -> Vec<String> {
-    let names = value.split(',').map(|n| match trimmed {
+/// The names of a list NCCL splits at commas (`trimmed`: each trimmed of spaces, as its
+/// parameter parsers do, `parsed`), empty ones dropped.
+pub(crate) fn names_of(value: &str, trimmed: bool) -> impl Iterator<Item = &str> {
+    let names = value.split(',').map(move |n| match trimmed {
         true => n.trim(),
         false => n,
     });
-    names.filter(|n| !n.is_empty()).map(String::from).collect()
+    names.filter(|n| !n.is_empty())
 }
+
+/// Whether the real NCCL reads its settings through its parameter parsers (2.30.7 on,
+/// param/parser_*.h; an unknown version reads as the newest): a list's names and a level
+/// trimmed of spaces, a value naming what NCCL does not know refused whole, a switch `1`, `T`
+/// or `TRUE`.
+pub(crate) fn parsed() -> bool {
+    version().is_none_or(|code| code >= PARAM_PARSERS)
+}
+
+/// The first NCCL that reads its settings through its parameter parsers.
+pub(crate) const PARAM_PARSERS: i32 = 23007;
 
 /// The first NCCL that takes `NCCL_NO_CACHE`.
 const NO_CACHE: i32 = 22907;
@@ -258,16 +277,11 @@ mod tests {
 
     #[test]
     fn lists_split_as_nccl_splits_them() {
-        assert_eq!(
-            names_of("NCCL_MAX_CTAS,ALL", false),
-            ["NCCL_MAX_CTAS", "ALL"]
-        );
-        assert_eq!(names_of(" NCCL_MAX_CTAS,,", false), [" NCCL_MAX_CTAS"]);
-        assert_eq!(
-            names_of(" NCCL_MAX_CTAS, ALL", true),
-            ["NCCL_MAX_CTAS", "ALL"]
-        );
-        assert!(names_of("", true).is_empty());
+        let names = |value, trimmed| names_of(value, trimmed).collect::<Vec<_>>();
+        assert_eq!(names("NCCL_MAX_CTAS,ALL", false), ["NCCL_MAX_CTAS", "ALL"]);
+        assert_eq!(names(" NCCL_MAX_CTAS,,", false), [" NCCL_MAX_CTAS"]);
+        assert_eq!(names(" NCCL_MAX_CTAS, ALL", true), ["NCCL_MAX_CTAS", "ALL"]);
+        assert!(names("", true).is_empty());
     }
 
     #[test]

@@ -58,10 +58,7 @@ fn blocking_setting() -> Option<bool> {
         Some(1) => Some(true),
         _ => None,
     };
-    match nccl_env::uncached("NCCL_COMM_BLOCKING") {
-        true => read(),
-        false => *SETTING.get_or_init(read),
-    }
+    nccl_env::as_nccl_caches(&SETTING, &["NCCL_COMM_BLOCKING"], read)
 }
 
 /// The most unique ids whose bytes name a communicator (ncclCommInitRankScalable); more, and the

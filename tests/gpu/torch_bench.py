@@ -66,6 +66,15 @@ def eager_and_graph_us(call):
     return eager_us, timed(graph.replay)
 
 
+def joined():
+    """This process's GPU (torchrun's LOCAL_RANK) made current and its process group joined over
+    NCCL: (rank, world size, device)."""
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", device_id=device)
+    return dist.get_rank(), dist.get_world_size(), device
+
+
 def pattern(n, offset):
     """n bf16 values (i + offset) % 5, exact in bf16 and in sums of a few of them."""
     return ((torch.arange(n, device="cuda") + offset) % 5).to(torch.bfloat16)
@@ -101,10 +110,7 @@ def prepared(collective, size, rank, world):
 
 def main():
     out = sys.argv[1]
-    local = int(os.environ["LOCAL_RANK"])
-    torch.cuda.set_device(local)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank, world, _ = joined()
     results, wrong = [], []
     for collective in os.environ.get("TORCH_BENCH_COLLECTIVES", "all_reduce").split():
         for size in SIZES:

@@ -9,14 +9,13 @@ ncclshim side by side.
 
     python3 -m torch.distributed.run --standalone --nproc_per_node N torch_coalesced.py OUT.json
 """
-import os
 import sys
 
 import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import _coalescing_manager
 
-from torch_bench import eager_and_graph_us, finish
+from torch_bench import eager_and_graph_us, finish, joined
 
 SIZES = [16, 2 << 10, 32 << 10, 64 << 10]
 TENSORS = 8
@@ -59,11 +58,7 @@ def wanted(collective, rank, world, k, numel):
 
 def main():
     out = sys.argv[1]
-    local = int(os.environ["LOCAL_RANK"])
-    device = torch.device("cuda", local)
-    torch.cuda.set_device(local)
-    dist.init_process_group("nccl", device_id=device)
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank, world, device = joined()
     results, wrong = [], []
     for collective in COLLECTIVES:
         for size in SIZES:

@@ -9,7 +9,6 @@ time (medians over the rounds). Eager: the median call; in a graph: the mean ove
     python3 torch_late_peer.py --compare [--limit 1.5] NCCL.json SHIM.json [NCCL.json SHIM.json ...]
 """
 import json
-import os
 import random
 import statistics
 import sys
@@ -31,12 +30,9 @@ def spin_us(us):
 def run(out):
     import torch
     import torch.distributed as dist
-    from torch_bench import finish  # beside this file, as torchrun runs it
+    from torch_bench import finish, joined  # beside this file, as torchrun runs it
 
-    local = int(os.environ["LOCAL_RANK"])
-    torch.cuda.set_device(local)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank, world, _ = joined()
     # About 1.4 GHz clocks; the delays need only be random and equal for both libraries.
     cycles_per_us = 1400
     results, wrong = [], []

@@ -24,7 +24,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from torch_bench import finish, pattern, timed
+from torch_bench import finish, joined, pattern, timed
 
 SIZES = [int(float(mib) * (1 << 20)) for mib in os.environ.get("TORCH_OVERLAP_MIB", "1 4 25 64").split()]
 DIM = int(os.environ.get("TORCH_OVERLAP_DIM", "4096"))
@@ -107,10 +107,7 @@ def graph_us(step):
 
 def main():
     out = sys.argv[1]
-    local = int(os.environ["LOCAL_RANK"])
-    torch.cuda.set_device(local)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank, world, _ = joined()
     a = torch.randn(DIM, DIM, dtype=torch.bfloat16, device="cuda")
     b = torch.randn(DIM, DIM, dtype=torch.bfloat16, device="cuda")
     products = [torch.empty(DIM, DIM, dtype=torch.bfloat16, device="cuda") for _ in range(2)]

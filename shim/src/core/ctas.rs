@@ -47,11 +47,17 @@ fn configured(comm: ncclComm_t) -> Option<u32> {
 
 /// The bound on `comm`'s kernels' blocks, where its user set one that bounds NCCL's.
 pub fn bound(comm: ncclComm_t) -> Option<u32> {
-    bound_of(
-        configured(comm),
-        settings(),
-        most_channels(nccl_env::version()),
-    )
+    bound_with(configured(comm))
+}
+
+/// The bound the settings alone put on every communicator's kernels, whatever its config.
+pub fn settings_bound() -> Option<u32> {
+    bound_with(None)
+}
+
+/// The bound of a config's `maxCTAs` (`configured`) with the settings'.
+fn bound_with(configured: Option<u32>) -> Option<u32> {
+    bound_of(configured, settings(), most_channels(nccl_env::version()))
 }
 
 /// `NCCL_MAX_CTAS` where positive, and the channels `NCCL_MAX_NCHANNELS` (else
@@ -70,10 +76,7 @@ fn settings() -> (Option<u32>, Option<u32>) {
         (ctas.map(fit), channels.map(fit))
     };
     let names = ["NCCL_MAX_CTAS", "NCCL_MAX_NCHANNELS", "NCCL_MAX_NRINGS"];
-    match names.iter().any(|name| nccl_env::uncached(name)) {
-        true => read(),
-        false => *READ.get_or_init(read),
-    }
+    nccl_env::as_nccl_caches(&READ, &names, read)
 }
 
 /// NCCL's most channels (`MAXCHANNELS`) in `version` (unknown: the newest's).

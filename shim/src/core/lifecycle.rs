@@ -320,20 +320,21 @@ pub fn alike(comm: ncclComm_t) {
 
 /// Whether `comm` is blocking and known to be so on every rank (`alike`).
 pub fn blocking_everywhere(comm: ncclComm_t) -> bool {
+    entry_is(comm, |entry| entry.blocking && entry.alike)
+}
+
+/// Whether `comm` is known and its entry is as `test` wants.
+fn entry_is(comm: ncclComm_t, test: impl FnOnce(&Entry) -> bool) -> bool {
     let table = TABLE.read().unwrap_or_else(|e| e.into_inner());
     table
         .as_ref()
         .and_then(|t| t.get(&(comm as usize)))
-        .is_some_and(|entry| entry.blocking && entry.alike)
+        .is_some_and(test)
 }
 
 /// Whether `comm` is known to have been made blocking.
 pub fn blocking(comm: ncclComm_t) -> bool {
-    let table = TABLE.read().unwrap_or_else(|e| e.into_inner());
-    table
-        .as_ref()
-        .and_then(|t| t.get(&(comm as usize)))
-        .is_some_and(|entry| entry.blocking)
+    entry_is(comm, |entry| entry.blocking)
 }
 
 /// any -> Revoked (ncclCommRevoke): takes `comm`'s core away, if it has one, and never sets one

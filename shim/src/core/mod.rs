@@ -245,7 +245,7 @@ pub fn p2p_forbidden() -> Option<String> {
 /// The bound NCCL's settings (`NCCL_MAX_CTAS`, `NCCL_MAX_NCHANNELS`) put on every
 /// communicator's kernels, whatever its config (ctas.rs).
 pub fn cta_bound() -> Option<u32> {
-    ctas::bound(std::ptr::null_mut())
+    ctas::settings_bound()
 }
 
 pub fn group_start() {

@@ -7,15 +7,16 @@
 //! Each rank signs in (`sign_in`) before the real NCCL's init, and NCCL's init completes on no
 //! rank before every rank has entered it: after it (a nonblocking communicator's at its first
 //! all-reduce, which NCCL takes only once the init is complete), every rank of this host counts
-//! the same signatures (`meet`): all of them where every rank signed in here, fewer where any is
-//! elsewhere (another host, another `/dev/shm`, or a rank that could not sign in), and then
-//! every rank exchanges through NCCL as before. Each rank signs in with its communicator's mode,
-//! blocking or not: where they differ, every rank meets nowhere (`Met::Mixed`) and declines. The
-//! same choice on every rank, from what every rank sees. A rank withdraws where its init or first all-reduce failed, where it finds a peer's
-//! process gone, or where its communicator is destroyed, aborted or revoked before or during its
-//! set-up (`withdraw`): its peers stop waiting for it and decline the core. A rank that finds its
-//! place already taken when it comes to sign in (a segment left from an id used before) voids the
-//! segment, before its init, and every rank exchanges through NCCL.
+//! the same signatures (`meet`): all of them where every rank signed in here, fewer where any
+//! is elsewhere (another host, another `/dev/shm`, or a rank that could not sign in), and then
+//! every rank exchanges through NCCL as before. Each rank signs in with its communicator's
+//! mode, blocking or not: where they differ, every rank meets nowhere (`Met::Mixed`) and
+//! declines. The same choice on every rank, from what every rank sees. A rank withdraws where
+//! its init or first all-reduce failed, where it finds a peer's process gone, or where its
+//! communicator is destroyed, aborted or revoked before or during its set-up (`withdraw`): its
+//! peers stop waiting for it and decline the core. A rank that finds its place already taken
+//! when it comes to sign in (a segment left from an id used before) voids the segment, before
+//! its init, and every rank exchanges through NCCL.
 
 use std::cell::Cell;
 use std::collections::HashMap;
