@@ -206,6 +206,11 @@ fn check_core(report: &mut Report, machine: Option<&Machine>) {
             "NCCL_MAX_CTAS or NCCL_MAX_NCHANNELS bounds NCCL's kernels to {bound} CTAs: the core takes only calls whose kernels fit {bound} blocks"
         ));
     }
+    if nccl::core::copy_engines_asked() {
+        report.note(
+            "NCCL_CTA_POLICY asks NCCL for its copy engines: the core leaves to NCCL the all-gathers, all-to-alls, gathers and scatters whose buffers lie in symmetric windows",
+        );
+    }
     let built_in = kernels::built_in_archs();
     if built_in.is_empty() {
         report.warn(

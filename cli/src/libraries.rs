@@ -111,6 +111,8 @@ pub fn nccl_version(path: &Path) -> Result<String, String> {
     if result != 0 {
         return Err(format!("ncclGetVersion returned {result}"));
     }
+    // Settings read from here on are read as this NCCL reads them, as the library's are.
+    nccl::nccl_env::noted_version(code);
     Ok(version_text(code))
 }
 

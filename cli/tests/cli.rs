@@ -83,6 +83,31 @@ fn doctor_reads_nccls_configuration_files() {
     }
 }
 
+/// `NCCL_CTA_POLICY=ZERO` asks NCCL 2.28 and later for its copy engines: the doctor says which
+/// calls that leaves to NCCL, as the real NCCL found reads the setting (2.27 has no copy
+/// engines; 2.28 reads an integer).
+#[test]
+fn doctor_says_where_nccl_is_asked_for_its_copy_engines() {
+    let note = "NCCL_CTA_POLICY asks NCCL for its copy engines";
+    for (version, policy, asked) in [
+        ("2.28.9", "2", true),
+        ("2.28.9", "ZERO", false),
+        ("2.28.9", "0", false),
+        ("2.27.7", "2", false),
+    ] {
+        let real = real_library(version);
+        let out = ncclshim(
+            &["--shim", &shim(), "doctor", "--no-run"],
+            &[
+                ("NCCLSHIM_REAL_NCCL", real.to_str().unwrap()),
+                ("NCCL_CTA_POLICY", policy),
+            ],
+        );
+        let said = text(&out);
+        assert_eq!(said.contains(note), asked, "{version} {policy}: {said}");
+    }
+}
+
 #[test]
 fn doctor_fails_with_the_fix_when_no_real_nccl_is_found() {
     let out = ncclshim(

@@ -8,6 +8,7 @@ use std::ffi::{c_char, c_int};
 use std::sync::OnceLock;
 
 use crate::call::Call;
+use crate::core::CtaConfig;
 use crate::ffi::if_exported;
 use crate::ffi::*;
 use crate::real::{self, Route, real_functions};
@@ -29,24 +30,41 @@ unsafe fn blocking(config: *const ncclConfig_t) -> bool {
     config.is_null() || unsafe { (*config).blocking } != 0
 }
 
-/// The `maxCTAs` of `config` (`None`: no config; NCCL's unset value for one from headers before
-/// 2.17, which have none and which NCCL reads no further than they go).
+/// The `maxCTAs` and `CTAPolicy` of `config` (`None`: no config), each NCCL's unset value where
+/// the headers it was written with have none (before 2.17 and 2.27): NCCL reads a config no
+/// further than its version goes.
 ///
 /// # Safety
 /// `config` is NULL or points to an `ncclConfig_t` the real NCCL accepted.
-unsafe fn max_ctas(config: *const ncclConfig_t) -> Option<c_int> {
+unsafe fn cta_config(config: *const ncclConfig_t) -> Option<CtaConfig> {
     if config.is_null() {
         return None;
     }
-    // SAFETY: the caller's; `version` sits at the same offset in every NCCL version's config,
-    // and `maxCTAs` in every one that has it (2.17 on).
-    Some(unsafe {
-        match (*config).version >= 21700 {
-            true => (*config).maxCTAs,
-            false => c_int::MIN,
-        }
+    // SAFETY: the caller's; `version` sits at the same offset in every NCCL version's config.
+    let version = unsafe { (*config).version };
+    Some(CtaConfig {
+        max_ctas: match version >= 21700 {
+            // SAFETY: the caller's; `maxCTAs` sits at the same offset in every config with it.
+            true => unsafe { (*config).maxCTAs },
+            false => CtaConfig::UNSET,
+        },
+        policy: match version >= 22700 {
+            // SAFETY: the caller's, of 2.27 or later: `CTAPolicy` is there, at the same offset
+            // in every version's headers (this build's may be older and lack it).
+            true => unsafe {
+                config
+                    .cast::<u8>()
+                    .add(CTA_POLICY_AT)
+                    .cast::<c_int>()
+                    .read()
+            },
+            false => CtaConfig::UNSET,
+        },
     })
 }
+
+/// Where `CTAPolicy` lies in a config (nccl.h, 2.27 on).
+const CTA_POLICY_AT: usize = 60;
 
 /// `NCCL_COMM_BLOCKING` where it is 0 or 1, read once, as NCCL caches it at its first
 /// communicator (at each, where `NCCL_NO_CACHE` names it).
@@ -104,7 +122,7 @@ unsafe fn created(
     let comm = unsafe { *comm };
     core::arrived(comm, arrival);
     // SAFETY: the caller's config.
-    core::configured(comm, unsafe { max_ctas(config) }, None);
+    core::configured(comm, unsafe { cta_config(config) }, None);
     if blocking {
         core::created(&[comm]);
     } else {
@@ -130,7 +148,9 @@ unsafe fn child_created(
 ) -> ncclResult_t {
     if result == ncclSuccess && !newcomm.is_null() {
         // SAFETY: the caller's slot and config, both accepted by the real NCCL.
-        unsafe { core::child_created(parent, newcomm, blocking(config), color, max_ctas(config)) };
+        unsafe {
+            core::child_created(parent, newcomm, blocking(config), color, cta_config(config))
+        };
     }
     result
 }
@@ -421,5 +441,40 @@ impl Route for Router {
         Self::before_forward();
         // SAFETY: the caller's handle.
         unsafe { real::ncclCommAbort(comm) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A config of `version` (as a program built with those headers writes it) whose `maxCTAs`
+    /// is 16 and `CTAPolicy` NCCL_CTA_POLICY_ZERO: read only where its headers have them.
+    #[test]
+    fn a_config_is_read_no_further_than_its_version_goes() {
+        #[repr(C, align(8))]
+        struct Written([u8; 256]);
+        let config_of = |version: c_int| {
+            let mut written = Written([0; 256]);
+            let mut put = |at: usize, value: c_int| {
+                written.0[at..at + 4].copy_from_slice(&value.to_ne_bytes());
+            };
+            put(std::mem::offset_of!(ncclConfig_t, version), version);
+            put(std::mem::offset_of!(ncclConfig_t, maxCTAs), 16);
+            put(CTA_POLICY_AT, 2);
+            written
+        };
+        let read = |version| {
+            let written = config_of(version);
+            // SAFETY: 256 bytes, more than any version's config, aligned as one.
+            unsafe { cta_config(written.0.as_ptr().cast()) }.unwrap()
+        };
+        let split = |c: CtaConfig| (c.max_ctas, c.policy);
+        assert_eq!(split(read(22700)), (16, 2));
+        assert_eq!(split(read(22809)), (16, 2));
+        assert_eq!(split(read(22605)), (16, CtaConfig::UNSET));
+        assert_eq!(split(read(21605)), (CtaConfig::UNSET, CtaConfig::UNSET));
+        // SAFETY: NULL is no config.
+        assert_eq!(unsafe { cta_config(std::ptr::null()) }, None);
     }
 }

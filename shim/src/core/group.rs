@@ -202,8 +202,8 @@ pub struct Child {
     pub blocking: bool,
     /// The split's color (ncclCommShrink: `None`).
     pub color: Option<i32>,
-    /// Its config's `maxCTAs` (`None`: no config, its parent's).
-    pub max_ctas: Option<i32>,
+    /// What its config says of NCCL's CTAs (`None`: no config, its parent's).
+    pub config: Option<super::CtaConfig>,
 }
 
 /// A symmetric window registered on a blocking communicator inside a group: NCCL writes its
@@ -677,7 +677,7 @@ pub fn end_group(real_end: impl FnOnce() -> ncclResult_t) -> ncclResult_t {
         for child in ended.children {
             // SAFETY: kept by the caller until its group's end, where NCCL wrote it.
             let comm = unsafe { *child.slot };
-            super::configured(comm, child.max_ctas, Some(child.parent));
+            super::configured(comm, child.config, Some(child.parent));
             if let Some(split) =
                 super::meets_on_parent(child.parent, comm, child.blocking, child.color)
             {

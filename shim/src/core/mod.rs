@@ -30,6 +30,7 @@ mod setup;
 pub mod types;
 mod zero_copy;
 
+pub use ctas::CtaConfig;
 pub use cuda::{Reading, Stopwatch};
 use observer::observer;
 pub use observer::{Observer, set_observer};
@@ -88,11 +89,11 @@ pub fn arrived(comm: ncclComm_t, arrival: Option<Arrival>) {
     }
 }
 
-/// `comm` was made with a config whose `maxCTAs` is `max_ctas` (`None`: no config; a child made
-/// without one takes its `parent`'s): its core keeps to the bound (ctas.rs). Before `created`.
-pub fn configured(comm: ncclComm_t, max_ctas: Option<i32>, parent: Option<ncclComm_t>) {
+/// `comm` was made with a config that says `config` of NCCL's CTAs (`None`: no config; a child
+/// made without one takes its `parent`'s): its core keeps to it (ctas.rs). Before `created`.
+pub fn configured(comm: ncclComm_t, config: Option<CtaConfig>, parent: Option<ncclComm_t>) {
     if !comm.is_null() {
-        ctas::made(comm, max_ctas, parent);
+        ctas::made(comm, config, parent);
     }
 }
 
@@ -117,7 +118,7 @@ pub unsafe fn child_created(
     slot: *mut ncclComm_t,
     blocking: bool,
     color: Option<i32>,
-    max_ctas: Option<i32>,
+    config: Option<CtaConfig>,
 ) {
     if group::inside() {
         group::defer_child(group::Child {
@@ -125,7 +126,7 @@ pub unsafe fn child_created(
             slot,
             blocking,
             color,
-            max_ctas,
+            config,
         });
         return;
     }
@@ -134,7 +135,7 @@ pub unsafe fn child_created(
     }
     // SAFETY: the caller's; a blocking parent's call wrote it before returning.
     let comm = unsafe { *slot };
-    configured(comm, max_ctas, Some(parent));
+    configured(comm, config, Some(parent));
     if let Some(split) = meets_on_parent(parent, comm, blocking, color) {
         setup::set_up_children(&[split]);
     } else if blocking {
@@ -246,6 +247,12 @@ pub fn p2p_forbidden() -> Option<String> {
 /// communicator's kernels, whatever its config (ctas.rs).
 pub fn cta_bound() -> Option<u32> {
     ctas::settings_bound()
+}
+
+/// Whether NCCL's settings (`NCCL_CTA_POLICY`) ask NCCL of every communicator to move what it
+/// can with its copy engines, whatever its config (ctas.rs).
+pub fn copy_engines_asked() -> bool {
+    ctas::settings_copy_engines()
 }
 
 pub fn group_start() {

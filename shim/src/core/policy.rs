@@ -221,6 +221,9 @@ pub struct CommFacts {
     /// set on NCCL's CTAs (`maxCTAs`, `NCCL_MAX_CTAS`, `NCCL_MAX_NCHANNELS`); `u32::MAX` where none
     /// did. A call whose grid would be larger goes to NCCL, which keeps to it.
     pub max_blocks: u32,
+    /// A rank's user asked NCCL to move what it can with the copy engines, no SM taking part
+    /// (`CTAPolicy` ZERO, ctas.rs): calls NCCL may move so go to NCCL.
+    pub copy_engines: bool,
 }
 
 /// A group's calls of a communicator as fused launches hold them (`Settings::fused_with`).
@@ -450,7 +453,16 @@ pub fn plan(
     comm: &CommFacts,
     buffers: impl FnOnce() -> Buffers,
 ) -> Option<Plan> {
-    planned(settings, collective, call, comm, buffers).filter(|plan| plan.blocks <= comm.max_blocks)
+    let within = |plan: &Plan| plan.blocks <= comm.max_blocks;
+    if comm.copy_engines && collective.copy_engines_move() {
+        // NCCL moves it with its copy engines where its buffers lie in symmetric windows.
+        let lying = buffers();
+        if lying == Buffers::InWindows {
+            return None;
+        }
+        return planned(settings, collective, call, comm, || lying).filter(within);
+    }
+    planned(settings, collective, call, comm, buffers).filter(within)
 }
 
 /// `plan`, whatever its grid.
@@ -919,6 +931,7 @@ mod tests {
             compute_capability: 90,
             measured: Measured::NONE,
             max_blocks: u32::MAX,
+            copy_engines: false,
         }
     }
 
@@ -985,6 +998,43 @@ mod tests {
             }
         }
         assert!(kept > 0 && left > 0, "{kept} kept, {left} left");
+    }
+
+    /// A communicator whose user asked for NCCL's copy engines leaves to NCCL the calls NCCL
+    /// may move with them (of those collectives, with buffers in symmetric windows), forced or
+    /// not, and plans every other call as before.
+    #[test]
+    fn calls_nccl_moves_with_its_copy_engines_go_to_nccl_where_asked() {
+        let copy_engines = CommFacts {
+            copy_engines: true,
+            ..procs(2)
+        };
+        for s in [with(&[("NCCLSHIM_CORE", "force")]), with(&[])] {
+            for collective in Collective::ALL {
+                for buffers in [Buffers::Plain, Buffers::InWindows] {
+                    let plan = |comm| plan_args_lying(&s, collective, 256, 7, 0, 0, comm, buffers);
+                    let (free, asked) = (plan(&procs(2)), plan(&copy_engines));
+                    match collective.copy_engines_move() && buffers == Buffers::InWindows {
+                        true => assert_eq!(asked, None, "{collective:?}"),
+                        false => assert_eq!(asked, free, "{collective:?} {buffers:?}"),
+                    }
+                }
+            }
+        }
+        // Taken where not asked: the test above tells something apart.
+        let s = with(&[("NCCLSHIM_CORE", "force")]);
+        let windows = Buffers::InWindows;
+        assert!(
+            plan_args_lying(&s, Collective::AllGather, 256, 7, 0, 0, &procs(2), windows).is_some()
+        );
+        // All-reduce and the reductions are never NCCL's copy engines' (ncclCeImplemented).
+        for collective in [
+            Collective::AllReduce,
+            Collective::ReduceScatter,
+            Collective::Reduce,
+        ] {
+            assert!(!collective.copy_engines_move());
+        }
     }
 
     /// Calls that would fuse past the bound go in another launch instead, as `joins` launches

@@ -62,6 +62,15 @@ impl Collective {
         self.facts().reduces
     }
 
+    /// Whether NCCL (2.28 on) may move it with the GPU's copy engines, where asked and its
+    /// buffers lie in symmetric windows (ce_coll.cc, `ncclCeImplemented`).
+    pub fn copy_engines_move(self) -> bool {
+        matches!(
+            self,
+            Collective::AllGather | Collective::AllToAll | Collective::Gather | Collective::Scatter
+        )
+    }
+
     /// Whether a rank reads its input: all but the non-roots of a broadcast and a scatter, whose
     /// send buffers NCCL ignores.
     pub fn reads_input(self, is_root: bool) -> bool {

@@ -12,8 +12,9 @@ pub(super) const MAGIC: u64 = 0x6e63_636c_7368_696d; // "ncclshim"
 // as packets, which peers must plan alike; 10: which communicator a record is of, for children
 // that meet on their parent; 11: measured limits as spans of sizes; 12: measured limits for
 // buffers in no symmetric window; 13: whether the rank's communicator is blocking; 14: the
-// bound its user set on NCCL's CTAs): other versions never pair up.
-pub(super) const LAYOUT: u32 = 14;
+// bound its user set on NCCL's CTAs; 15: whether its user asked for NCCL's copy engines): other
+// versions never pair up.
+pub(super) const LAYOUT: u32 = 15;
 /// Room for the settings every rank must have alike (`Settings::agreed`), one word each.
 pub(super) const AGREED_SLOTS: usize = 32;
 
@@ -64,6 +65,10 @@ pub(super) struct Record {
     /// The most CTAs this rank's user let NCCL give a kernel of the communicator (0: no bound):
     /// the communicator's kernels keep to the least of them (`CommFacts::max_blocks`).
     pub(super) cta_bound: u32,
+    /// 1 where this rank's user asked NCCL for its copy engines (`CTAPolicy` ZERO): the
+    /// communicator leaves NCCL every call NCCL may move with them, where any rank asked
+    /// (`CommFacts::copy_engines`).
+    pub(super) copy_engines: u32,
     /// Zeros: room for what later layouts add, so that every layout's record has one size and
     /// builds of other layouts meet in the exchange and say so (`agree`) instead of passing
     /// NCCL all-gathers of other sizes (where they exchange on the same communicator: builds
@@ -74,7 +79,7 @@ pub(super) struct Record {
 /// What a record takes on the wire, whatever its layout.
 pub(super) const RECORD_BYTES: usize = 1024;
 /// The bytes before `reserved`.
-pub(super) const USED_BYTES: usize = 1004;
+pub(super) const USED_BYTES: usize = 1008;
 // No padding the compiler would leave uninitialised: every field ends where the next begins.
 const _: () = assert!(size_of::<Record>() == RECORD_BYTES);
 const _: () = assert!(std::mem::offset_of!(Record, reserved) == USED_BYTES);
@@ -107,6 +112,7 @@ impl Record {
             blocking: 0,
             measured_plain: [[0; 2 * SPANS]; Collective::ALL.len()],
             cta_bound: 0,
+            copy_engines: 0,
             reserved: [0; RECORD_BYTES - USED_BYTES],
         }
     }

@@ -8,6 +8,7 @@ use std::ffi::c_void;
 use super::agreement::RECORD_BYTES;
 use super::rendezvous::Place;
 use crate::core::comm::Parts;
+use crate::core::ctas::Asked;
 use crate::core::cuda::{self, Cuda, Device, DeviceBuffer, OwnedStream};
 use crate::ffi::{cudaStream_t, ncclComm_t, ncclInProgress, ncclResult_t, ncclSuccess, ncclUint8};
 use crate::real;
@@ -32,8 +33,8 @@ pub(super) struct Candidate {
     pub(super) place: Option<Place>,
     pub(super) parts: Option<Parts>,
     pub(super) why_not: Option<String>,
-    /// The bound its user set on NCCL's CTAs (ctas.rs).
-    pub(super) cta_bound: Option<u32>,
+    /// What its user asked of NCCL's CTAs (ctas.rs).
+    pub(super) ctas: Asked,
     /// A rank's nonblocking child of a split, set up later (`childless`); NULL for the others.
     pub(super) waiting: ncclComm_t,
 }

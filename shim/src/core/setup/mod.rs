@@ -12,6 +12,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use super::comm::{CoreComm, Parts};
+use super::ctas::Asked;
 use super::cuda::{
     self, Cuda, Device, DeviceBuffer, DevicePtr, HostControl, OwnedStream, StreamOrder,
 };
@@ -302,7 +303,7 @@ fn prepare(
         place,
         parts: None,
         why_not: None,
-        cta_bound: crate::core::ctas::bound(comm),
+        ctas: crate::core::ctas::asked(comm),
         waiting: std::ptr::null_mut(),
     };
     if let Some(place) = &candidate.place
@@ -382,7 +383,7 @@ fn childless(parent: ncclComm_t, nonblocking: ncclComm_t, color: i32) -> Candida
         place: None,
         parts: None,
         why_not: Some("no child of this rank's".into()),
-        cta_bound: None,
+        ctas: Asked::default(),
         waiting: nonblocking,
     };
     if described.is_some() {
@@ -463,7 +464,8 @@ fn own_record(candidate: &Candidate) -> Record {
         rank: candidate.rank as u32,
         nranks: candidate.nranks as u32,
         blocking: candidate.blocking as u32,
-        cta_bound: candidate.cta_bound.unwrap_or(0),
+        cta_bound: candidate.ctas.bound.unwrap_or(0),
+        copy_engines: candidate.ctas.copy_engines as u32,
         ..side_record(candidate)
     }
 }
@@ -505,6 +507,7 @@ fn side_record(candidate: &Candidate) -> Record {
         blocking: 0,
         measured_plain: limits.plain.map(Limit::to_words32),
         cta_bound: 0,
+        copy_engines: 0,
         reserved: [0; RECORD_BYTES - USED_BYTES],
     }
 }
@@ -680,6 +683,7 @@ mod tests {
     fn records_cross_the_wire_unchanged() {
         let mut record = ready(3);
         record.cta_bound = 24;
+        record.copy_engines = 1;
         record.ipc[63] = 0xab;
         record.buffer = 0x7f00_0000_1000;
         record.measured[Collective::Scatter as usize] =
@@ -695,7 +699,7 @@ mod tests {
         );
         assert_eq!(back.measured, record.measured);
         assert_eq!(back.measured_plain, record.measured_plain);
-        assert_eq!(back.cta_bound, 24);
+        assert_eq!((back.cta_bound, back.copy_engines), (24, 1));
     }
 
     /// A split's child, as candidate: its rank and ranks, meeting on a parent of `parent_ranks`.
@@ -716,7 +720,7 @@ mod tests {
             place: None,
             parts: None,
             why_not: None,
-            cta_bound: None,
+            ctas: Asked::default(),
             waiting: std::ptr::null_mut(),
         }
     }

@@ -67,6 +67,7 @@ pub(super) fn map_peers(candidate: &Candidate, gathered: &[u8]) -> Result<Mapped
                 .filter_map(|r| (r.cta_bound != 0).then_some(r.cta_bound))
                 .min()
                 .unwrap_or(u32::MAX),
+            copy_engines: records.iter().any(|r| r.copy_engines != 0),
         },
     };
     for (r, record) in records.iter().enumerate() {

@@ -332,6 +332,7 @@ fn core_role(rank: usize, dir: &Path, processes: Vec<u64>) {
         compute_capability: parts.kernels.compute_capability(),
         measured: crate::core::measured::Measured::NONE,
         max_blocks: u32::MAX,
+        copy_engines: false,
     };
     let core = CoreComm::new(
         rank,
