@@ -8,6 +8,7 @@
 //!   unknown --awaits_first_all_reduce--> AwaitsFirstAllReduce --first_all_reduce--> SettingUp
 //!   unknown --met_at_first_all_reduce------------------------------------------> SettingUp
 //!   Made, SettingUp --came_on--> Core --revoked--> Revoked (revoked: from any state)
+//!   Core --suspended--> AwaitsFirstAllReduce
 //!   Made, SettingUp, AwaitsFirstAllReduce --declined--> Declined
 //!   any --forget (destroyed, aborted)--> unknown
 //! ```
@@ -349,6 +350,24 @@ pub fn revoked(comm: ncclComm_t) -> Option<Arc<CoreComm>> {
     })
 }
 
+/// Core -> AwaitsFirstAllReduce (ncclCommSuspend freeing its memory, every rank at the same
+/// point of its calls): takes `comm`'s core away, to be set up anew at its first all-reduce
+/// after, through NCCL, as a communicator whose ranks met there is. In any other state it stays.
+pub fn suspended(comm: ncclComm_t) -> Option<Arc<CoreComm>> {
+    with_table(|table| {
+        let entry = table.get_mut(&(comm as usize))?;
+        match &entry.state {
+            State::Core(_) => {
+                match std::mem::replace(&mut entry.state, State::AwaitsFirstAllReduce) {
+                    State::Core(core) => Some(core),
+                    _ => None,
+                }
+            }
+            _ => None,
+        }
+    })
+}
+
 /// Every communicator with a core, for the watcher (watch.rs).
 pub fn cores() -> Vec<(ncclComm_t, Arc<CoreComm>)> {
     let table = TABLE.read().unwrap_or_else(|e| e.into_inner());
@@ -461,6 +480,33 @@ mod tests {
             assert!(forget(comm).is_none());
             assert!(matches!(lookup(comm), Lookup::Unknown));
         }
+    }
+
+    /// Suspending a communicator without a core changes nothing: one made stays due for its
+    /// set-up, one waiting still waits, one declined still forwards. (With a core: the GPU
+    /// suite's zero-copy test.)
+    #[test]
+    fn a_communicator_without_a_core_stays_as_it_was_when_suspended() {
+        let (made_one, waiting, declined_one) = (
+            0x6100_0100 as ncclComm_t,
+            0x6100_0140 as ncclComm_t,
+            0x6100_0180 as ncclComm_t,
+        );
+        made(made_one, true);
+        awaits_first_all_reduce(waiting);
+        made(declined_one, true);
+        declined(declined_one, None, "a test says so");
+        for comm in [made_one, waiting, declined_one] {
+            assert!(suspended(comm).is_none(), "it had no core");
+        }
+        assert!(matches!(lookup(made_one), Lookup::NoCore));
+        assert!(matches!(lookup(waiting), Lookup::Waiting));
+        assert!(!first_all_reduce(declined_one), "declined for good");
+        assert!(first_all_reduce(waiting), "still waiting");
+        for comm in [made_one, waiting, declined_one] {
+            forget(comm);
+        }
+        assert!(suspended(made_one).is_none(), "unknown");
     }
 
     #[test]

@@ -503,6 +503,18 @@ pub fn revoked(comm: ncclComm_t) {
     }
 }
 
+/// The communicator's memory was suspended (ncclCommSuspend with NCCL_SUSPEND_MEM, on every
+/// rank): its core goes, freeing its memory, and is set up again at its first all-reduce after,
+/// through NCCL, as on every rank.
+pub fn suspended(comm: ncclComm_t) {
+    if let Some(core) = lifecycle::suspended(comm) {
+        log_info!(
+            "comm {comm:p} suspended its memory: its core goes, set up again at its first all-reduce after"
+        );
+        release(comm, core, false);
+    }
+}
+
 fn release(comm: ncclComm_t, mut core: std::sync::Arc<comm::CoreComm>, abort: bool) {
     core.mark_released();
     // The watcher holds a communicator for a moment each second: wait for it, not for a call.

@@ -424,6 +424,28 @@ fn core_role(rank: usize, dir: &Path, processes: Vec<u64>) {
         assert_eq!(result, crate::ffi::ncclSuccess);
     }
     stream.synchronize().unwrap();
+    // Its memory suspended (ncclCommSuspend): the core goes, its buffer freed, and its next
+    // all-reduce goes to NCCL, to set it up again after (which this test, without NCCL, fails).
+    let (held, _) = cuda::live_resources();
+    super::super::suspended(comm);
+    let (left, _) = cuda::live_resources();
+    println!("rank {rank}: suspended: {held} device buffers before, {left} after");
+    assert!(left < held, "the core's buffer is freed");
+    let lookup = super::super::lifecycle::lookup(comm);
+    assert!(matches!(lookup, super::super::lifecycle::Lookup::Waiting));
+    let call = crate::call::Call {
+        kind,
+        comm,
+        send: send.pointer as *const std::ffi::c_void,
+        recv: recv.pointer as *mut std::ffi::c_void,
+        count: bytes,
+        datatype: 1,
+        op: Some(0),
+        root: None,
+        stream: stream.stream as crate::ffi::cudaStream_t,
+    };
+    let forwarded = super::super::operation(&call, || crate::ffi::ncclSystemError);
+    assert_eq!(forwarded, crate::ffi::ncclSystemError, "forwarded");
     drop(super::super::lifecycle::forget(comm));
     drop(zero_copy);
     assert_eq!(wrong, 0);
