@@ -270,6 +270,24 @@ pub fn group_end(real_end: impl FnOnce() -> ncclResult_t) -> ncclResult_t {
     group::end_group(real_end)
 }
 
+/// The buffers of `call` that every rank uses, NULL for the others: a non-root's unused buffer
+/// may lie anywhere (NCCL ignores it), so what ranks decide from where buffers lie must not
+/// look at it.
+fn used_by_every_rank(
+    collective: Collective,
+    call: &Call,
+) -> (*const std::ffi::c_void, *mut std::ffi::c_void) {
+    let send = match collective.reads_input(false) {
+        true => call.send,
+        false => std::ptr::null(),
+    };
+    let recv = match collective.writes_output(false) {
+        true => call.recv,
+        false => std::ptr::null_mut(),
+    };
+    (send, recv)
+}
+
 /// Whether a buffer this rank's part of a call of `collective` uses is NULL: the real NCCL's to
 /// report. A non-root's send buffer of a broadcast or scatter, and its receive buffer of a
 /// reduce or gather, are not used (NCCL allows anything there).
@@ -367,7 +385,8 @@ fn collective_of_core(
     if lacks_buffer(collective, call, core.rank) {
         return forward();
     }
-    let buffers = || windows::buffers_of(comm, call.send, call.recv);
+    let (send, recv) = used_by_every_rank(collective, call);
+    let buffers = || windows::buffers_of(comm, send, recv);
     let Some(plan) = policy::plan(settings, collective, call, &core.facts, buffers) else {
         return forward();
     };
@@ -607,6 +626,32 @@ mod tests {
         );
         windows::forget(comm);
         lifecycle::forget(comm);
+    }
+
+    /// Where buffers lie is asked of those every rank uses: a scatter's or broadcast's input
+    /// (the root's only) and a gather's or reduce's output are passed over.
+    #[test]
+    fn only_the_buffers_every_rank_uses_are_asked_where_they_lie() {
+        let mut call = call_of("ncclAllReduce", 8);
+        (call.send, call.recv) = (0x1000 as *const c_void, 0x2000 as *mut c_void);
+        let asked = |collective| {
+            let (send, recv) = used_by_every_rank(collective, &call);
+            (!send.is_null(), !recv.is_null())
+        };
+        for collective in [
+            Collective::AllReduce,
+            Collective::AllGather,
+            Collective::ReduceScatter,
+            Collective::AllToAll,
+        ] {
+            assert_eq!(asked(collective), (true, true), "{collective:?}");
+        }
+        for collective in [Collective::Broadcast, Collective::Scatter] {
+            assert_eq!(asked(collective), (false, true), "{collective:?}");
+        }
+        for collective in [Collective::Reduce, Collective::Gather] {
+            assert_eq!(asked(collective), (true, false), "{collective:?}");
+        }
     }
 
     /// A call of `function` (one of this build's operations) on a made-up communicator.

@@ -444,8 +444,10 @@ pub fn plan_args_lying(
 
 /// The core's plan for `call` of `collective` (its `op` ignored where the collective does not
 /// reduce, its `root` where it has none), or `None` to leave it to NCCL. `buffers` says where
-/// its buffers lie (which of NCCL's kernels it races: the measured limits of that kind apply),
-/// asked only where a measured limit decides: not of all-reduce, nor of calls declined before.
+/// the buffers every rank uses lie (which of NCCL's kernels it races: the measured limits of
+/// that kind apply; whether NCCL may move it with its copy engines), asked only where that
+/// decides: where a measured limit does (not of all-reduce, nor of calls declined before), and
+/// of the calls NCCL may move with its copy engines where a user asked for them.
 pub fn plan(
     settings: &Settings,
     collective: Collective,
