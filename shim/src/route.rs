@@ -364,20 +364,20 @@ impl Route for Router {
     if_exported!(ncclCommSuspend {
         /// With `NCCL_SUSPEND_MEM`, NCCL (2.29 on) frees the communicator's memory until
         /// `ncclCommResume`; the core frees its own too (its buffer, about 80 MiB a rank, and its
-        /// peers' mappings) and sets up anew at the communicator's first all-reduce after. Every
-        /// rank suspends at the same point of its calls (NCCL's suspend waits for the GPU and
-        /// for every rank), so the core goes on every rank alike: read from the arguments, not
-        /// the result (a nonblocking communicator's suspend returns before it is done). Where
-        /// the real NCCL lacks the function (the stub's answer), the core stays.
+        /// peers' mappings) and sets up anew at the communicator's first all-reduce after, where
+        /// no CUDA graph may hold its kernels (core::suspending). Every rank suspends at the same
+        /// point of its calls, so the core goes on every rank alike: read from the arguments, not
+        /// from NCCL's result (a nonblocking communicator's suspend may return before it is
+        /// done), and before NCCL suspends, while the core can still meet its peers. Where the
+        /// real NCCL lacks the function (the stub's answer), the core stays.
         unsafe fn ncclCommSuspend(comm: ncclComm_t, flags: c_int) -> ncclResult_t {
             Self::before_forward();
-            // SAFETY: the caller's arguments, unchanged.
-            let result = unsafe { real::ncclCommSuspend(comm, flags) };
             let has_suspend = real_functions().is_some_and(|t| t.ncclCommSuspend.is_some());
             if has_suspend && flags & NCCL_SUSPEND_MEM as c_int != 0 {
-                core::suspended(comm);
+                core::suspending(comm);
             }
-            result
+            // SAFETY: the caller's arguments, unchanged.
+            unsafe { real::ncclCommSuspend(comm, flags) }
         }
     });
 

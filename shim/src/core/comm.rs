@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use super::cuda::{
     self, Cuda, CudaError, Device, DeviceBuffer, DevicePtr, GaveUp, HostControl, IpcMapping,
-    StreamOrder,
+    OwnedStream, StreamOrder,
 };
 use super::kernels::Kernels;
 use super::policy::{
@@ -18,7 +18,7 @@ use super::policy::{
 };
 use super::types::{Algorithm, Collective};
 use super::zero_copy::{Uses, ZeroCopy};
-use crate::ffi::ncclComm_t;
+use crate::ffi::{ncclComm_t, ncclMax, ncclUint32};
 use crate::log::log_warn;
 
 /// The kernels' view of every rank's buffer: `struct Peers` in device/device.cuh.
@@ -206,6 +206,9 @@ pub struct CoreComm {
     /// Its communicator was destroyed, aborted or revoked: a group that kept this core from an
     /// earlier call looks again (group::known).
     released: AtomicBool,
+    /// A kernel of it was launched into a stream capture: a CUDA graph may hold it, and with it
+    /// this core's buffers, for as long as the program keeps the graph.
+    captured: AtomicBool,
     /// The calls the core took, counted where they are logged (call_line.rs).
     calls_logged: AtomicU64,
     early_launch: bool,
@@ -252,6 +255,7 @@ impl CoreComm {
             control: parts.control,
             failure_said: AtomicBool::new(false),
             released: AtomicBool::new(false),
+            captured: AtomicBool::new(false),
             calls_logged: AtomicU64::new(0),
             early_launch: parts.early_launch,
             order: parts.order,
@@ -342,10 +346,9 @@ impl CoreComm {
                 root: call.plan.root,
             };
         }
-        let launched = self.order.before_launch(stream).and_then(|()| {
-            // SAFETY: `Args`, the kernel's one parameter.
-            unsafe { self.launch_with(function, first.blocks, first.threads, stream, &mut args) }
-        });
+        // SAFETY: `Args`, the kernel's one parameter.
+        let launched =
+            unsafe { self.launch_with(function, first.blocks, first.threads, stream, &mut args) };
         if let Some(zero_copy) = &self.zero_copy {
             if launched.is_ok() {
                 let marked = (!cuda::capturing(stream)).then_some(stream);
@@ -399,6 +402,12 @@ impl CoreComm {
         stream: cuda::Stream,
         args: &mut LaunchArgs<C, N>,
     ) -> Cuda<()> {
+        let capturing = cuda::capturing(stream);
+        if capturing {
+            // A graph may hold the core from now on.
+            self.captured.store(true, Ordering::Relaxed);
+        }
+        self.order.before_launch(stream, capturing)?;
         let mut params: [*mut c_void; 1] = [(args as *mut LaunchArgs<C, N>).cast()];
         // SAFETY: the caller's; cuLaunchKernel copies the parameter.
         unsafe {
@@ -410,7 +419,9 @@ impl CoreComm {
                 &mut params,
                 self.early_launch,
             )
-        }
+        }?;
+        self.order.after_launch(stream, capturing);
+        Ok(())
     }
 
     /// Launches `calls` of a packet kernel (1 to MAX_FUSED, their data within its inboxes) as one
@@ -457,7 +468,6 @@ impl CoreComm {
         for &other in others.iter().flatten() {
             self.order.join(stream, other)?;
         }
-        self.order.before_launch(stream)?;
         if first.algorithm.is_packet_kernel() {
             let mut args: PacketKernelArgs = self.fused_args(calls, |call| PacketKernelCall {
                 input: call.send as u64,
@@ -526,6 +536,40 @@ impl CoreComm {
     /// Whether a kernel of this communicator gave up waiting for a peer (NCCLSHIM_TIMEOUT): the
     /// ranks are out of step and its results are wrong. Said once, in a WARN naming the
     /// communicator, this rank and the one it waited for.
+    /// Whether a CUDA graph may hold a kernel of this core on any rank, as every rank finds it:
+    /// an all-reduce of each rank's answer (`captured`) on the core itself, on a stream of its
+    /// own, which every rank runs at the same point of its calls (`core::suspended`). `None`
+    /// where that all-reduce did not run to its end.
+    pub fn captured_anywhere(&self) -> Option<bool> {
+        let plan =
+            policy::plan_all_reduce(policy::settings(), 1, ncclUint32, ncclMax, &self.facts)?;
+        let run = || -> Cuda<u32> {
+            let _context = self.device.enter()?;
+            let stream = OwnedStream::create(self.device)?;
+            let (mine, all) = (
+                DeviceBuffer::alloc(self.device, 4)?,
+                DeviceBuffer::alloc(self.device, 4)?,
+            );
+            let captured = u32::from(self.captured.load(Ordering::Relaxed));
+            stream.copy_to_device(mine.pointer, &captured.to_ne_bytes())?;
+            let (send, recv) = (mine.pointer as *const c_void, all.pointer as *mut c_void);
+            self.launch(&plan, send, recv, stream.stream)?;
+            stream.synchronize()?;
+            let mut answer = [0u8; 4];
+            cuda::copy_to_host(&mut answer, all.pointer)?;
+            Ok(u32::from_ne_bytes(answer))
+        };
+        let answer = run().ok()?;
+        // A wait that gave up leaves the answer unwritten.
+        (self.control.gave_up().is_none()).then_some(answer != 0)
+    }
+
+    /// As if no graph held this core's kernels (the GPU suite's test of `captured_anywhere`).
+    #[cfg(test)]
+    pub fn forget_graphs(&self) {
+        self.captured.store(false, Ordering::Relaxed);
+    }
+
     pub fn failed(&self, comm: ncclComm_t) -> bool {
         let Some(whom) = self.control.gave_up() else {
             return false;

@@ -189,8 +189,10 @@ fn policy_setting() -> Option<i32> {
 /// between `|`, any case, whose flags add up (unknown names passed over).
 fn policy_of(value: &str, version: Option<i32>) -> Option<i32> {
     if version.is_some_and(|v| v < POLICY_FLAGS) {
-        // An integer parameter, kept in an int.
-        return nccl_env::c_integer(value).map(|n| n as i32);
+        // An integer parameter, kept in an int; NCCL's "unset" leaves the config's.
+        return nccl_env::c_integer(value)
+            .map(|n| n as i32)
+            .filter(|&n| n != CtaConfig::UNSET);
     }
     match *value.as_bytes().first()? {
         digit @ b'0'..=b'2' => Some(i32::from(digit - b'0')),
@@ -284,6 +286,7 @@ mod tests {
         assert_eq!(policy_of("0x2", v2_28), Some(2));
         assert_eq!(policy_of("ZERO", v2_28), Some(0));
         assert_eq!(policy_of("", v2_28), None);
+        assert_eq!(policy_of("-2147483648", v2_28), None);
         // 2.29 on: a leading digit, or names between bars.
         for version in [v2_29, None] {
             assert_eq!(policy_of("2", version), Some(2));

@@ -522,13 +522,38 @@ pub fn revoked(comm: ncclComm_t) {
     }
 }
 
-/// The communicator's memory was suspended (ncclCommSuspend with NCCL_SUSPEND_MEM, on every
-/// rank): its core goes, freeing its memory, and is set up again at its first all-reduce after,
-/// through NCCL, as on every rank.
-pub fn suspended(comm: ncclComm_t) {
+/// The communicator's memory is being suspended (ncclCommSuspend with NCCL_SUSPEND_MEM, which
+/// every rank calls at the same point of its calls): its core goes, freeing its memory, to be
+/// set up again at its first all-reduce after, through NCCL, on every rank alike. Unless a CUDA
+/// graph may hold its kernels on any rank (replayed after `ncclCommResume`, they would use its
+/// memory): then it stays, as it does where the call is made inside a group (its calls queued
+/// there would run on it). Before NCCL's suspend, while the core may still meet its peers.
+pub fn suspending(comm: ncclComm_t) {
+    if group::inside() {
+        return;
+    }
+    let lifecycle::Lookup::Core(core) = lifecycle::lookup(comm) else {
+        return;
+    };
+    match core.captured_anywhere() {
+        Some(false) => {}
+        Some(true) => {
+            log_info!(
+                "comm {comm:p} suspends its memory, but a CUDA graph may hold kernels of its core: the core and its memory stay"
+            );
+            return;
+        }
+        None => {
+            log_warn!(
+                "comm {comm:p} suspends its memory, but its ranks could not agree whether CUDA graphs hold kernels of its core: the core and its memory stay"
+            );
+            return;
+        }
+    }
+    drop(core);
     if let Some(core) = lifecycle::suspended(comm) {
         log_info!(
-            "comm {comm:p} suspended its memory: its core goes, set up again at its first all-reduce after"
+            "comm {comm:p} suspends its memory: its core goes, set up again at its first all-reduce after"
         );
         release(comm, core, false);
     }

@@ -1,7 +1,7 @@
 //! Streams and events: streams of ours, the order of a communicator's streams, timing with
 //! events, capture state.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use super::device::Device;
 use super::error::{Cuda, Named};
@@ -200,50 +200,68 @@ pub fn capturing(stream: Stream) -> bool {
 /// Keeps one communicator's kernels in the order they were called, whatever the streams: NCCL
 /// orders a communicator's operations itself, and programs may rely on it (two all-reduces on
 /// two streams with no dependency between them), while two of our kernels of one communicator
-/// must never run at once (they share its flags and staging). When a call comes on another
-/// stream than the last one, its stream waits for what the last one holds so far. Not across a
-/// stream capture (an event recorded outside one cannot be waited on inside it, and the other
-/// way round): captured calls are ordered by the graph the program builds.
+/// must never run at once (they share its flags and staging). Each launch is marked by an event
+/// recorded right after it; a launch on another stream than the last one waits for that mark.
+/// The last stream itself is never asked anything again: the program may have destroyed it
+/// since, and the driver faults on a destroyed stream's handle. Not across a stream capture (an
+/// event recorded outside one cannot be waited on inside it, and the other way round): captured
+/// calls are ordered by the graph the program builds.
 pub struct StreamOrder {
     /// The stream of the last launch, `NO_STREAM` before the first.
     last: AtomicU64,
-    event: sys::CUevent,
+    /// `ended` marks the end of the last launch (recorded, not in a capture).
+    marked: AtomicBool,
+    /// Recorded right after each launch outside a capture.
+    ended: sys::CUevent,
+    /// Joins a group's streams (`join`).
+    joining: sys::CUevent,
 }
 
 const NO_STREAM: u64 = u64::MAX;
 
 // SAFETY: a CUDA event may be used from any thread.
 unsafe impl Send for StreamOrder {}
-// SAFETY: as above; `last` is atomic.
+// SAFETY: as above; the rest is atomic.
 unsafe impl Sync for StreamOrder {}
 
 impl StreamOrder {
     /// Needs the communicator's context current.
     pub fn new() -> Cuda<StreamOrder> {
-        let event = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
-            .named("cuEventCreate")?;
+        let event = || {
+            result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+                .named("cuEventCreate")
+        };
+        let ended = event()?;
+        let joining = event().inspect_err(|_| {
+            // SAFETY: ours, just made, used by nothing.
+            let _ = unsafe { result::event::destroy(ended) };
+        })?;
         Ok(StreamOrder {
             last: AtomicU64::new(NO_STREAM),
-            event,
+            marked: AtomicBool::new(false),
+            ended,
+            joining,
         })
     }
 
-    /// Called before a launch on `stream`, in the communicator's context.
-    pub fn before_launch(&self, stream: Stream) -> Cuda<()> {
+    /// Called before a launch on `stream` (`capturing`: in a stream capture), in the
+    /// communicator's context.
+    pub fn before_launch(&self, stream: Stream, capturing: bool) -> Cuda<()> {
         let last = self.last.swap(stream as u64, Ordering::Relaxed);
-        if last == NO_STREAM || last == stream as u64 {
+        if last == NO_STREAM || last == stream as u64 || capturing {
             return Ok(());
         }
-        let last = last as Stream;
-        if capturing(last) || capturing(stream) {
+        if !self.marked.load(Ordering::Relaxed) {
             return Ok(());
         }
-        // SAFETY: our event, and a stream the program launched on; if the program has destroyed
-        // that stream since, the driver refuses it, and there is nothing left to wait for.
-        if unsafe { result::event::record(self.event, last) }.is_err() {
-            return Ok(());
-        }
-        self.wait_for_event(stream)
+        self.wait(stream, self.ended)
+    }
+
+    /// Called after a launch on `stream` (`capturing` as given to `before_launch`).
+    pub fn after_launch(&self, stream: Stream, capturing: bool) {
+        // SAFETY: our event; the caller's stream, just launched on.
+        let marked = !capturing && unsafe { result::event::record(self.ended, stream) }.is_ok();
+        self.marked.store(marked, Ordering::Relaxed);
     }
 
     /// Makes `waiter` wait for what `on` holds so far, in the communicator's context: both
@@ -251,17 +269,17 @@ impl StreamOrder {
     /// calls of one communicator are all captured or none, group::queue).
     pub fn join(&self, waiter: Stream, on: Stream) -> Cuda<()> {
         // SAFETY: our event; a stream the program gave a call of the group.
-        unsafe { result::event::record(self.event, on) }.named("cuEventRecord")?;
-        self.wait_for_event(waiter)
+        unsafe { result::event::record(self.joining, on) }.named("cuEventRecord")?;
+        self.wait(waiter, self.joining)
     }
 
-    /// Makes `stream` wait for what our event last recorded.
-    fn wait_for_event(&self, stream: Stream) -> Cuda<()> {
+    /// Makes `stream` wait for what `event` last recorded.
+    fn wait(&self, stream: Stream, event: sys::CUevent) -> Cuda<()> {
         // SAFETY: our event; a stream of the program's.
         unsafe {
             result::stream::wait_event(
                 stream,
-                self.event,
+                event,
                 sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
             )
         }
@@ -271,8 +289,10 @@ impl StreamOrder {
 
 impl Drop for StreamOrder {
     fn drop(&mut self) {
-        // SAFETY: our event; a pending wait on it keeps what it needs.
-        let _ = unsafe { result::event::destroy(self.event) };
+        for event in [self.ended, self.joining] {
+            // SAFETY: our event; a pending wait on it keeps what it needs.
+            let _ = unsafe { result::event::destroy(event) };
+        }
     }
 }
 

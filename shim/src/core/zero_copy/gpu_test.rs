@@ -423,11 +423,47 @@ fn core_role(rank: usize, dir: &Path, processes: Vec<u64>) {
         crate::calls::operation_done(&call, result);
         assert_eq!(result, crate::ffi::ncclSuccess);
     }
+    // A call on a stream the program then destroys, and the next on another: the core orders
+    // the two without asking the destroyed stream anything (the driver faults on it).
+    let call_on = |on: cuda::Stream| {
+        let call = crate::call::Call {
+            kind,
+            comm,
+            send: send.pointer as *const std::ffi::c_void,
+            recv: recv.pointer as *mut std::ffi::c_void,
+            count: 4096,
+            datatype: 1,
+            op: Some(0),
+            root: None,
+            stream: on as crate::ffi::cudaStream_t,
+        };
+        let result = super::super::operation(&call, || crate::ffi::ncclInternalError);
+        assert_eq!(result, crate::ffi::ncclSuccess);
+    };
+    for _ in 0..2 {
+        let passing = OwnedStream::create(device).unwrap();
+        call_on(passing.stream);
+        passing.synchronize().unwrap();
+        drop(passing);
+        call_on(stream.stream);
+    }
     stream.synchronize().unwrap();
-    // Its memory suspended (ncclCommSuspend): the core goes, its buffer freed, and its next
-    // all-reduce goes to NCCL, to set it up again after (which this test, without NCCL, fails).
+    // Its memory suspended (ncclCommSuspend): a CUDA graph of this core's (graph_replays) may
+    // still be replayed, on either rank, so the core and its buffer stay.
     let (held, _) = cuda::live_resources();
-    super::super::suspended(comm);
+    super::super::suspending(comm);
+    let (left, _) = cuda::live_resources();
+    println!("rank {rank}: suspended after a graph: {held} device buffers before, {left} after");
+    assert_eq!(left, held, "the core's buffer stays");
+    let lookup = super::super::lifecycle::lookup(comm);
+    assert!(matches!(lookup, super::super::lifecycle::Lookup::Core(_)));
+    drop(lookup);
+    // With no graph of its kernels anywhere: the core goes, its buffer freed, and its next
+    // all-reduce goes to NCCL, to set it up again after (which this test, without NCCL, fails).
+    if let super::super::lifecycle::Lookup::Core(core) = super::super::lifecycle::lookup(comm) {
+        core.forget_graphs();
+    }
+    super::super::suspending(comm);
     let (left, _) = cuda::live_resources();
     println!("rank {rank}: suspended: {held} device buffers before, {left} after");
     assert!(left < held, "the core's buffer is freed");
