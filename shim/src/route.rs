@@ -367,17 +367,19 @@ impl Route for Router {
         /// peers' mappings) and sets up anew at the communicator's first all-reduce after, where
         /// no CUDA graph may hold its kernels (core::suspending). Every rank suspends at the same
         /// point of its calls, so the core goes on every rank alike: read from the arguments, not
-        /// from NCCL's result (a nonblocking communicator's suspend may return before it is
-        /// done), and before NCCL suspends, while the core can still meet its peers. Where the
-        /// real NCCL lacks the function (the stub's answer), the core stays.
+        /// from NCCL's result. After NCCL's suspension, as at the end of a group it is made in:
+        /// ranks of a blocking communicator meet in NCCL's first, whether they suspend within a
+        /// group or not. Where the real NCCL lacks the function (the stub's answer), the core
+        /// stays.
         unsafe fn ncclCommSuspend(comm: ncclComm_t, flags: c_int) -> ncclResult_t {
             Self::before_forward();
+            // SAFETY: the caller's arguments, unchanged.
+            let result = unsafe { real::ncclCommSuspend(comm, flags) };
             let has_suspend = real_functions().is_some_and(|t| t.ncclCommSuspend.is_some());
             if has_suspend && flags & NCCL_SUSPEND_MEM as c_int != 0 {
                 core::suspending(comm);
             }
-            // SAFETY: the caller's arguments, unchanged.
-            unsafe { real::ncclCommSuspend(comm, flags) }
+            result
         }
     });
 

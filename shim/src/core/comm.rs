@@ -180,6 +180,13 @@ pub struct Reach {
     pub zero_copy: Option<Arc<ZeroCopy>>,
 }
 
+/// An all-reduce under way on a core's own stream (`CoreComm::ask_about_graphs`).
+pub struct GraphsAsked {
+    stream: OwnedStream,
+    mine: DeviceBuffer,
+    all: DeviceBuffer,
+}
+
 pub struct CoreComm {
     pub rank: usize,
     /// A blocking communicator (see `core::group_end` for what differs).
@@ -533,33 +540,48 @@ impl CoreComm {
         }
     }
 
-    /// Whether a kernel of this communicator gave up waiting for a peer (NCCLSHIM_TIMEOUT): the
-    /// ranks are out of step and its results are wrong. Said once, in a WARN naming the
-    /// communicator, this rank and the one it waited for.
-    /// Whether a CUDA graph may hold a kernel of this core on any rank, as every rank finds it:
-    /// an all-reduce of each rank's answer (`captured`) on the core itself, on a stream of its
-    /// own, which every rank runs at the same point of its calls (`core::suspended`). `None`
-    /// where that all-reduce did not run to its end.
-    pub fn captured_anywhere(&self) -> Option<bool> {
-        let plan =
-            policy::plan_all_reduce(policy::settings(), 1, ncclUint32, ncclMax, &self.facts)?;
-        let run = || -> Cuda<u32> {
+    /// Starts finding out whether a CUDA graph may hold a kernel of this core on any rank: an
+    /// all-reduce of each rank's answer (`captured`) on the core itself, on a stream of its own,
+    /// once all work on its GPU is done (a graph holding its kernels may be being replayed).
+    /// Every rank starts it at the same point of its calls (`core::suspending`), and may start
+    /// it for several communicators before waiting for any (`graphs_answer`). `None` where it
+    /// could not start, or the core already gave up waiting for a peer.
+    pub fn ask_about_graphs(&self) -> Option<GraphsAsked> {
+        // The defaults' plan, not the settings' (which may leave all-reduces to NCCL): the same
+        // on every rank, a low-latency kernel of one block.
+        let settings = policy::Settings::defaults();
+        let plan = policy::plan_all_reduce(&settings, 1, ncclUint32, ncclMax, &self.facts)?;
+        if self.control.gave_up().is_some() {
+            return None;
+        }
+        let ask = || -> Cuda<GraphsAsked> {
             let _context = self.device.enter()?;
-            let stream = OwnedStream::create(self.device)?;
-            let (mine, all) = (
-                DeviceBuffer::alloc(self.device, 4)?,
-                DeviceBuffer::alloc(self.device, 4)?,
-            );
+            cuda::synchronize()?;
+            let asked = GraphsAsked {
+                stream: OwnedStream::create(self.device)?,
+                mine: DeviceBuffer::alloc(self.device, 4)?,
+                all: DeviceBuffer::alloc(self.device, 4)?,
+            };
             let captured = u32::from(self.captured.load(Ordering::Relaxed));
-            stream.copy_to_device(mine.pointer, &captured.to_ne_bytes())?;
-            let (send, recv) = (mine.pointer as *const c_void, all.pointer as *mut c_void);
-            self.launch(&plan, send, recv, stream.stream)?;
-            stream.synchronize()?;
+            (asked.stream).copy_to_device(asked.mine.pointer, &captured.to_ne_bytes())?;
+            let (send, recv) = (asked.mine.pointer as *const c_void, asked.all.pointer);
+            self.launch(&plan, send, recv as *mut c_void, asked.stream.stream)?;
+            Ok(asked)
+        };
+        ask().ok()
+    }
+
+    /// What `ask_about_graphs` found: whether a graph may hold a kernel of this core on any
+    /// rank (`None`: the all-reduce did not run to its end, as where a peer never came).
+    pub fn graphs_answer(&self, asked: GraphsAsked) -> Option<bool> {
+        let answer = || -> Cuda<u32> {
+            let _context = self.device.enter()?;
+            asked.stream.synchronize()?;
             let mut answer = [0u8; 4];
-            cuda::copy_to_host(&mut answer, all.pointer)?;
+            cuda::copy_to_host(&mut answer, asked.all.pointer)?;
             Ok(u32::from_ne_bytes(answer))
         };
-        let answer = run().ok()?;
+        let answer = answer().ok()?;
         // A wait that gave up leaves the answer unwritten.
         (self.control.gave_up().is_none()).then_some(answer != 0)
     }
@@ -570,6 +592,9 @@ impl CoreComm {
         self.captured.store(false, Ordering::Relaxed);
     }
 
+    /// Whether a kernel of this communicator gave up waiting for a peer (NCCLSHIM_TIMEOUT): the
+    /// ranks are out of step and its results are wrong. Said once, in a WARN naming the
+    /// communicator, this rank and the one it waited for.
     pub fn failed(&self, comm: ncclComm_t) -> bool {
         let Some(whom) = self.control.gave_up() else {
             return false;

@@ -234,6 +234,9 @@ pub struct Ended {
     pub new_comms: Vec<Deferred>,
     pub children: Vec<Child>,
     pub windows: Vec<PendingWindow>,
+    /// Communicators whose memory NCCL suspends at the group's end, none of whose calls of
+    /// the group the core would take (their cores stay).
+    pub suspended: Vec<ncclComm_t>,
 }
 
 thread_local! {
@@ -241,6 +244,7 @@ thread_local! {
     static NEW_COMMS: RefCell<Vec<Deferred>> = const { RefCell::new(Vec::new()) };
     static CHILDREN: RefCell<Vec<Child>> = const { RefCell::new(Vec::new()) };
     static WINDOWS: RefCell<Vec<PendingWindow>> = const { RefCell::new(Vec::new()) };
+    static SUSPENDED: RefCell<Vec<ncclComm_t>> = const { RefCell::new(Vec::new()) };
     static QUEUED: RefCell<Vec<Queued>> = const { RefCell::new(Vec::new()) };
     /// A call of the group was refused (see `queue`): nothing of it is launched.
     static FAILED: Cell<bool> = const { Cell::new(false) };
@@ -408,13 +412,22 @@ pub fn end() -> Option<Ended> {
             new_comms: Vec::new(),
             children: Vec::new(),
             windows: Vec::new(),
+            suspended: Vec::new(),
         });
     }
+    // A communicator the group has calls of that the core would take keeps its core: they are
+    // queued for it (each rank's group holds the same calls).
+    let mut suspended = SUSPENDED.with(|s| s.take());
+    SEEN.with(|seen| {
+        let seen = seen.borrow();
+        suspended.retain(|&comm| !seen.iter().any(|s| s.comm == comm as usize));
+    });
     SEEN.with(|seen| seen.borrow_mut().clear());
     Some(Ended {
         new_comms: NEW_COMMS.with(|c| c.take()),
         children: CHILDREN.with(|c| c.take()),
         windows: WINDOWS.with(|w| w.take()),
+        suspended,
     })
 }
 
@@ -578,6 +591,12 @@ pub fn defer_setup(comm: ncclComm_t, blocking: bool) {
 pub fn defer_child(child: Child) {
     touch();
     CHILDREN.with(|c| c.borrow_mut().push(child));
+}
+
+/// `comm`'s memory is suspended at the group's end (core::suspending).
+pub fn defer_suspension(comm: ncclComm_t) {
+    touch();
+    SUSPENDED.with(|s| s.borrow_mut().push(comm));
 }
 
 pub fn defer_window(window: PendingWindow) {
@@ -750,6 +769,7 @@ pub fn end_group(real_end: impl FnOnce() -> ncclResult_t) -> ncclResult_t {
     }
     // What is still queued (a blocking group's) goes after the set-ups.
     let launched = launched.and_then(|()| launch_queued());
+    super::suspend(&ended.suspended);
     match launched {
         Ok(()) => result,
         Err((ordinal, e)) => {

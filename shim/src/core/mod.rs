@@ -523,39 +523,53 @@ pub fn revoked(comm: ncclComm_t) {
 }
 
 /// The communicator's memory is being suspended (ncclCommSuspend with NCCL_SUSPEND_MEM, which
-/// every rank calls at the same point of its calls): its core goes, freeing its memory, to be
-/// set up again at its first all-reduce after, through NCCL, on every rank alike. Unless a CUDA
-/// graph may hold its kernels on any rank (replayed after `ncclCommResume`, they would use its
-/// memory): then it stays, as it does where the call is made inside a group (its calls queued
-/// there would run on it). Before NCCL's suspend, while the core may still meet its peers.
+/// every rank calls at the same point of its calls, blocking communicators' ranks within groups
+/// or not alike, as NCCL's own suspension meets them): now, or at the end of the group it is
+/// made in (`suspend`).
 pub fn suspending(comm: ncclComm_t) {
-    if group::inside() {
-        return;
+    match group::inside() {
+        true => group::defer_suspension(comm),
+        false => suspend(&[comm]),
     }
-    let lifecycle::Lookup::Core(core) = lifecycle::lookup(comm) else {
-        return;
-    };
-    match core.captured_anywhere() {
-        Some(false) => {}
-        Some(true) => {
-            log_info!(
+}
+
+/// Releases the cores of `comms`, whose memory NCCL suspends, on every rank alike, unless a CUDA
+/// graph may hold their kernels on any rank (replayed after `ncclCommResume`, they would use
+/// their memory: NCCL keeps its own at the same addresses for that), which their ranks find out
+/// together (`CoreComm::ask_about_graphs`, started for all of them before any is waited for: one
+/// thread may drive several ranks). A released core is set up again at its communicator's first
+/// all-reduce after, through NCCL. Only blocking communicators' (their ranks meet where NCCL's
+/// do; a nonblocking suspension returns before it is done, and a thread may go on to its other
+/// ranks' before any meets).
+fn suspend(comms: &[ncclComm_t]) {
+    let asked: Vec<_> = (comms.iter())
+        .filter_map(|&comm| match lifecycle::lookup(comm) {
+            lifecycle::Lookup::Core(core) if core.blocking => {
+                let asked = core.ask_about_graphs();
+                Some((comm, core, asked))
+            }
+            _ => None,
+        })
+        .collect();
+    for (comm, core, asked) in asked {
+        let answer = asked.and_then(|asked| core.graphs_answer(asked));
+        drop(core);
+        match answer {
+            Some(false) => {
+                if let Some(core) = lifecycle::suspended(comm) {
+                    log_info!(
+                        "comm {comm:p} suspends its memory: its core goes, set up again at its first all-reduce after"
+                    );
+                    release(comm, core, false);
+                }
+            }
+            Some(true) => log_info!(
                 "comm {comm:p} suspends its memory, but a CUDA graph may hold kernels of its core: the core and its memory stay"
-            );
-            return;
-        }
-        None => {
-            log_warn!(
+            ),
+            None => log_warn!(
                 "comm {comm:p} suspends its memory, but its ranks could not agree whether CUDA graphs hold kernels of its core: the core and its memory stay"
-            );
-            return;
+            ),
         }
-    }
-    drop(core);
-    if let Some(core) = lifecycle::suspended(comm) {
-        log_info!(
-            "comm {comm:p} suspends its memory: its core goes, set up again at its first all-reduce after"
-        );
-        release(comm, core, false);
     }
 }
 

@@ -207,9 +207,9 @@ pub fn capturing(stream: Stream) -> bool {
 /// event recorded outside one cannot be waited on inside it, and the other way round): captured
 /// calls are ordered by the graph the program builds.
 pub struct StreamOrder {
-    /// The stream of the last launch, `NO_STREAM` before the first.
+    /// The stream of the last launch outside a capture, `NO_STREAM` before the first.
     last: AtomicU64,
-    /// `ended` marks the end of the last launch (recorded, not in a capture).
+    /// `ended` marks the end of the last launch outside a capture.
     marked: AtomicBool,
     /// Recorded right after each launch outside a capture.
     ended: sys::CUevent,
@@ -245,22 +245,28 @@ impl StreamOrder {
     }
 
     /// Called before a launch on `stream` (`capturing`: in a stream capture), in the
-    /// communicator's context.
+    /// communicator's context. A captured launch changes nothing: uncaptured launches are
+    /// ordered among themselves, whatever was captured between them.
     pub fn before_launch(&self, stream: Stream, capturing: bool) -> Cuda<()> {
-        let last = self.last.swap(stream as u64, Ordering::Relaxed);
-        if last == NO_STREAM || last == stream as u64 || capturing {
+        if capturing {
             return Ok(());
         }
-        if !self.marked.load(Ordering::Relaxed) {
-            return Ok(());
+        let last = self.last.load(Ordering::Relaxed);
+        if last != NO_STREAM && last != stream as u64 && self.marked.load(Ordering::Relaxed) {
+            self.wait(stream, self.ended)?;
         }
-        self.wait(stream, self.ended)
+        // Only once it waits: a launch that could not wait leaves the next to wait instead.
+        self.last.store(stream as u64, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Called after a launch on `stream` (`capturing` as given to `before_launch`).
     pub fn after_launch(&self, stream: Stream, capturing: bool) {
+        if capturing {
+            return;
+        }
         // SAFETY: our event; the caller's stream, just launched on.
-        let marked = !capturing && unsafe { result::event::record(self.ended, stream) }.is_ok();
+        let marked = unsafe { result::event::record(self.ended, stream) }.is_ok();
         self.marked.store(marked, Ordering::Relaxed);
     }
 

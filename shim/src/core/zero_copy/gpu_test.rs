@@ -407,18 +407,20 @@ fn core_role(rank: usize, dir: &Path, processes: Vec<u64>) {
         DeviceBuffer::alloc(device, bytes).unwrap(),
         DeviceBuffer::alloc(device, bytes).unwrap(),
     );
+    // An all-reduce of `count` bytes on `on`, through the routed path.
+    let call_of = |count: usize, on: cuda::Stream| crate::call::Call {
+        kind,
+        comm,
+        send: send.pointer as *const std::ffi::c_void,
+        recv: recv.pointer as *mut std::ffi::c_void,
+        count,
+        datatype: 1,
+        op: Some(0),
+        root: None,
+        stream: on as crate::ffi::cudaStream_t,
+    };
     for _ in 0..5 {
-        let call = crate::call::Call {
-            kind,
-            comm,
-            send: send.pointer as *const std::ffi::c_void,
-            recv: recv.pointer as *mut std::ffi::c_void,
-            count: bytes,
-            datatype: 1,
-            op: Some(0),
-            root: None,
-            stream: stream.stream as crate::ffi::cudaStream_t,
-        };
+        let call = call_of(bytes, stream.stream);
         let result = super::super::operation(&call, || crate::ffi::ncclInternalError);
         crate::calls::operation_done(&call, result);
         assert_eq!(result, crate::ffi::ncclSuccess);
@@ -426,26 +428,25 @@ fn core_role(rank: usize, dir: &Path, processes: Vec<u64>) {
     // A call on a stream the program then destroys, and the next on another: the core orders
     // the two without asking the destroyed stream anything (the driver faults on it).
     let call_on = |on: cuda::Stream| {
-        let call = crate::call::Call {
-            kind,
-            comm,
-            send: send.pointer as *const std::ffi::c_void,
-            recv: recv.pointer as *mut std::ffi::c_void,
-            count: 4096,
-            datatype: 1,
-            op: Some(0),
-            root: None,
-            stream: on as crate::ffi::cudaStream_t,
-        };
-        let result = super::super::operation(&call, || crate::ffi::ncclInternalError);
+        let result = super::super::operation(&call_of(4096, on), || crate::ffi::ncclInternalError);
         assert_eq!(result, crate::ffi::ncclSuccess);
     };
-    for _ in 0..2 {
+    stream.fill(send.pointer, rank as u8 + 1, 4096).unwrap();
+    for round in 0..2 {
         let passing = OwnedStream::create(device).unwrap();
+        stream.fill(recv.pointer, 0, 4096).unwrap();
         call_on(passing.stream);
-        passing.synchronize().unwrap();
+        // Destroyed with the call still queued on it (CUDA lets its work finish).
         drop(passing);
         call_on(stream.stream);
+        stream.synchronize().unwrap();
+        let mut got = vec![0u8; 4096];
+        cuda::copy_to_host(&mut got, recv.pointer).unwrap();
+        let bad = got.iter().filter(|&&b| b != 3).count();
+        println!(
+            "rank {rank} round {round}: calls on a destroyed stream then another: {bad} wrong"
+        );
+        wrong += bad;
     }
     stream.synchronize().unwrap();
     // Its memory suspended (ncclCommSuspend): a CUDA graph of this core's (graph_replays) may
@@ -458,28 +459,28 @@ fn core_role(rank: usize, dir: &Path, processes: Vec<u64>) {
     let lookup = super::super::lifecycle::lookup(comm);
     assert!(matches!(lookup, super::super::lifecycle::Lookup::Core(_)));
     drop(lookup);
+    let core_now = || match super::super::lifecycle::lookup(comm) {
+        super::super::lifecycle::Lookup::Core(core) => core,
+        _ => panic!("the core stays"),
+    };
+    // Rank 0's graphs gone, rank 1's not: the ranks still find one, together.
+    if rank == 0 {
+        core_now().forget_graphs();
+    }
+    let core = core_now();
+    let asked = core.ask_about_graphs().expect("asked");
+    assert_eq!(core.graphs_answer(asked), Some(true), "rank 1's graph");
+    drop(core);
     // With no graph of its kernels anywhere: the core goes, its buffer freed, and its next
     // all-reduce goes to NCCL, to set it up again after (which this test, without NCCL, fails).
-    if let super::super::lifecycle::Lookup::Core(core) = super::super::lifecycle::lookup(comm) {
-        core.forget_graphs();
-    }
+    core_now().forget_graphs();
     super::super::suspending(comm);
     let (left, _) = cuda::live_resources();
     println!("rank {rank}: suspended: {held} device buffers before, {left} after");
     assert!(left < held, "the core's buffer is freed");
     let lookup = super::super::lifecycle::lookup(comm);
     assert!(matches!(lookup, super::super::lifecycle::Lookup::Waiting));
-    let call = crate::call::Call {
-        kind,
-        comm,
-        send: send.pointer as *const std::ffi::c_void,
-        recv: recv.pointer as *mut std::ffi::c_void,
-        count: bytes,
-        datatype: 1,
-        op: Some(0),
-        root: None,
-        stream: stream.stream as crate::ffi::cudaStream_t,
-    };
+    let call = call_of(bytes, stream.stream);
     let forwarded = super::super::operation(&call, || crate::ffi::ncclSystemError);
     assert_eq!(forwarded, crate::ffi::ncclSystemError, "forwarded");
     drop(super::super::lifecycle::forget(comm));
