@@ -4,7 +4,7 @@
 
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, mpsc};
+use std::sync::{Arc, OnceLock, mpsc};
 use std::time::Duration;
 
 use super::cuda::{
@@ -181,7 +181,11 @@ pub struct Reach {
 }
 
 /// An all-reduce under way on a core's own stream (`CoreComm::ask_about_graphs`).
-pub struct GraphsAsked {
+pub struct GraphsAsked(());
+
+/// What the all-reduce of `ask_about_graphs` runs on, made at its first use and kept with the
+/// core: no allocation or free (which may wait for the whole GPU) between asking and answering.
+struct GraphsScratch {
     stream: OwnedStream,
     mine: DeviceBuffer,
     all: DeviceBuffer,
@@ -216,6 +220,7 @@ pub struct CoreComm {
     /// A kernel of it was launched into a stream capture: a CUDA graph may hold it, and with it
     /// this core's buffers, for as long as the program keeps the graph.
     captured: AtomicBool,
+    graphs_scratch: OnceLock<GraphsScratch>,
     /// The calls the core took, counted where they are logged (call_line.rs).
     calls_logged: AtomicU64,
     early_launch: bool,
@@ -263,6 +268,7 @@ impl CoreComm {
             failure_said: AtomicBool::new(false),
             released: AtomicBool::new(false),
             captured: AtomicBool::new(false),
+            graphs_scratch: OnceLock::new(),
             calls_logged: AtomicU64::new(0),
             early_launch: parts.early_launch,
             order: parts.order,
@@ -542,10 +548,10 @@ impl CoreComm {
 
     /// Starts finding out whether a CUDA graph may hold a kernel of this core on any rank: an
     /// all-reduce of each rank's answer (`captured`) on the core itself, on a stream of its own,
-    /// once all work on its GPU is done (a graph holding its kernels may be being replayed).
-    /// Every rank starts it at the same point of its calls (`core::suspending`), and may start
-    /// it for several communicators before waiting for any (`graphs_answer`). `None` where it
-    /// could not start, or the core already gave up waiting for a peer.
+    /// after the communicator's last kernel. Every rank starts it at the same point of its calls
+    /// (`core::suspending`), and may start it for several communicators before waiting for any
+    /// (`graphs_answer`): nothing here waits for other work on the GPU. `None` where it could
+    /// not start, or the core already gave up waiting for a peer.
     pub fn ask_about_graphs(&self) -> Option<GraphsAsked> {
         // The defaults' plan, not the settings' (which may leave all-reduces to NCCL): the same
         // on every rank, a low-latency kernel of one block.
@@ -554,31 +560,38 @@ impl CoreComm {
         if self.control.gave_up().is_some() {
             return None;
         }
-        let ask = || -> Cuda<GraphsAsked> {
+        let ask = || -> Cuda<()> {
             let _context = self.device.enter()?;
-            cuda::synchronize()?;
-            let asked = GraphsAsked {
-                stream: OwnedStream::create(self.device)?,
-                mine: DeviceBuffer::alloc(self.device, 4)?,
-                all: DeviceBuffer::alloc(self.device, 4)?,
-            };
+            let scratch = self.graphs_scratch()?;
             let captured = u32::from(self.captured.load(Ordering::Relaxed));
-            (asked.stream).copy_to_device(asked.mine.pointer, &captured.to_ne_bytes())?;
-            let (send, recv) = (asked.mine.pointer as *const c_void, asked.all.pointer);
-            self.launch(&plan, send, recv as *mut c_void, asked.stream.stream)?;
-            Ok(asked)
+            (scratch.stream).copy_to_device(scratch.mine.pointer, &captured.to_ne_bytes())?;
+            let (send, recv) = (scratch.mine.pointer as *const c_void, scratch.all.pointer);
+            self.launch(&plan, send, recv as *mut c_void, scratch.stream.stream)
         };
-        ask().ok()
+        ask().ok().map(|()| GraphsAsked(()))
+    }
+
+    /// What `ask_about_graphs` runs on, made at its first use (in the device's context).
+    fn graphs_scratch(&self) -> Cuda<&GraphsScratch> {
+        if let Some(scratch) = self.graphs_scratch.get() {
+            return Ok(scratch);
+        }
+        let made = GraphsScratch {
+            stream: OwnedStream::create(self.device)?,
+            mine: DeviceBuffer::alloc(self.device, 4)?,
+            all: DeviceBuffer::alloc(self.device, 4)?,
+        };
+        Ok(self.graphs_scratch.get_or_init(|| made))
     }
 
     /// What `ask_about_graphs` found: whether a graph may hold a kernel of this core on any
     /// rank (`None`: the all-reduce did not run to its end, as where a peer never came).
-    pub fn graphs_answer(&self, asked: GraphsAsked) -> Option<bool> {
+    pub fn graphs_answer(&self, _asked: GraphsAsked) -> Option<bool> {
+        let scratch = self.graphs_scratch.get()?;
         let answer = || -> Cuda<u32> {
             let _context = self.device.enter()?;
-            asked.stream.synchronize()?;
             let mut answer = [0u8; 4];
-            cuda::copy_to_host(&mut answer, asked.all.pointer)?;
+            (scratch.stream).copy_to_host(&mut answer, scratch.all.pointer)?;
             Ok(u32::from_ne_bytes(answer))
         };
         let answer = answer().ok()?;

@@ -234,8 +234,9 @@ pub struct Ended {
     pub new_comms: Vec<Deferred>,
     pub children: Vec<Child>,
     pub windows: Vec<PendingWindow>,
-    /// Communicators whose memory NCCL suspends at the group's end, none of whose calls of
-    /// the group the core would take (their cores stay).
+    /// Communicators whose memory NCCL suspends in the group, none of whose calls of the group
+    /// the core would take (where the group has such calls, queued or sent to NCCL with it, the
+    /// core stays).
     pub suspended: Vec<ncclComm_t>,
 }
 
@@ -415,8 +416,8 @@ pub fn end() -> Option<Ended> {
             suspended: Vec::new(),
         });
     }
-    // A communicator the group has calls of that the core would take keeps its core: they are
-    // queued for it (each rank's group holds the same calls).
+    // A communicator the group has calls of that the core would take keeps its core: they may
+    // be queued for it (each rank's group holds the same calls, and decides alike).
     let mut suspended = SUSPENDED.with(|s| s.take());
     SEEN.with(|seen| {
         let seen = seen.borrow();
@@ -596,7 +597,13 @@ pub fn defer_child(child: Child) {
 /// `comm`'s memory is suspended at the group's end (core::suspending).
 pub fn defer_suspension(comm: ncclComm_t) {
     touch();
-    SUSPENDED.with(|s| s.borrow_mut().push(comm));
+    SUSPENDED.with(|s| {
+        let mut suspended = s.borrow_mut();
+        // Suspended twice: NCCL refuses the second, and there is one core to let go.
+        if !suspended.contains(&comm) {
+            suspended.push(comm);
+        }
+    });
 }
 
 pub fn defer_window(window: PendingWindow) {

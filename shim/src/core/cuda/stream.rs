@@ -39,6 +39,14 @@ impl OwnedStream {
         self.synchronize()
     }
 
+    /// Copies `src.len()` bytes from `src` on the device into `dst`, after what the stream holds.
+    pub fn copy_to_host(&self, dst: &mut [u8], src: DevicePtr) -> Cuda<()> {
+        // SAFETY: `src` holds at least `dst.len()` bytes; our stream, waited for before `dst`
+        // is read or goes.
+        unsafe { result::memcpy_dtoh_async(dst, src, self.stream) }.named("cuMemcpyDtoHAsync")?;
+        self.synchronize()
+    }
+
     /// Copies `src` to `dst` on the device.
     pub fn copy_to_device(&self, dst: DevicePtr, src: &[u8]) -> Cuda<()> {
         // SAFETY: `dst` holds at least `src.len()` bytes; our stream.
