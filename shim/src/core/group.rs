@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::comm::{CoreComm, Launched};
-use super::cuda::{Cuda, Stream, capturing};
+use super::cuda::{Cuda, PER_THREAD_STREAM, Stream, capturing};
 use super::launcher::DeviceOp;
 use super::policy::{self, Fused, MAX_BATCH, Plan};
 use super::types::Collective;
@@ -77,6 +77,10 @@ impl DeviceOp for Batch<'_> {
             super::observer::observer().shared_launch(first.call.comm, self.calls.len());
         }
         Ok(())
+    }
+
+    fn callers_thread_only(&self) -> bool {
+        (self.calls.iter()).any(|queued| queued.stream() == PER_THREAD_STREAM)
     }
 
     fn prepare_thread(&self) -> impl FnOnce() + Send + 'static {

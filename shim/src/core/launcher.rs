@@ -39,6 +39,9 @@ pub trait DeviceOp {
     fn launch(&self) -> Result<(), CudaError>;
     /// What a new helper thread runs first, to launch on this operation's device.
     fn prepare_thread(&self) -> impl FnOnce() + Send + 'static;
+    /// Whether only the calling thread may launch it: a stream of it is the thread's own
+    /// (`cudaStreamPerThread`, which names another stream on every thread).
+    fn callers_thread_only(&self) -> bool;
 }
 
 /// One device's helper: a job slot, handed over by generation numbers. Aligned so that two
@@ -242,17 +245,24 @@ impl DeviceOp for NoOp {
     fn prepare_thread(&self) -> impl FnOnce() + Send + 'static {
         || {}
     }
+    fn callers_thread_only(&self) -> bool {
+        false
+    }
 }
 
 /// Launches a group's queued operations: those on the first operation's device by the calling
-/// thread, the others by their devices' helpers at the same time; in queue order per device.
+/// thread, the others by their devices' helpers at the same time (all by the calling thread
+/// where one is on its own stream); in queue order per device.
 /// Returns once all are issued, with the first error met.
 pub fn launch_group<Op: DeviceOp>(ops: &[Op]) -> Result<(), LaunchError> {
     let Some(first) = ops.first() else {
         return Ok(());
     };
     let own = first.ordinal();
-    if !policy::settings().launch_helpers || ops.iter().all(|op| op.ordinal() == own) {
+    if !policy::settings().launch_helpers
+        || ops.iter().all(|op| op.ordinal() == own)
+        || ops.iter().any(DeviceOp::callers_thread_only)
+    {
         return launch_here(ops, |_| true);
     }
     // The helper each device's job was posted to, and its generation.
@@ -306,6 +316,7 @@ mod tests {
         ordinal: i32,
         id: usize,
         fails: bool,
+        callers: bool,
         log: Arc<Mutex<Vec<Record>>>,
     }
 
@@ -330,6 +341,9 @@ mod tests {
         fn prepare_thread(&self) -> impl FnOnce() + Send + 'static {
             || {}
         }
+        fn callers_thread_only(&self) -> bool {
+            self.callers
+        }
     }
 
     fn group(ordinals: &[i32], log: &Arc<Mutex<Vec<Record>>>) -> Vec<FakeOp> {
@@ -340,6 +354,7 @@ mod tests {
                 ordinal,
                 id,
                 fails: false,
+                callers: false,
                 log: log.clone(),
             })
             .collect()
@@ -377,6 +392,24 @@ mod tests {
             by_helpers += check_group(&ops, &log);
         }
         assert!(by_helpers > 0, "the helpers never launched anything");
+    }
+
+    /// A group one of whose streams is the calling thread's own (`cudaStreamPerThread`) is
+    /// launched by the calling thread alone.
+    #[test]
+    fn a_group_on_the_callers_own_stream_is_launched_by_the_caller() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let mut by_helpers = 0;
+        for _ in 0..200 {
+            let mut ops = group(&[0, 1, 2, 3], &log);
+            ops[2].callers = true;
+            launch_group(&ops).unwrap();
+            by_helpers += check_group(&ops, &log);
+        }
+        assert_eq!(
+            by_helpers, 0,
+            "a helper launched on another thread's stream"
+        );
     }
 
     #[test]

@@ -8,3 +8,5 @@ pub type DevicePtr = sys::CUdeviceptr;
 pub type Function = sys::CUfunction;
 pub type Module = sys::CUmodule;
 pub type Stream = sys::CUstream;
+/// `CU_STREAM_PER_THREAD` (`cudaStreamPerThread`): the calling thread's own default stream.
+pub const PER_THREAD_STREAM: Stream = 0x2 as Stream;
