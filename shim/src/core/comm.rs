@@ -599,7 +599,7 @@ impl CoreComm {
         (self.control.gave_up().is_none()).then_some(answer != 0)
     }
 
-    /// As if no graph held this core's kernels (the GPU suite's test of `captured_anywhere`).
+    /// As if no graph held this core's kernels (the GPU suite's test of `ask_about_graphs`).
     #[cfg(test)]
     pub fn forget_graphs(&self) {
         self.captured.store(false, Ordering::Relaxed);
