@@ -19,7 +19,7 @@ use super::policy::{
 use super::types::{Algorithm, Collective};
 use super::zero_copy::{Uses, ZeroCopy};
 use crate::ffi::{ncclComm_t, ncclMax, ncclUint32};
-use crate::log::log_warn;
+use crate::log::{log_info, log_warn};
 
 /// The kernels' view of every rank's buffer: `struct Peers` in device/device.cuh.
 #[repr(C)]
@@ -221,6 +221,10 @@ pub struct CoreComm {
     /// this core's buffers, for as long as the program keeps the graph.
     captured: AtomicBool,
     graphs_scratch: OnceLock<GraphsScratch>,
+    /// A stream with every SM of the GPU, for grids a green context's stream cannot hold
+    /// (`launch_resident`), made at its first use; and whether that was said.
+    wide_stream: OnceLock<OwnedStream>,
+    wide_said: AtomicBool,
     /// The calls the core took, counted where they are logged (call_line.rs).
     calls_logged: AtomicU64,
     early_launch: bool,
@@ -269,6 +273,8 @@ impl CoreComm {
             released: AtomicBool::new(false),
             captured: AtomicBool::new(false),
             graphs_scratch: OnceLock::new(),
+            wide_stream: OnceLock::new(),
+            wide_said: AtomicBool::new(false),
             calls_logged: AtomicU64::new(0),
             early_launch: parts.early_launch,
             order: parts.order,
@@ -359,9 +365,13 @@ impl CoreComm {
                 root: call.plan.root,
             };
         }
+        // Its blocks wait for each other (between calls, between windows).
+        let whole_grid = first.algorithm.needs_resident_grid() || calls.len() > 1;
+        let (blocks, threads) = (first.blocks, first.threads);
         // SAFETY: `Args`, the kernel's one parameter.
-        let launched =
-            unsafe { self.launch_with(function, first.blocks, first.threads, stream, &mut args) };
+        let launched = unsafe {
+            self.launch_resident(function, blocks, threads, stream, &mut args, whole_grid)
+        };
         if let Some(zero_copy) = &self.zero_copy {
             if launched.is_ok() {
                 let marked = (!cuda::capturing(stream)).then_some(stream);
@@ -435,6 +445,72 @@ impl CoreComm {
         }?;
         self.order.after_launch(stream, capturing);
         Ok(())
+    }
+
+    /// `launch_with`, for a grid that must be on the GPU at once where `whole_grid`: on a stream
+    /// of a green context whose SMs cannot hold it, the kernel goes on a stream of the core's
+    /// own, which has every SM of the GPU, joined with the program's (it waits for what `stream`
+    /// holds, and `stream` for it; in a capture too). Its blocks would otherwise wait for blocks
+    /// that never start. Where each rank launches changes nothing of the call.
+    ///
+    /// # Safety
+    /// As `launch_with`.
+    unsafe fn launch_resident<C, const N: usize>(
+        &self,
+        function: cuda::Function,
+        blocks: u32,
+        threads: u32,
+        stream: cuda::Stream,
+        args: &mut LaunchArgs<C, N>,
+        whole_grid: bool,
+    ) -> Cuda<()> {
+        let wide = match whole_grid {
+            true => self.wide_stream_for(function, blocks, threads, stream)?,
+            false => None,
+        };
+        let Some(wide) = wide else {
+            // SAFETY: the caller's.
+            return unsafe { self.launch_with(function, blocks, threads, stream, args) };
+        };
+        self.order.join(wide, stream)?;
+        // SAFETY: the caller's.
+        unsafe { self.launch_with(function, blocks, threads, wide, args) }?;
+        // The kernel is queued (the peers count on it): a stream that cannot wait for it is
+        // said, not an error of the launch.
+        if let Err(e) = self.order.join(stream, wide) {
+            log_warn!("a stream could not wait for the core's kernel: {e}");
+        }
+        Ok(())
+    }
+
+    /// The core's own stream, where `stream` belongs to a green context whose SMs cannot hold
+    /// `blocks` blocks of `threads` threads of `function` at once (said once).
+    fn wide_stream_for(
+        &self,
+        function: cuda::Function,
+        blocks: u32,
+        threads: u32,
+        stream: cuda::Stream,
+    ) -> Cuda<Option<cuda::Stream>> {
+        let Some(sms) = cuda::green_context_sms(stream) else {
+            return Ok(None);
+        };
+        let holds = sms.saturating_mul(cuda::blocks_per_multiprocessor(function, threads)?);
+        if blocks <= holds {
+            return Ok(None);
+        }
+        if !self.wide_said.swap(true, Ordering::Relaxed) {
+            log_info!(
+                "core of rank {} on GPU {}: a call on a stream of a green context of {sms} SMs runs on all the GPU's SMs: its {blocks} blocks must run at once, and the context holds {holds}",
+                self.rank,
+                self.device.ordinal
+            );
+        }
+        if let Some(wide) = self.wide_stream.get() {
+            return Ok(Some(wide.stream));
+        }
+        let made = OwnedStream::create(self.device)?;
+        Ok(Some(self.wide_stream.get_or_init(|| made).stream))
     }
 
     /// Launches `calls` of a packet kernel (1 to MAX_FUSED, their data within its inboxes) as one

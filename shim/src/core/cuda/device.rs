@@ -87,12 +87,7 @@ impl Device {
             result::device::get_attribute(self.handle, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
         }
         .named("cuDeviceGetAttribute")?;
-        // SAFETY: a function of a loaded module, no dynamic shared memory.
-        let per_multiprocessor = unsafe {
-            result::occupancy::max_active_block_per_multiprocessor(function, threads as c_int, 0)
-        }
-        .named("cuOccupancyMaxActiveBlocksPerMultiprocessor")?;
-        Ok((multiprocessors.max(0) as u32) * (per_multiprocessor.max(0) as u32))
+        Ok((multiprocessors.max(0) as u32) * blocks_per_multiprocessor(function, threads)?)
     }
 
     /// The PCI bus id, e.g. "0000:1B:00.0": identifies a GPU across processes.
@@ -177,4 +172,37 @@ impl Drop for ContextGuard {
         // SAFETY: pops what `Device::enter` pushed.
         unsafe { sys::cuCtxPopCurrent_v2(&mut previous) };
     }
+}
+
+/// How many blocks of `threads` threads of `function` one SM runs at once.
+pub fn blocks_per_multiprocessor(function: Function, threads: u32) -> Cuda<u32> {
+    // SAFETY: a function of a loaded module, no dynamic shared memory.
+    let blocks = unsafe {
+        result::occupancy::max_active_block_per_multiprocessor(function, threads as c_int, 0)
+    }
+    .named("cuOccupancyMaxActiveBlocksPerMultiprocessor")?;
+    Ok(blocks.max(0) as u32)
+}
+
+/// The SMs of the green context `stream` belongs to (CUDA 12.4 on), `None` for a stream of a
+/// context that has every SM of its device.
+pub fn green_context_sms(stream: super::Stream) -> Option<u32> {
+    static SUPPORTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if !*SUPPORTED.get_or_init(|| super::driver_version().is_ok_and(|v| v >= 12040)) {
+        return None;
+    }
+    let mut green: sys::CUgreenCtx = std::ptr::null_mut();
+    // SAFETY: a stream of the program's, alive for its call; writes one handle.
+    let found = unsafe { sys::cuStreamGetGreenCtx(stream, &mut green) };
+    if found != sys::CUresult::CUDA_SUCCESS || green.is_null() {
+        return None;
+    }
+    // SAFETY: plain data, written by the driver below.
+    let mut resource: sys::CUdevResource = unsafe { std::mem::zeroed() };
+    let sm = sys::CUdevResourceType::CU_DEV_RESOURCE_TYPE_SM;
+    // SAFETY: the green context the driver named; writes one resource.
+    let got = unsafe { sys::cuGreenCtxGetDevResource(green, &mut resource, sm) };
+    // SAFETY: an SM resource, as asked (zeros where the driver wrote nothing).
+    let sms = unsafe { resource.__bindgen_anon_1.sm.smCount };
+    (got == sys::CUresult::CUDA_SUCCESS).then_some(sms)
 }

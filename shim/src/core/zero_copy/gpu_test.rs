@@ -476,6 +476,7 @@ fn core_role(rank: usize, dir: &Path, processes: Vec<u64>) {
     drop(super::super::lifecycle::forget(comm));
     drop(zero_copy);
     two_suspended_together(rank, dir, device);
+    staged_on_a_green_context(rank, dir, device);
     assert_eq!(wrong, 0);
 }
 
@@ -506,35 +507,124 @@ fn exchange_buffers(
     (parts, bases, peer)
 }
 
+/// A core of two ranks without zero-copy (calls in the staging), its buffers swapped with the
+/// peer through files named after `name`.
+fn plain_core(rank: usize, dir: &Path, device: Device, name: &str) -> super::super::comm::CoreComm {
+    use super::super::comm::{CoreComm, Reach};
+    let (parts, bases, peer) = exchange_buffers(rank, dir, device, name);
+    let facts = super::super::policy::CommFacts {
+        nranks: 2,
+        single_process: false,
+        zero_copy: false,
+        resident_blocks: parts.kernels.two_shot_resident_blocks,
+        compute_capability: parts.kernels.compute_capability(),
+        measured: crate::core::measured::Measured::NONE,
+        max_blocks: u32::MAX,
+        copy_engines: false,
+    };
+    let reach = Reach {
+        bases,
+        opened: vec![peer],
+        peer_devices: Vec::new(),
+        zero_copy: None,
+    };
+    CoreComm::new(rank, true, facts, parts, reach)
+}
+
+/// A staged all-reduce (windows of the staging, the grid meeting before the last) on a stream of
+/// a green context of 8 SMs, which cannot hold its grid at once: right, in time.
+fn staged_on_a_green_context(rank: usize, dir: &Path, device: Device) {
+    use super::super::policy;
+    use super::super::types::Algorithm;
+    use cudarc::driver::sys;
+    let core = plain_core(rank, dir, device, "green");
+    let bytes = (100usize << 20) + (4 << 20);
+    let count = bytes / 4;
+    let plan = policy::plan_args(policy::settings(), AllReduce, count, 7, 0, -1, &core.facts)
+        .expect("planned");
+    assert_eq!(plan.algorithm, Algorithm::TwoShot, "{plan:?}");
+    // SAFETY: driver calls on this device, results checked; the green context and its stream
+    // are leaked (the process ends soon after).
+    let green_stream = unsafe {
+        let mut whole: sys::CUdevResource = std::mem::zeroed();
+        let dev = device.handle;
+        let sm = sys::CUdevResourceType::CU_DEV_RESOURCE_TYPE_SM;
+        assert_eq!(
+            sys::cuDeviceGetDevResource(dev, &mut whole, sm),
+            sys::CUresult::CUDA_SUCCESS
+        );
+        let mut part: sys::CUdevResource = std::mem::zeroed();
+        let mut groups = 1u32;
+        let split = sys::cuDevSmResourceSplitByCount(
+            &mut part,
+            &mut groups,
+            &whole,
+            std::ptr::null_mut(),
+            0,
+            8,
+        );
+        assert_eq!(split, sys::CUresult::CUDA_SUCCESS);
+        let mut desc: sys::CUdevResourceDesc = std::ptr::null_mut();
+        assert_eq!(
+            sys::cuDevResourceGenerateDesc(&mut desc, &mut part, 1),
+            sys::CUresult::CUDA_SUCCESS
+        );
+        let mut green: sys::CUgreenCtx = std::ptr::null_mut();
+        let flags = sys::CUgreenCtxCreate_flags::CU_GREEN_CTX_DEFAULT_STREAM as u32;
+        assert_eq!(
+            sys::cuGreenCtxCreate(&mut green, desc, dev, flags),
+            sys::CUresult::CUDA_SUCCESS
+        );
+        let mut stream: sys::CUstream = std::ptr::null_mut();
+        let nonblocking = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
+        let made = sys::cuGreenCtxStreamCreate(&mut stream, green, nonblocking, 0);
+        assert_eq!(made, sys::CUresult::CUDA_SUCCESS);
+        println!(
+            "rank {rank}: a green context of {} SMs",
+            part.__bindgen_anon_1.sm.smCount
+        );
+        stream
+    };
+    let stream = OwnedStream::create(device).unwrap();
+    let (send, recv) = (
+        DeviceBuffer::alloc(device, bytes).unwrap(),
+        DeviceBuffer::alloc(device, bytes).unwrap(),
+    );
+    stream.fill(send.pointer, rank as u8 + 1, bytes).unwrap();
+    stream.fill(recv.pointer, 0, bytes).unwrap();
+    let started = Instant::now();
+    let input = send.pointer as *const std::ffi::c_void;
+    core.launch(&plan, input, recv.pointer as *mut _, green_stream)
+        .unwrap();
+    // SAFETY: the green context's stream, made above.
+    let synced = unsafe { sys::cuStreamSynchronize(green_stream) };
+    let took = started.elapsed();
+    let mut got = vec![0u8; bytes];
+    cuda::copy_to_host(&mut got, recv.pointer).unwrap();
+    let want = f32::from_le_bytes([1; 4]) + f32::from_le_bytes([2; 4]);
+    let bad = got
+        .chunks(4)
+        .filter(|w| f32::from_le_bytes([w[0], w[1], w[2], w[3]]) != want)
+        .count();
+    println!(
+        "rank {rank}: staged all-reduce of {bytes} B in {} blocks on the green stream: {synced:?}, {bad} wrong, {took:?}",
+        plan.blocks
+    );
+    assert!(!core.failed(std::ptr::null_mut()), "a wait gave up");
+    assert_eq!(bad, 0);
+}
+
 /// Two more communicators' cores, suspended together, in one order on rank 0 and the other on
 /// rank 1 (as two groups of different orders, or one thread driving both GPUs, would): each
 /// rank starts both agreements before waiting for either, so neither waits for the other's
 /// second. Both cores go.
 fn two_suspended_together(rank: usize, dir: &Path, device: Device) {
-    use super::super::comm::{CoreComm, Reach};
     use super::super::lifecycle;
     let comms: Vec<crate::ffi::ncclComm_t> = (1..=2)
         .map(|k| (0x7e58_0000 + 0x1000 * k + 0x100 * rank) as crate::ffi::ncclComm_t)
         .collect();
     for (k, &comm) in comms.iter().enumerate() {
-        let (parts, bases, peer) = exchange_buffers(rank, dir, device, &format!("more{k}-"));
-        let facts = super::super::policy::CommFacts {
-            nranks: 2,
-            single_process: false,
-            zero_copy: false,
-            resident_blocks: parts.kernels.two_shot_resident_blocks,
-            compute_capability: parts.kernels.compute_capability(),
-            measured: crate::core::measured::Measured::NONE,
-            max_blocks: u32::MAX,
-            copy_engines: false,
-        };
-        let reach = Reach {
-            bases,
-            opened: vec![peer],
-            peer_devices: Vec::new(),
-            zero_copy: None,
-        };
-        let core = CoreComm::new(rank, true, facts, parts, reach);
+        let core = plain_core(rank, dir, device, &format!("more{k}-"));
         lifecycle::made(comm, true);
         assert!(lifecycle::came_on(comm, std::sync::Arc::new(core)).is_ok());
     }
