@@ -221,9 +221,10 @@ pub struct CoreComm {
     /// this core's buffers, for as long as the program keeps the graph.
     captured: AtomicBool,
     graphs_scratch: OnceLock<GraphsScratch>,
-    /// A stream with every SM of the GPU, for grids a green context's stream cannot hold
-    /// (`launch_resident`), made at its first use; and whether that was said.
-    wide_stream: OnceLock<OwnedStream>,
+    /// Streams with every SM of the GPU, for grids a green context's stream cannot hold
+    /// (`launch_resident`; outside and in a capture), made at their first use; and whether that
+    /// was said.
+    wide_streams: [OnceLock<OwnedStream>; 2],
     wide_said: AtomicBool,
     /// The calls the core took, counted where they are logged (call_line.rs).
     calls_logged: AtomicU64,
@@ -273,7 +274,7 @@ impl CoreComm {
             released: AtomicBool::new(false),
             captured: AtomicBool::new(false),
             graphs_scratch: OnceLock::new(),
-            wide_stream: OnceLock::new(),
+            wide_streams: [OnceLock::new(), OnceLock::new()],
             wide_said: AtomicBool::new(false),
             calls_logged: AtomicU64::new(0),
             early_launch: parts.early_launch,
@@ -373,8 +374,8 @@ impl CoreComm {
             self.launch_resident(function, blocks, threads, stream, &mut args, whole_grid)
         };
         if let Some(zero_copy) = &self.zero_copy {
-            if launched.is_ok() {
-                let marked = (!cuda::capturing(stream)).then_some(stream);
+            if let Ok(ended) = launched {
+                let marked = (!cuda::capturing(ended)).then_some(ended);
                 uses.into_iter()
                     .flatten()
                     .for_each(|used| zero_copy.used(used, marked));
@@ -382,7 +383,7 @@ impl CoreComm {
             // What the launch's calls offered is marked, or no kernel uses it.
             zero_copy.launched();
         }
-        launched
+        launched.map(|_| ())
     }
 
     /// The communicator's side of a kernel's arguments, for `ncalls` calls (all N left empty).
@@ -451,7 +452,8 @@ impl CoreComm {
     /// of a green context whose SMs cannot hold it, the kernel goes on a stream of the core's
     /// own, which has every SM of the GPU, joined with the program's (it waits for what `stream`
     /// holds, and `stream` for it; in a capture too). Its blocks would otherwise wait for blocks
-    /// that never start. Where each rank launches changes nothing of the call.
+    /// that never start. Where each rank launches changes nothing of the call. Returns the
+    /// stream whose later work comes after the kernel.
     ///
     /// # Safety
     /// As `launch_with`.
@@ -463,24 +465,31 @@ impl CoreComm {
         stream: cuda::Stream,
         args: &mut LaunchArgs<C, N>,
         whole_grid: bool,
-    ) -> Cuda<()> {
+    ) -> Cuda<cuda::Stream> {
         let wide = match whole_grid {
             true => self.wide_stream_for(function, blocks, threads, stream)?,
             false => None,
         };
         let Some(wide) = wide else {
             // SAFETY: the caller's.
-            return unsafe { self.launch_with(function, blocks, threads, stream, args) };
+            unsafe { self.launch_with(function, blocks, threads, stream, args) }?;
+            return Ok(stream);
         };
         self.order.join(wide, stream)?;
         // SAFETY: the caller's.
-        unsafe { self.launch_with(function, blocks, threads, wide, args) }?;
-        // The kernel is queued (the peers count on it): a stream that cannot wait for it is
-        // said, not an error of the launch.
-        if let Err(e) = self.order.join(stream, wide) {
-            log_warn!("a stream could not wait for the core's kernel: {e}");
+        let launched = unsafe { self.launch_with(function, blocks, threads, wide, args) };
+        // Joined back whatever happened: a capture that `wide` joined must end joined.
+        let joined = self.order.join(stream, wide);
+        launched?;
+        match joined {
+            Ok(()) => Ok(stream),
+            // The kernel is queued (the peers count on it): a stream that cannot wait for it is
+            // said, not an error of the launch.
+            Err(e) => {
+                log_warn!("a stream could not wait for the core's kernel: {e}");
+                Ok(wide)
+            }
         }
-        Ok(())
     }
 
     /// The core's own stream, where `stream` belongs to a green context whose SMs cannot hold
@@ -506,11 +515,14 @@ impl CoreComm {
                 self.device.ordinal
             );
         }
-        if let Some(wide) = self.wide_stream.get() {
+        // One for calls in a capture and one for the others: a stream that joined a capture
+        // stays in it until the capture ends, and cannot wait for anything outside it.
+        let slot = &self.wide_streams[usize::from(cuda::capturing(stream))];
+        if let Some(wide) = slot.get() {
             return Ok(Some(wide.stream));
         }
         let made = OwnedStream::create(self.device)?;
-        Ok(Some(self.wide_stream.get_or_init(|| made).stream))
+        Ok(Some(slot.get_or_init(|| made).stream))
     }
 
     /// Launches `calls` of a packet kernel (1 to MAX_FUSED, their data within its inboxes) as one

@@ -188,7 +188,15 @@ pub fn blocks_per_multiprocessor(function: Function, threads: u32) -> Cuda<u32> 
 /// context that has every SM of its device.
 pub fn green_context_sms(stream: super::Stream) -> Option<u32> {
     static SUPPORTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if !*SUPPORTED.get_or_init(|| super::driver_version().is_ok_and(|v| v >= 12040)) {
+    let supported = || {
+        // SAFETY: the driver library, loaded already; only looked up, as a missing symbol
+        // would panic at its first call.
+        let has = |name: &str| unsafe { sys::culib().get::<*const ()>(name.as_bytes()).is_ok() };
+        super::driver_version().is_ok_and(|v| v >= 12040)
+            && has("cuStreamGetGreenCtx")
+            && has("cuGreenCtxGetDevResource")
+    };
+    if !*SUPPORTED.get_or_init(supported) {
         return None;
     }
     let mut green: sys::CUgreenCtx = std::ptr::null_mut();

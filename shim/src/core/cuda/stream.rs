@@ -260,7 +260,9 @@ impl StreamOrder {
             return Ok(());
         }
         let last = self.last.load(Ordering::Relaxed);
-        if last != NO_STREAM && last != stream as u64 && self.marked.load(Ordering::Relaxed) {
+        // cudaStreamPerThread names another stream on each thread: never the same as the last.
+        let other = last != stream as u64 || stream == super::PER_THREAD_STREAM;
+        if last != NO_STREAM && other && self.marked.load(Ordering::Relaxed) {
             self.wait(stream, self.ended)?;
         }
         // Only once it waits: a launch that could not wait leaves the next to wait instead.
@@ -280,7 +282,8 @@ impl StreamOrder {
 
     /// Makes `waiter` wait for what `on` holds so far, in the communicator's context: both
     /// streams uncaptured, or both captured into one graph, which the wait then joins (a group's
-    /// calls of one communicator are all captured or none, group::queue).
+    /// calls of one communicator are all captured or none, group::queue), or `on` captured and
+    /// `waiter` not yet in any capture, which the wait brings into `on`'s (a fork).
     pub fn join(&self, waiter: Stream, on: Stream) -> Cuda<()> {
         // SAFETY: our event; a stream the program gave a call of the group.
         unsafe { result::event::record(self.joining, on) }.named("cuEventRecord")?;

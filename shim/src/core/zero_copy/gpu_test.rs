@@ -592,26 +592,55 @@ fn staged_on_a_green_context(rank: usize, dir: &Path, device: Device) {
     );
     stream.fill(send.pointer, rank as u8 + 1, bytes).unwrap();
     stream.fill(recv.pointer, 0, bytes).unwrap();
-    let started = Instant::now();
-    let input = send.pointer as *const std::ffi::c_void;
-    core.launch(&plan, input, recv.pointer as *mut _, green_stream)
-        .unwrap();
-    // SAFETY: the green context's stream, made above.
-    let synced = unsafe { sys::cuStreamSynchronize(green_stream) };
-    let took = started.elapsed();
-    let mut got = vec![0u8; bytes];
-    cuda::copy_to_host(&mut got, recv.pointer).unwrap();
-    let want = f32::from_le_bytes([1; 4]) + f32::from_le_bytes([2; 4]);
-    let bad = got
-        .chunks(4)
-        .filter(|w| f32::from_le_bytes([w[0], w[1], w[2], w[3]]) != want)
-        .count();
-    println!(
-        "rank {rank}: staged all-reduce of {bytes} B in {} blocks on the green stream: {synced:?}, {bad} wrong, {took:?}",
-        plan.blocks
+    let (input, output) = (
+        send.pointer as *const std::ffi::c_void,
+        recv.pointer as *mut _,
     );
-    assert!(!core.failed(std::ptr::null_mut()), "a wait gave up");
-    assert_eq!(bad, 0);
+    let want = f32::from_le_bytes([1; 4]) + f32::from_le_bytes([2; 4]);
+    let check = |how: &str, started: Instant| {
+        // SAFETY: the green context's stream, made above.
+        let synced = unsafe { sys::cuStreamSynchronize(green_stream) };
+        let took = started.elapsed();
+        let mut got = vec![0u8; bytes];
+        cuda::copy_to_host(&mut got, recv.pointer).unwrap();
+        let bad = (got.chunks(4))
+            .filter(|w| f32::from_le_bytes([w[0], w[1], w[2], w[3]]) != want)
+            .count();
+        println!(
+            "rank {rank}: staged all-reduce of {bytes} B in {} blocks on the green stream, {how}: {synced:?}, {bad} wrong, {took:?}",
+            plan.blocks
+        );
+        assert!(!core.failed(std::ptr::null_mut()), "a wait gave up");
+        assert_eq!(bad, 0);
+    };
+    let started = Instant::now();
+    core.launch(&plan, input, output, green_stream).unwrap();
+    check("eager", started);
+    // Captured on the green stream (the core's own stream joins the capture and leaves it),
+    // replayed, then eager again.
+    let mut graph: sys::CUgraph = std::ptr::null_mut();
+    let mut exec: sys::CUgraphExec = std::ptr::null_mut();
+    // SAFETY: driver calls on the green stream, our graph and buffers; results checked.
+    unsafe {
+        let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL;
+        let began = sys::cuStreamBeginCapture_v2(green_stream, mode);
+        assert_eq!(began, sys::CUresult::CUDA_SUCCESS);
+        core.launch(&plan, input, output, green_stream).unwrap();
+        let ended = sys::cuStreamEndCapture(green_stream, &mut graph);
+        assert_eq!(ended, sys::CUresult::CUDA_SUCCESS);
+        let made = sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0);
+        assert_eq!(made, sys::CUresult::CUDA_SUCCESS);
+    }
+    stream.fill(recv.pointer, 0, bytes).unwrap();
+    let started = Instant::now();
+    // SAFETY: our instantiated graph, on the green stream.
+    let replayed = unsafe { sys::cuGraphLaunch(exec, green_stream) };
+    assert_eq!(replayed, sys::CUresult::CUDA_SUCCESS);
+    check("replayed from a graph", started);
+    stream.fill(recv.pointer, 0, bytes).unwrap();
+    let started = Instant::now();
+    core.launch(&plan, input, output, green_stream).unwrap();
+    check("eager after the graph", started);
 }
 
 /// Two more communicators' cores, suspended together, in one order on rank 0 and the other on
