@@ -106,7 +106,10 @@ fn check_libraries(
     };
     match libraries::find_real() {
         Ok(found) => match libraries::nccl_version(&found.path) {
-            Ok(version) => {
+            Ok(code) => {
+                // Settings read from here on are read as this NCCL reads them, as the library's.
+                nccl::nccl_env::noted_version(code);
+                let version = nccl::version_text(code);
                 real_path = Some(found.path.clone());
                 report.ok(format!(
                     "the real NCCL: {} ({version}), found by {}",

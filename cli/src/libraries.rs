@@ -7,7 +7,6 @@ use std::path::{Path, PathBuf};
 use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
 use nccl::identity::is_ncclshim;
 use nccl::locate::{self, Found, NotFound, SearchEnv};
-use nccl::version_text;
 
 /// The prefix this program is installed under (`PREFIX/bin/ncclshim`): a build folder, an
 /// installation, or a Python environment.
@@ -93,8 +92,8 @@ pub fn find_real() -> Result<Found, NotFound> {
     locate::find_real_nccl(&search_env(), is_ncclshim)
 }
 
-/// What the library at `path` answers to ncclGetVersion, as "2.28.9".
-pub fn nccl_version(path: &Path) -> Result<String, String> {
+/// What the library at `path` answers to ncclGetVersion, as a code such as 22809.
+pub fn nccl_version(path: &Path) -> Result<i32, String> {
     let text = path.to_str().ok_or("not a UTF-8 path")?;
     // SAFETY: NVIDIA's NCCL, opened by absolute path; nothing of it runs at load but its own
     // initialisers. Kept loaded: unloading NCCL is not something it is made for.
@@ -111,9 +110,7 @@ pub fn nccl_version(path: &Path) -> Result<String, String> {
     if result != 0 {
         return Err(format!("ncclGetVersion returned {result}"));
     }
-    // Settings read from here on are read as this NCCL reads them, as the library's are.
-    nccl::nccl_env::noted_version(code);
-    Ok(version_text(code))
+    Ok(code)
 }
 
 /// Orders "2.27.7" against "2.28.9".
@@ -124,6 +121,7 @@ pub fn version_key(text: &str) -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nccl::version_text;
 
     #[test]
     fn versions_read_both_encodings() {

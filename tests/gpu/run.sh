@@ -268,13 +268,16 @@ torch_suite() {
 # same without buffer ids must read a stale mapping (the check the ids are for); the core's
 # direct all-reduce between two processes through zero-copy, in and out of place, misaligned,
 # on buffers made again at the same addresses, in a CUDA graph, and through the routed path
-# with the trace timed: 0 wrong, every routed call with a GPU time ---
+# with the trace timed, on a stream destroyed before the next call: 0 wrong, every routed call
+# with a GPU time; the core through ncclCommSuspend (kept while a graph may hold it, freed
+# otherwise, two communicators at once); a staged all-reduce on a green context of 8 SMs ---
 zero_copy_suite() {
   local dir=$out/zero-copy t=$SECONDS status=0 tests=$here/shim/bin/core-tests name
   rm -rf "$dir" && mkdir -p "$dir"
   [ -x "$tests" ] || { verdict "zero-copy (1 GPU)" 1 "no shim/bin/core-tests in the bundle"; return; }
   for name in two_processes_share_buffers_and_never_a_stale_one without_buffer_ids_the_stale_mapping_is_read \
-    core_all_reduce_between_two_processes_through_zero_copy; do
+    core_all_reduce_between_two_processes_through_zero_copy core_suspension_between_two_processes \
+    core_on_a_green_context_between_two_processes; do
     NCCLSHIM_TIMEOUT=60 NCCL_DEBUG=INFO CUDA_VISIBLE_DEVICES=0 timeout 300 "$tests" --exact \
       "core::zero_copy::gpu_test::$name" --ignored --nocapture >"$dir/$name.log" 2>&1 || status=1
   done

@@ -414,7 +414,8 @@ impl CoreComm {
     }
 
     /// Launches `function` on `stream` with `args` as its one parameter, in the communicator's
-    /// context.
+    /// context, after the communicator's last kernel (`StreamOrder`), noting a launch into a
+    /// capture (`captured`).
     ///
     /// # Safety
     /// `args` is laid out as `function`'s parameter.
@@ -637,7 +638,7 @@ impl CoreComm {
     /// Starts finding out whether a CUDA graph may hold a kernel of this core on any rank: an
     /// all-reduce of each rank's answer (`captured`) on the core itself, on a stream of its own,
     /// after the communicator's last kernel. Every rank starts it at the same point of its calls
-    /// (`core::suspending`), and may start it for several communicators before waiting for any
+    /// (`core::suspend`), and may start it for several communicators before waiting for any
     /// (`graphs_answer`): nothing here waits for other work on the GPU. `None` where it could
     /// not start, or the core already gave up waiting for a peer.
     pub fn ask_about_graphs(&self) -> Option<GraphsAsked> {

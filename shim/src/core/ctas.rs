@@ -51,8 +51,8 @@ static CONFIGURED: Mutex<Vec<(usize, Configured)>> = Mutex::new(Vec::new());
 pub fn made(comm: ncclComm_t, config: Option<CtaConfig>, parent: Option<ncclComm_t>) {
     let configured = match (config, parent) {
         (Some(config), _) => Configured {
-            bound: (config.max_ctas != CtaConfig::UNSET && config.max_ctas > 0)
-                .then_some(config.max_ctas as u32),
+            // NCCL's unset value is negative too.
+            bound: (config.max_ctas > 0).then_some(config.max_ctas as u32),
             policy: (config.policy != CtaConfig::UNSET).then_some(config.policy),
         },
         (None, Some(parent)) => configured(parent),

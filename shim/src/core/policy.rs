@@ -456,7 +456,7 @@ pub fn plan(
     buffers: impl FnOnce() -> Buffers,
 ) -> Option<Plan> {
     let within = |plan: &Plan| plan.blocks <= comm.max_blocks;
-    if comm.copy_engines && collective.copy_engines_move() {
+    if comm.copy_engines && collective.nccl_may_use_copy_engines() {
         // NCCL moves it with its copy engines where its buffers lie in symmetric windows.
         let lying = buffers();
         if lying == Buffers::InWindows {
@@ -1016,7 +1016,7 @@ mod tests {
                 for buffers in [Buffers::Plain, Buffers::InWindows] {
                     let plan = |comm| plan_args_lying(&s, collective, 256, 7, 0, 0, comm, buffers);
                     let (free, asked) = (plan(&procs(2)), plan(&copy_engines));
-                    match collective.copy_engines_move() && buffers == Buffers::InWindows {
+                    match collective.nccl_may_use_copy_engines() && buffers == Buffers::InWindows {
                         true => assert_eq!(asked, None, "{collective:?}"),
                         false => assert_eq!(asked, free, "{collective:?} {buffers:?}"),
                     }
@@ -1035,7 +1035,7 @@ mod tests {
             Collective::ReduceScatter,
             Collective::Reduce,
         ] {
-            assert!(!collective.copy_engines_move());
+            assert!(!collective.nccl_may_use_copy_engines());
         }
     }
 

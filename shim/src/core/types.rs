@@ -64,7 +64,7 @@ impl Collective {
 
     /// Whether NCCL (2.28 on) may move it with the GPU's copy engines, where asked and its
     /// buffers lie in symmetric windows (ce_coll.cc, `ncclCeImplemented`).
-    pub fn copy_engines_move(self) -> bool {
+    pub fn nccl_may_use_copy_engines(self) -> bool {
         matches!(
             self,
             Collective::AllGather | Collective::AllToAll | Collective::Gather | Collective::Scatter

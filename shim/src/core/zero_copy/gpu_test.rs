@@ -299,7 +299,9 @@ fn first_call(member: &ZeroCopy, pointer: u64, what: &str) -> super::Addresses {
 /// The core's direct all-reduce between two processes on one GPU (their kernels take turns on
 /// it, so slowly): each rank's core set up by hand (no NCCL, which takes one GPU per rank), user
 /// buffers reached through zero-copy. u8 sums of every size band the direct kernel takes, in
-/// and out of place, misaligned (the staged path), on buffers made again between rounds.
+/// and out of place, misaligned (the staged path), on buffers made again between rounds; in CUDA
+/// graphs; the other collectives; batches; through the routed path, traced, and on a stream the
+/// program destroys before its next call, on another stream.
 fn core_role(rank: usize, dir: &Path, processes: Vec<u64>) {
     use super::super::comm::{CoreComm, Reach};
     use super::super::policy::{self, CommFacts};
@@ -437,46 +439,8 @@ fn core_role(rank: usize, dir: &Path, processes: Vec<u64>) {
         wrong += bad;
     }
     stream.synchronize().unwrap();
-    // Its memory suspended (ncclCommSuspend): a CUDA graph of this core's (graph_replays) may
-    // still be replayed, on either rank, so the core and its buffer stay.
-    let (held, _) = cuda::live_resources();
-    super::super::suspending(comm);
-    let (left, _) = cuda::live_resources();
-    println!("rank {rank}: suspended after a graph: {held} device buffers before, {left} after");
-    // Nothing freed (what the agreement runs on is made at its first use, and kept).
-    assert!(left >= held, "the core's buffer stays");
-    let lookup = super::super::lifecycle::lookup(comm);
-    assert!(matches!(lookup, super::super::lifecycle::Lookup::Core(_)));
-    drop(lookup);
-    let core_now = || match super::super::lifecycle::lookup(comm) {
-        super::super::lifecycle::Lookup::Core(core) => core,
-        _ => panic!("the core stays"),
-    };
-    // Rank 0's graphs gone, rank 1's not: the ranks still find one, together.
-    if rank == 0 {
-        core_now().forget_graphs();
-    }
-    let core = core_now();
-    let asked = core.ask_about_graphs().expect("asked");
-    assert_eq!(core.graphs_answer(asked), Some(true), "rank 1's graph");
-    drop(core);
-    // With no graph of its kernels anywhere: the core goes, its buffer freed, and its next
-    // all-reduce goes to NCCL, to set it up again after (which this test, without NCCL, fails).
-    core_now().forget_graphs();
-    let (held, _) = cuda::live_resources();
-    super::super::suspending(comm);
-    let (left, _) = cuda::live_resources();
-    println!("rank {rank}: suspended: {held} device buffers before, {left} after");
-    assert!(left < held, "the core's buffer is freed");
-    let lookup = super::super::lifecycle::lookup(comm);
-    assert!(matches!(lookup, super::super::lifecycle::Lookup::Waiting));
-    let call = call_of(bytes, stream.stream);
-    let forwarded = super::super::operation(&call, || crate::ffi::ncclSystemError);
-    assert_eq!(forwarded, crate::ffi::ncclSystemError, "forwarded");
     drop(super::super::lifecycle::forget(comm));
     drop(zero_copy);
-    two_suspended_together(rank, dir, device);
-    staged_on_a_green_context(rank, dir, device);
     assert_eq!(wrong, 0);
 }
 
@@ -531,60 +495,54 @@ fn plain_core(rank: usize, dir: &Path, device: Device, name: &str) -> super::sup
     CoreComm::new(rank, true, facts, parts, reach)
 }
 
+/// A stream of a green context of `sms` SMs of `device` (both leaked: the process ends soon
+/// after).
+fn green_stream(device: Device, sms: u32) -> cuda::Stream {
+    use cudarc::driver::sys;
+    let ok = |result: sys::CUresult| assert_eq!(result, sys::CUresult::CUDA_SUCCESS);
+    let sm = sys::CUdevResourceType::CU_DEV_RESOURCE_TYPE_SM;
+    // SAFETY: plain data, written by the driver.
+    let (mut whole, mut part): (sys::CUdevResource, sys::CUdevResource) =
+        unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
+    // SAFETY: a device of this process; writes one resource.
+    ok(unsafe { sys::cuDeviceGetDevResource(device.handle, &mut whole, sm) });
+    let mut groups = 1u32;
+    let nothing = std::ptr::null_mut();
+    // SAFETY: one group of at least `sms` SMs out of the device's, written into `part`.
+    ok(unsafe {
+        sys::cuDevSmResourceSplitByCount(&mut part, &mut groups, &whole, nothing, 0, sms)
+    });
+    let mut desc: sys::CUdevResourceDesc = std::ptr::null_mut();
+    // SAFETY: the one resource above; writes one descriptor.
+    ok(unsafe { sys::cuDevResourceGenerateDesc(&mut desc, &mut part, 1) });
+    let mut green: sys::CUgreenCtx = std::ptr::null_mut();
+    let flags = sys::CUgreenCtxCreate_flags::CU_GREEN_CTX_DEFAULT_STREAM as u32;
+    // SAFETY: the descriptor above, this device; writes one handle.
+    ok(unsafe { sys::cuGreenCtxCreate(&mut green, desc, device.handle, flags) });
+    let mut stream: sys::CUstream = std::ptr::null_mut();
+    let nonblocking = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
+    // SAFETY: the green context above; writes one handle.
+    ok(unsafe { sys::cuGreenCtxStreamCreate(&mut stream, green, nonblocking, 0) });
+    stream
+}
+
 /// A staged all-reduce (windows of the staging, the grid meeting before the last) on a stream of
 /// a green context of 8 SMs, which cannot hold its grid at once: right, in time.
-fn staged_on_a_green_context(rank: usize, dir: &Path, device: Device) {
+fn staged_on_a_green_context(rank: usize, dir: &Path) {
     use super::super::policy;
     use super::super::types::Algorithm;
     use cudarc::driver::sys;
+    cuda::init().unwrap();
+    let device = Device::open(0).unwrap();
+    device.make_current().unwrap();
     let core = plain_core(rank, dir, device, "green");
     let bytes = (100usize << 20) + (4 << 20);
     let count = bytes / 4;
     let plan = policy::plan_args(policy::settings(), AllReduce, count, 7, 0, -1, &core.facts)
         .expect("planned");
     assert_eq!(plan.algorithm, Algorithm::TwoShot, "{plan:?}");
-    // SAFETY: driver calls on this device, results checked; the green context and its stream
-    // are leaked (the process ends soon after).
-    let green_stream = unsafe {
-        let mut whole: sys::CUdevResource = std::mem::zeroed();
-        let dev = device.handle;
-        let sm = sys::CUdevResourceType::CU_DEV_RESOURCE_TYPE_SM;
-        assert_eq!(
-            sys::cuDeviceGetDevResource(dev, &mut whole, sm),
-            sys::CUresult::CUDA_SUCCESS
-        );
-        let mut part: sys::CUdevResource = std::mem::zeroed();
-        let mut groups = 1u32;
-        let split = sys::cuDevSmResourceSplitByCount(
-            &mut part,
-            &mut groups,
-            &whole,
-            std::ptr::null_mut(),
-            0,
-            8,
-        );
-        assert_eq!(split, sys::CUresult::CUDA_SUCCESS);
-        let mut desc: sys::CUdevResourceDesc = std::ptr::null_mut();
-        assert_eq!(
-            sys::cuDevResourceGenerateDesc(&mut desc, &mut part, 1),
-            sys::CUresult::CUDA_SUCCESS
-        );
-        let mut green: sys::CUgreenCtx = std::ptr::null_mut();
-        let flags = sys::CUgreenCtxCreate_flags::CU_GREEN_CTX_DEFAULT_STREAM as u32;
-        assert_eq!(
-            sys::cuGreenCtxCreate(&mut green, desc, dev, flags),
-            sys::CUresult::CUDA_SUCCESS
-        );
-        let mut stream: sys::CUstream = std::ptr::null_mut();
-        let nonblocking = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
-        let made = sys::cuGreenCtxStreamCreate(&mut stream, green, nonblocking, 0);
-        assert_eq!(made, sys::CUresult::CUDA_SUCCESS);
-        println!(
-            "rank {rank}: a green context of {} SMs",
-            part.__bindgen_anon_1.sm.smCount
-        );
-        stream
-    };
+    let green_stream = green_stream(device, 8);
+    println!("rank {rank}: a green context of 8 SMs");
     let stream = OwnedStream::create(device).unwrap();
     let (send, recv) = (
         DeviceBuffer::alloc(device, bytes).unwrap(),
@@ -641,6 +599,78 @@ fn staged_on_a_green_context(rank: usize, dir: &Path, device: Device) {
     let started = Instant::now();
     core.launch(&plan, input, output, green_stream).unwrap();
     check("eager after the graph", started);
+}
+
+/// Device buffers held in this process before and after `comm`'s memory is suspended
+/// (`core::suspending`, outside any group).
+fn buffers_around_suspension(comm: crate::ffi::ncclComm_t) -> (usize, usize) {
+    let (held, _) = cuda::live_resources();
+    super::super::suspending(comm);
+    let (left, _) = cuda::live_resources();
+    (held, left)
+}
+
+/// ncclCommSuspend with NCCL_SUSPEND_MEM, on a core that launched into a CUDA graph capture
+/// (`graph_replays`): the core and its memory stay while a graph of either rank may hold its
+/// kernels, which the ranks find out together, and go once none may; its next all-reduce then
+/// goes to NCCL. Then two more communicators suspended together.
+fn suspension_role(rank: usize, dir: &Path) {
+    use super::super::lifecycle::{self, Lookup};
+    cuda::init().unwrap();
+    let device = Device::open(0).unwrap();
+    device.make_current().unwrap();
+    let core = plain_core(rank, dir, device, "suspension");
+    let stream = OwnedStream::create(device).unwrap();
+    let facts = core.facts;
+    assert_eq!(graph_replays(&core, device, &stream, rank, &facts), 0);
+    let comm = (0x7e59_0000 + 0x100 * rank) as crate::ffi::ncclComm_t;
+    lifecycle::made(comm, true);
+    assert!(lifecycle::came_on(comm, std::sync::Arc::new(core)).is_ok());
+    let core_now = || match lifecycle::lookup(comm) {
+        Lookup::Core(core) => core,
+        _ => panic!("the core stays"),
+    };
+    let (held, left) = buffers_around_suspension(comm);
+    println!("rank {rank}: suspended after a graph: {held} device buffers before, {left} after");
+    // Nothing freed (what the agreement runs on is made at its first use, and kept).
+    assert!(left >= held, "the core's buffer stays");
+    drop(core_now());
+    // Rank 0's graphs gone, rank 1's not: the ranks still find one, together.
+    if rank == 0 {
+        core_now().forget_graphs();
+    }
+    let core = core_now();
+    let asked = core.ask_about_graphs().expect("asked");
+    assert_eq!(core.graphs_answer(asked), Some(true), "rank 1's graph");
+    drop(core);
+    // With no graph of its kernels anywhere: the core goes, its buffer freed, and its next
+    // all-reduce goes to NCCL, to set it up again after (which this test, without NCCL, fails).
+    core_now().forget_graphs();
+    let (held, left) = buffers_around_suspension(comm);
+    println!("rank {rank}: suspended: {held} device buffers before, {left} after");
+    assert!(left < held, "the core's buffer is freed");
+    assert!(matches!(lifecycle::lookup(comm), Lookup::Waiting));
+    let bytes = 1 << 20;
+    let buffer = DeviceBuffer::alloc(device, bytes).unwrap();
+    let kind = crate::ffi::OPERATIONS
+        .iter()
+        .position(|name| *name == "ncclAllReduce")
+        .unwrap() as u8;
+    let call = crate::call::Call {
+        kind,
+        comm,
+        send: buffer.pointer as *const std::ffi::c_void,
+        recv: buffer.pointer as *mut std::ffi::c_void,
+        count: bytes,
+        datatype: 1,
+        op: Some(0),
+        root: None,
+        stream: stream.stream as crate::ffi::cudaStream_t,
+    };
+    let forwarded = super::super::operation(&call, || crate::ffi::ncclSystemError);
+    assert_eq!(forwarded, crate::ffi::ncclSystemError, "forwarded");
+    lifecycle::forget(comm);
+    two_suspended_together(rank, dir, device);
 }
 
 /// Two more communicators' cores, suspended together, in one order on rank 0 and the other on
@@ -1025,10 +1055,16 @@ fn two_processes(name: &str, ids: bool) -> (bool, PathBuf) {
         std::env::var("ZERO_COPY_IDS"),
     ) {
         let processes = processes.split(',').map(|i| i.parse().unwrap()).collect();
-        if name.starts_with("core") {
-            core_role(rank.parse().unwrap(), &PathBuf::from(dir), processes);
-        } else {
-            role(rank.parse().unwrap(), &PathBuf::from(dir), processes, ids);
+        let (rank, dir) = (rank.parse().unwrap(), PathBuf::from(dir));
+        match name {
+            "core_all_reduce_between_two_processes_through_zero_copy" => {
+                core_role(rank, &dir, processes)
+            }
+            "core_suspension_between_two_processes" => suspension_role(rank, &dir),
+            "core_on_a_green_context_between_two_processes" => {
+                staged_on_a_green_context(rank, &dir)
+            }
+            _ => role(rank, &dir, processes, ids),
         }
         std::process::exit(0);
     }
@@ -1087,6 +1123,22 @@ fn without_buffer_ids_the_stale_mapping_is_read() {
     let _ = std::fs::remove_dir_all(&dir);
     assert!(passed);
     assert_eq!(outcome.trim(), "stale");
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn core_suspension_between_two_processes() {
+    let (passed, dir) = two_processes("core_suspension_between_two_processes", true);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(passed);
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn core_on_a_green_context_between_two_processes() {
+    let (passed, dir) = two_processes("core_on_a_green_context_between_two_processes", true);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(passed);
 }
 
 #[test]
