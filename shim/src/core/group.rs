@@ -780,7 +780,7 @@ pub fn end_group(real_end: impl FnOnce() -> ncclResult_t) -> ncclResult_t {
     }
     // What is still queued (a blocking group's) goes after the set-ups.
     let launched = launched.and_then(|()| launch_queued());
-    super::suspend(&ended.suspended);
+    super::suspension::suspend(&ended.suspended);
     match launched {
         Ok(()) => result,
         Err((ordinal, e)) => {

@@ -692,7 +692,7 @@ fn two_suspended_together(rank: usize, dir: &Path, device: Device) {
         _ => comms.iter().rev().copied().collect(),
     };
     let (held, _) = cuda::live_resources();
-    super::super::suspend(&order);
+    super::super::suspension::suspend(&order);
     let (left, _) = cuda::live_resources();
     println!("rank {rank}: two suspended together: {held} device buffers before, {left} after");
     for comm in comms {
