@@ -24,7 +24,9 @@ pub fn suspending(comm: ncclComm_t) {
 /// thread may drive several ranks). A released core is set up again at its communicator's first
 /// all-reduce after, through NCCL. Only blocking communicators' (their ranks meet where NCCL's
 /// do; a nonblocking suspension returns before it is done, and a thread may go on to its other
-/// ranks' before any meets).
+/// ranks' before any meets). A rank whose agreement gives up waiting keeps its core while a peer
+/// that finished it may let its own go: the communicator is failed on that rank already
+/// (`CoreComm::failed`, its calls ncclRemoteError), as NCCL's suspension met every rank before.
 pub(super) fn suspend(comms: &[ncclComm_t]) {
     let asked: Vec<_> = (comms.iter())
         .filter_map(|&comm| match lifecycle::lookup(comm) {
