@@ -4,7 +4,7 @@
 
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock, mpsc};
+use std::sync::{Arc, Mutex, OnceLock, mpsc};
 use std::time::Duration;
 
 use super::cuda::{
@@ -222,9 +222,9 @@ pub struct CoreComm {
     captured: AtomicBool,
     graphs_scratch: OnceLock<GraphsScratch>,
     /// Streams with every SM of the GPU, for grids a green context's stream cannot hold
-    /// (`launch_resident`; outside and in a capture), made at their first use; and whether that
-    /// was said.
-    wide_streams: [OnceLock<OwnedStream>; 2],
+    /// (`launch_resident`; one for each capture open at once, and one outside them), made at
+    /// their first use; and whether that was said.
+    wide_streams: Mutex<Vec<OwnedStream>>,
     wide_said: AtomicBool,
     /// The calls the core took, counted where they are logged (call_line.rs).
     calls_logged: AtomicU64,
@@ -274,7 +274,7 @@ impl CoreComm {
             released: AtomicBool::new(false),
             captured: AtomicBool::new(false),
             graphs_scratch: OnceLock::new(),
-            wide_streams: [OnceLock::new(), OnceLock::new()],
+            wide_streams: Mutex::new(Vec::new()),
             wide_said: AtomicBool::new(false),
             calls_logged: AtomicU64::new(0),
             early_launch: parts.early_launch,
@@ -516,14 +516,21 @@ impl CoreComm {
                 self.device.ordinal
             );
         }
-        // One for calls in a capture and one for the others: a stream that joined a capture
-        // stays in it until the capture ends, and cannot wait for anything outside it.
-        let slot = &self.wide_streams[usize::from(cuda::capturing(stream))];
-        if let Some(wide) = slot.get() {
+        // One in no capture, or in this call's: a stream that joined a capture stays in it
+        // until the capture ends, and can wait for nothing outside it.
+        let capture = cuda::capture_id(stream);
+        let mut streams = self.wide_streams.lock().unwrap_or_else(|e| e.into_inner());
+        let free = (streams.iter()).find(|wide| {
+            let in_capture = cuda::capture_id(wide.stream);
+            in_capture.is_none() || in_capture == capture
+        });
+        if let Some(wide) = free {
             return Ok(Some(wide.stream));
         }
         let made = OwnedStream::create(self.device)?;
-        Ok(Some(slot.get_or_init(|| made).stream))
+        let wide = made.stream;
+        streams.push(made);
+        Ok(Some(wide))
     }
 
     /// Launches `calls` of a packet kernel (1 to MAX_FUSED, their data within its inboxes) as one

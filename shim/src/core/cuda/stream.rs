@@ -205,6 +205,25 @@ pub fn capturing(stream: Stream) -> bool {
         .is_ok_and(|c| c != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
 }
 
+/// The id of the capture `stream` is in, `None` outside one. Needs a driver of CUDA 12.3 or
+/// later (where green contexts are, the only callers).
+pub fn capture_id(stream: Stream) -> Option<u64> {
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let mut id: sys::cuuint64_t = 0;
+    let (graph, nodes, edges, count) = (
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+    );
+    // SAFETY: a stream alive for its call; writes the status and id, asks nothing else.
+    let asked = unsafe {
+        sys::cuStreamGetCaptureInfo_v3(stream, &mut status, &mut id, graph, nodes, edges, count)
+    };
+    let active = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    (asked == sys::CUresult::CUDA_SUCCESS && status == active).then_some(id)
+}
+
 /// Keeps one communicator's kernels in the order they were called, whatever the streams: NCCL
 /// orders a communicator's operations itself, and programs may rely on it (two all-reduces on
 /// two streams with no dependency between them), while two of our kernels of one communicator

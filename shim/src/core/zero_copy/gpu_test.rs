@@ -497,7 +497,7 @@ fn plain_core(rank: usize, dir: &Path, device: Device, name: &str) -> super::sup
 
 /// A stream of a green context of `sms` SMs of `device` (both leaked: the process ends soon
 /// after).
-fn green_stream(device: Device, sms: u32) -> cuda::Stream {
+fn make_green_stream(device: Device, sms: u32) -> cuda::Stream {
     use cudarc::driver::sys;
     let ok = |result: sys::CUresult| assert_eq!(result, sys::CUresult::CUDA_SUCCESS);
     let sm = sys::CUdevResourceType::CU_DEV_RESOURCE_TYPE_SM;
@@ -541,7 +541,7 @@ fn staged_on_a_green_context(rank: usize, dir: &Path) {
     let plan = policy::plan_args(policy::settings(), AllReduce, count, 7, 0, -1, &core.facts)
         .expect("planned");
     assert_eq!(plan.algorithm, Algorithm::TwoShot, "{plan:?}");
-    let green_stream = green_stream(device, 8);
+    let green_stream = make_green_stream(device, 8);
     println!("rank {rank}: a green context of 8 SMs");
     let stream = OwnedStream::create(device).unwrap();
     let (send, recv) = (
@@ -595,10 +595,44 @@ fn staged_on_a_green_context(rank: usize, dir: &Path) {
     let replayed = unsafe { sys::cuGraphLaunch(exec, green_stream) };
     assert_eq!(replayed, sys::CUresult::CUDA_SUCCESS);
     check("replayed from a graph", started);
+    // Two captures open at once, on two green streams: each takes a core stream of its own (one
+    // in a capture can join no other). Replayed one after the other.
+    let other = make_green_stream(device, 8);
+    let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL;
+    let mut execs = [std::ptr::null_mut(); 2];
+    for on in [green_stream, other] {
+        // SAFETY: a green stream of ours, not capturing yet.
+        let began = unsafe { sys::cuStreamBeginCapture_v2(on, mode) };
+        assert_eq!(began, sys::CUresult::CUDA_SUCCESS);
+        core.launch(&plan, input, output, on).unwrap();
+    }
+    let mut graphs = [std::ptr::null_mut(); 2];
+    for (k, on) in [green_stream, other].into_iter().enumerate() {
+        // SAFETY: the capture begun above on `on`; writes one graph.
+        let ended = unsafe { sys::cuStreamEndCapture(on, &mut graphs[k]) };
+        assert_eq!(ended, sys::CUresult::CUDA_SUCCESS, "capture {k}");
+    }
+    // Once no capture is open (instantiating is not allowed during a global one).
+    for (exec, graph) in execs.iter_mut().zip(graphs) {
+        // SAFETY: a graph captured above; writes one executable.
+        let made = unsafe { sys::cuGraphInstantiateWithFlags(exec, graph, 0) };
+        assert_eq!(made, sys::CUresult::CUDA_SUCCESS);
+    }
+    for (k, exec) in execs.into_iter().enumerate() {
+        stream.fill(recv.pointer, 0, bytes).unwrap();
+        let started = Instant::now();
+        // SAFETY: our instantiated graph, on the green stream (waited for in `check`).
+        let replayed = unsafe { sys::cuGraphLaunch(exec, green_stream) };
+        assert_eq!(replayed, sys::CUresult::CUDA_SUCCESS);
+        check(
+            &format!("replayed from one of two graphs captured at once ({k})"),
+            started,
+        );
+    }
     stream.fill(recv.pointer, 0, bytes).unwrap();
     let started = Instant::now();
     core.launch(&plan, input, output, green_stream).unwrap();
-    check("eager after the graph", started);
+    check("eager after the graphs", started);
 }
 
 /// Device buffers held in this process before and after `comm`'s memory is suspended
