@@ -195,6 +195,8 @@ pub fn green_context_sms(stream: super::Stream) -> Option<u32> {
         super::driver_version().is_ok_and(|v| v >= 12040)
             && has("cuStreamGetGreenCtx")
             && has("cuGreenCtxGetDevResource")
+            // What the launches on a green context's stream ask too (stream.rs, `capture_id`).
+            && has("cuStreamGetCaptureInfo_v3")
     };
     if !*SUPPORTED.get_or_init(supported) {
         return None;
