@@ -374,8 +374,8 @@ impl CoreComm {
             self.launch_resident(function, blocks, threads, stream, &mut args, whole_grid)
         };
         if let Some(zero_copy) = &self.zero_copy {
-            if let Ok(ended) = launched {
-                let marked = (!cuda::capturing(ended)).then_some(ended);
+            if let Ok((ended, captured)) = launched {
+                let marked = (!captured).then_some(ended);
                 uses.into_iter()
                     .flatten()
                     .for_each(|used| zero_copy.used(used, marked));
@@ -415,7 +415,7 @@ impl CoreComm {
 
     /// Launches `function` on `stream` with `args` as its one parameter, in the communicator's
     /// context, after the communicator's last kernel (`StreamOrder`), noting a launch into a
-    /// capture (`captured`).
+    /// capture (`captured`); whether it was one.
     ///
     /// # Safety
     /// `args` is laid out as `function`'s parameter.
@@ -426,7 +426,7 @@ impl CoreComm {
         threads: u32,
         stream: cuda::Stream,
         args: &mut LaunchArgs<C, N>,
-    ) -> Cuda<()> {
+    ) -> Cuda<bool> {
         let capturing = cuda::capturing(stream);
         if capturing {
             // A graph may hold the core from now on.
@@ -446,7 +446,7 @@ impl CoreComm {
             )
         }?;
         self.order.after_launch(stream, capturing);
-        Ok(())
+        Ok(capturing)
     }
 
     /// `launch_with`, for a grid that must be on the GPU at once where `whole_grid`: on a stream
@@ -454,7 +454,7 @@ impl CoreComm {
     /// own, which has every SM of the GPU, joined with the program's (it waits for what `stream`
     /// holds, and `stream` for it; in a capture too). Its blocks would otherwise wait for blocks
     /// that never start. Where each rank launches changes nothing of the call. Returns the
-    /// stream whose later work comes after the kernel.
+    /// stream whose later work comes after the kernel, and whether it was captured.
     ///
     /// # Safety
     /// As `launch_with`.
@@ -466,31 +466,34 @@ impl CoreComm {
         stream: cuda::Stream,
         args: &mut LaunchArgs<C, N>,
         whole_grid: bool,
-    ) -> Cuda<cuda::Stream> {
+    ) -> Cuda<(cuda::Stream, bool)> {
         let wide = match whole_grid {
             true => self.wide_stream_for(function, blocks, threads, stream)?,
             false => None,
         };
         let Some(wide) = wide else {
             // SAFETY: the caller's.
-            unsafe { self.launch_with(function, blocks, threads, stream, args) }?;
-            return Ok(stream);
+            let captured = unsafe { self.launch_with(function, blocks, threads, stream, args) }?;
+            return Ok((stream, captured));
         };
         self.order.join(wide, stream)?;
         // SAFETY: the caller's.
         let launched = unsafe { self.launch_with(function, blocks, threads, wide, args) };
         // Joined back whatever happened: a capture that `wide` joined must end joined.
-        let joined = self.order.join(stream, wide);
-        launched?;
-        match joined {
-            Ok(()) => Ok(stream),
-            // The kernel is queued (the peers count on it): a stream that cannot wait for it is
-            // said, not an error of the launch.
-            Err(e) => {
-                log_warn!("a stream could not wait for the core's kernel: {e}");
-                Ok(wide)
-            }
+        let joined = self.wait_for_kernel(stream, wide);
+        let captured = launched?;
+        Ok((if joined { stream } else { wide }, captured))
+    }
+
+    /// Makes `waiter` wait for the kernel just queued on `kernel`'s stream; whether it does. The
+    /// kernel is queued (the peers count on it): a stream that cannot wait for it is said, not
+    /// an error of the launch.
+    fn wait_for_kernel(&self, waiter: cuda::Stream, kernel: cuda::Stream) -> bool {
+        let joined = self.order.join(waiter, kernel);
+        if let Err(e) = &joined {
+            log_warn!("a stream could not wait for the core's kernel: {e}");
         }
+        joined.is_ok()
     }
 
     /// The core's own stream, where `stream` belongs to a green context whose SMs cannot hold
@@ -595,12 +598,8 @@ impl CoreComm {
             // SAFETY: `FusedArgs`, the kernel's one parameter.
             unsafe { self.launch_with(function, blocks, threads, stream, &mut args) }?;
         }
-        // The kernel is queued (the peers count on it): a stream that cannot wait for it is said,
-        // not an error of the launch.
         for &other in others.iter().flatten() {
-            if let Err(e) = self.order.join(other, stream) {
-                log_warn!("a group's stream could not wait for the core's kernel: {e}");
-            }
+            self.wait_for_kernel(other, stream);
         }
         Ok(())
     }
