@@ -1139,12 +1139,17 @@ fn two_processes(name: &str, ids: bool) -> (bool, PathBuf) {
     (passed, dir)
 }
 
+/// The test `name` in two processes, with buffer ids: both roles pass.
+fn both_pass(name: &str) {
+    let (passed, dir) = two_processes(name, true);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(passed);
+}
+
 #[test]
 #[ignore = "needs a GPU"]
 fn two_processes_share_buffers_and_never_a_stale_one() {
-    let (passed, dir) = two_processes("two_processes_share_buffers_and_never_a_stale_one", true);
-    let _ = std::fs::remove_dir_all(&dir);
-    assert!(passed);
+    both_pass("two_processes_share_buffers_and_never_a_stale_one");
 }
 
 /// The check above can fail: without buffer ids, the second allocation at the same address is
@@ -1162,17 +1167,13 @@ fn without_buffer_ids_the_stale_mapping_is_read() {
 #[test]
 #[ignore = "needs a GPU"]
 fn core_suspension_between_two_processes() {
-    let (passed, dir) = two_processes("core_suspension_between_two_processes", true);
-    let _ = std::fs::remove_dir_all(&dir);
-    assert!(passed);
+    both_pass("core_suspension_between_two_processes");
 }
 
 #[test]
 #[ignore = "needs a GPU"]
 fn core_on_a_green_context_between_two_processes() {
-    let (passed, dir) = two_processes("core_on_a_green_context_between_two_processes", true);
-    let _ = std::fs::remove_dir_all(&dir);
-    assert!(passed);
+    both_pass("core_on_a_green_context_between_two_processes");
 }
 
 #[test]
