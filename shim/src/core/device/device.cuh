@@ -15,7 +15,10 @@
 //
 // Memory layout of one rank's buffer (allocated and exchanged by the host side):
 //   flags:   [BARRIERS][MAX_BLOCKS][MAX_RANKS] u32  arrival epochs, written by the peers
-//            u32 epoch, blocks done, windows, calls    this rank's call count (see begin_call)
+//            u32 epoch, blocks done, windows, calls,   this rank's call count (see begin_call)
+//                blocks done with their data, 3 unused
+//            [MAX_RANKS] u32                         a direct call's end, written by the peers
+//                                                    (end_of_data)
 //            [MAX_RANKS] Published                   each rank's buffers of this call (direct)
 //   staging: two areas, by epoch parity, then the low-latency inboxes and the sentinel inboxes
 //            (see "staging")
@@ -28,8 +31,10 @@
 // ordered before it (every thread's stores into the peers' staging); the acquire orders our
 // later loads of our staging after the peers' stores. Epochs grow by one per call and are kept
 // in device memory by the kernel itself, so back-to-back calls and CUDA graph replays (which
-// replay the same parameters) stay in step. A peer may already have moved to the next epoch
-// when we look, so arrival is `flag - epoch >= 0` (wrap-safe). No end barrier is needed: the
+// replay the same parameters) stay in step. One meeting is not per block: a direct call's end,
+// which the last block of each rank to finish keeps for its grid (end_of_data); a call that
+// follows it on a rank starts only once that grid is done. A peer may already have moved to the
+// next epoch when we look, so arrival is `flag - epoch >= 0` (wrap-safe). No end barrier is needed: the
 // staging alternates areas by epoch parity (see "staging" for why that is enough). Every call of
 // every family meets every peer at least once (a barrier, or packets from each), which that
 // proof needs.
@@ -418,7 +423,8 @@ __device__ __forceinline__ void barrier(const Peers& peers, int rank, int nranks
 // the same epoch, and a stale packet or flag could pass for a fresh one.
 __device__ __forceinline__ u32* epoch_state(const Peers& peers, int rank) {
   // [0]: epoch, [1]: blocks done, [2]: blocks past the grid's meeting (grid_barrier), [3]: blocks past
-  // calls of a batch (between_calls)
+  // calls of a batch (between_calls), [4]: blocks done with a call's data (end_of_data); then
+  // the peers' arrivals at the end of a direct call (end_of_data)
   return peers.flags[rank] + BARRIERS * MAX_BLOCKS * MAX_RANKS;
 }
 __device__ __forceinline__ u32 begin_call(const Peers& peers, int rank) {
@@ -985,8 +991,10 @@ struct Published {
   u64 usable[2];
 };
 
+// Published's u64 pairs, after the direct calls' end slots, stay 16-aligned.
+static_assert(MAX_RANKS % 4 == 0, "MAX_RANKS keeps Published 16-aligned");
 __device__ __forceinline__ Published* published(u32* flags, int rank) {
-  return (Published*)(flags + BARRIERS * MAX_BLOCKS * MAX_RANKS + 4) + rank;
+  return (Published*)(flags + BARRIERS * MAX_BLOCKS * MAX_RANKS + 8 + MAX_RANKS) + rank;
 }
 
 // Block 0 tells every rank this call's buffers, each as that rank maps them.
@@ -1012,8 +1020,9 @@ __device__ __forceinline__ bool published_pair(const u64* address, u32 epoch, u3
 // Waits for every rank's buffers of call `epoch`, into `ins` and `outs` (shared). Whether every
 // rank's are usable: the same answer in every block of every rank, as they all read the same
 // slots. While the ranks are in step, a peer's slot for this call stays until this call is done:
-// the peer publishes the next call only after passing this call's last barrier with every block
-// of ours. A later call's in it means that a wait of the peer gave up and it ran on: out of
+// the peer publishes the next call only after passing this call's last meeting, which our last
+// block reaches once every block of ours is done (end_of_data), or our staged windows' meetings
+// with every block of ours. A later call's in it means that a wait of the peer gave up and it ran on: out of
 // step, this call gives up at once and takes the staged path (which writes only into staging),
 // where it would otherwise wait for a call the peer has left. The few threads that wait poll
 // back to back (see poll_pause).
@@ -1047,6 +1056,60 @@ __device__ __forceinline__ bool gather_published(const Peers& peers, int rank, i
   return __syncthreads_and(ready);
 }
 
+// Where peer `from` tells `rank` that it has ended a direct call (end_of_data).
+__device__ __forceinline__ u32* direct_end_slot(const Peers& peers, int rank, int from) {
+  return epoch_state(peers, rank) + 8 + from;
+}
+
+// The end of a call's data in direct_where_or_staged: no rank goes on (and reuses its buffers)
+// while a peer's blocks still read or write them, and one block of each rank waits for that.
+// Each block counts itself once what it wrote is seen system-wide (and whether it went direct,
+// in the count's upper half); the last to count, where any block went direct, meets the peers'
+// last blocks in slots of their own, and the others leave at once, giving their SMs back to
+// the work beside the call. A meeting of every block with the peers' same block kept finished
+// blocks waiting, each on an SM, for peer blocks that a matrix product on another stream kept
+// from starting, and the product waited for those SMs in turn (PyTorch overlapping its
+// collectives with compute, as DDP and FSDP do). Blocks of one rank differ in the way they went
+// only where a wait gave up: the call's direct blocks are then still met for. A peer's slot of
+// the call's buffers (Published) stays as gather_published needs: the peer's last block passes
+// this meeting only once every block of this rank has counted itself, after reading it. The
+// last block puts the count back to zero as it counts itself.
+static_assert(MAX_BLOCKS < (1 << 16), "end_of_data counts blocks in 16 bits");
+__device__ __forceinline__ void end_of_data(const Peers& peers, int rank, int nranks, u32 epoch, bool direct,
+                                            const volatile int* abort) {
+  __shared__ bool meet;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const u32 mine = 1u + (direct ? 1u << 16 : 0u);
+    // A lone block needs no count (as end_call).
+    u32 before = 0;
+    if (gridDim.x > 1) {
+      // Only a direct block's accesses to the peers' buffers need to be seen first.
+      if (direct) __threadfence_system();
+      u32* count = &epoch_state(peers, rank)[4];
+      before = atomicAdd(count, mine);
+      // The last puts the count back for the next call (after every add, at one address).
+      if ((before & 0xffffu) == gridDim.x - 1) *count = 0;
+    }
+    meet = (before & 0xffffu) == gridDim.x - 1 && (before + mine) >> 16 != 0;
+    // What the other blocks wrote, ordered before their counts, before this block's release.
+    if (meet && gridDim.x > 1) __threadfence_system();
+  }
+  __syncthreads();
+  if (!meet) return;
+  int p = threadIdx.x;
+  if (p < nranks) {
+    store_release(direct_end_slot(peers, p, rank), epoch);
+    const u32* mine = direct_end_slot(peers, rank, p);
+    unsigned spins = 0;
+    u64 since = 0;
+    while ((int)(load_acquire(mine) - epoch) < 0) {
+      if ((++spins & 1023u) == 0 && give_up(abort, since, p)) break;
+    }
+  }
+  __syncthreads();
+}
+
 // How a call whose kernel may go direct starts: its epoch, every rank's buffers of the call
 // (published and gathered, in shared memory), and whether every rank's are usable.
 struct Start {
@@ -1067,20 +1130,21 @@ __device__ __forceinline__ Start start_call(const Peers& peers, int rank, int nr
 
 // The whole of a call whose kernel may go direct: `direct(start)` where every rank's buffers are
 // usable and `may_go_direct(start)` (from what every rank published: the same answer on every
-// rank), then one meeting, so that no rank goes on (and reuses its buffers) while a peer still
-// reads or writes them; else `staged(epoch)`, which returns the last epoch it used.
+// rank), then one meeting (end_of_data), so that no rank goes on (and reuses its buffers) while
+// a peer still reads or writes them; else `staged(epoch)`, which returns the last epoch it used.
 template <typename MayGoDirect, typename Direct, typename Staged>
 __device__ __forceinline__ void direct_where_or_staged(const Peers& peers, int rank, int nranks, const Views& views,
                                                        const volatile int* abort, MayGoDirect may_go_direct,
                                                        Direct direct, Staged staged) {
   const Start start = start_call(peers, rank, nranks, views, abort);
   u32 last = start.epoch;
-  if (start.direct && may_go_direct(start)) {
+  const bool went_direct = start.direct && may_go_direct(start);
+  if (went_direct) {
     direct(start);
-    barrier(peers, rank, nranks, BARRIER_START, start.epoch, abort);
   } else {
     last = staged(start.epoch);
   }
+  end_of_data(peers, rank, nranks, start.epoch, went_direct, abort);
   end_call(peers, rank, last);
 }
 
