@@ -270,14 +270,16 @@ torch_suite() {
 # on buffers made again at the same addresses, in a CUDA graph, and through the routed path
 # with the trace timed, on a stream destroyed before the next call: 0 wrong, every routed call
 # with a GPU time; the core through ncclCommSuspend (kept while a graph may hold it, freed
-# otherwise, two communicators at once); a staged all-reduce on a green context of 8 SMs ---
+# otherwise, two communicators at once); a staged all-reduce on a green context of 8 SMs; calls
+# 2^31 epochs past their flags' slots, as after billions of small calls, right once the count
+# has passed a multiple of 2^29 (device.cuh, EPOCH_REFRESH), and no slot left 2^29 behind ---
 zero_copy_suite() {
   local dir=$out/zero-copy t=$SECONDS status=0 tests=$here/shim/bin/core-tests name
   rm -rf "$dir" && mkdir -p "$dir"
   [ -x "$tests" ] || { verdict "zero-copy (1 GPU)" 1 "no shim/bin/core-tests in the bundle"; return; }
   for name in two_processes_share_buffers_and_never_a_stale_one without_buffer_ids_the_stale_mapping_is_read \
     core_all_reduce_between_two_processes_through_zero_copy core_suspension_between_two_processes \
-    core_on_a_green_context_between_two_processes; do
+    core_on_a_green_context_between_two_processes core_epochs_far_along_between_two_processes; do
     NCCLSHIM_TIMEOUT=60 NCCL_DEBUG=INFO CUDA_VISIBLE_DEVICES=0 timeout 300 "$tests" --exact \
       "core::zero_copy::gpu_test::$name" --ignored --nocapture >"$dir/$name.log" 2>&1 || status=1
   done

@@ -228,7 +228,7 @@ pub struct CoreComm {
     wide_said: AtomicBool,
     /// The calls the core took, counted where they are logged (call_line.rs).
     calls_logged: AtomicU64,
-    early_launch: bool,
+    launch_mode: cuda::LaunchMode,
     order: StreamOrder,
 }
 
@@ -244,8 +244,8 @@ pub struct Parts {
     pub buffer: DeviceBuffer,
     pub staging: Staging,
     pub control: HostControl,
-    /// Launch with programmatic stream serialization (see device/device.cuh).
-    pub early_launch: bool,
+    /// How its kernels are launched (setup.rs).
+    pub launch_mode: cuda::LaunchMode,
     pub order: StreamOrder,
 }
 
@@ -277,7 +277,7 @@ impl CoreComm {
             wide_streams: Mutex::new(Vec::new()),
             wide_said: AtomicBool::new(false),
             calls_logged: AtomicU64::new(0),
-            early_launch: parts.early_launch,
+            launch_mode: parts.launch_mode,
             order: parts.order,
         }
     }
@@ -434,7 +434,7 @@ impl CoreComm {
         }
         self.order.before_launch(stream, capturing)?;
         let mut params: [*mut c_void; 1] = [(args as *mut LaunchArgs<C, N>).cast()];
-        // SAFETY: the caller's; cuLaunchKernel copies the parameter.
+        // SAFETY: the caller's; the launch copies the parameter.
         unsafe {
             cuda::launch(
                 function,
@@ -442,7 +442,7 @@ impl CoreComm {
                 threads,
                 stream,
                 &mut params,
-                self.early_launch,
+                self.launch_mode,
             )
         }?;
         self.order.after_launch(stream, capturing);

@@ -4,10 +4,16 @@
 //! divides nothing itself.
 
 use super::fnv::Fnv;
-use super::limits::{LL_MAX_BYTES, MAX_RANKS, SENTINEL_MAX_BYTES};
+use super::limits::{BARRIERS, LL_MAX_BYTES, MAX_BLOCKS, MAX_RANKS, SENTINEL_MAX_BYTES};
 
 /// Bytes at the start of each rank's buffer for the flags (see device/device.cuh), rounded up.
 pub const FLAGS_BYTES: usize = 64 << 10;
+/// Where the epoch state starts in a rank's buffer, after the meetings' slots (`epoch_state` in
+/// device/device.cuh): its first word is the count of the rank's calls.
+pub const EPOCH_STATE_OFFSET: usize = BARRIERS * MAX_BLOCKS as usize * MAX_RANKS * 4;
+// The epoch state (8 words, then the direct calls' end slots, one per rank) and each rank's
+// Published (48 bytes) fit in the flags.
+const _: () = assert!(EPOCH_STATE_OFFSET + (8 + MAX_RANKS) * 4 + MAX_RANKS * 48 <= FLAGS_BYTES);
 /// Largest all-reduce the staging buffers take in one go (two-shot goes through them in windows
 /// of this size).
 pub const STAGING_HALF_BYTES: usize = 16 << 20;

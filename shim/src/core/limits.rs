@@ -8,6 +8,10 @@ pub const MAX_THREADS: u32 = 512;
 /// kernel has none, see policy::SENTINEL_BLOCKS).
 pub const MAX_BLOCKS: u32 = 256;
 pub const MAX_RANKS: usize = 8;
+/// Meetings of one block with the peers' same block that a call may have (a staged two-shot's
+/// start and middle): with MAX_BLOCKS and MAX_RANKS, sizes the flags' slots, which the epoch
+/// state follows (layout::EPOCH_STATE_OFFSET).
+pub const BARRIERS: usize = 2;
 /// Largest low-latency all-reduce a setting may ask for: sizes the inboxes, which the packets of
 /// the other collectives share out among fewer senders in larger slots (`ll_capacity`: 1 MiB a
 /// pair on 2 ranks).

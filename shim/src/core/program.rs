@@ -11,7 +11,8 @@ use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
 
 use super::fnv::Fnv;
 use super::limits::{
-    LL_MAX_BYTES, MAX_BATCH, MAX_BLOCKS, MAX_FUSED, MAX_RANKS, MAX_THREADS, SENTINEL_MAX_BYTES,
+    BARRIERS, LL_MAX_BYTES, MAX_BATCH, MAX_BLOCKS, MAX_FUSED, MAX_RANKS, MAX_THREADS,
+    SENTINEL_MAX_BYTES,
 };
 use super::types::{Algorithm, DataType, Op};
 
@@ -66,6 +67,7 @@ pub fn options(dtype: DataType, arch: Arch) -> Vec<String> {
         format!("-DMAX_THREADS={MAX_THREADS}"),
         format!("-DMAX_RANKS={MAX_RANKS}"),
         format!("-DMAX_BLOCKS={MAX_BLOCKS}"),
+        format!("-DBARRIERS={BARRIERS}"),
         format!("-DMAX_BATCH={MAX_BATCH}"),
         format!("-DMAX_FUSED={MAX_FUSED}"),
         format!("-DLL_MAX_BYTES={LL_MAX_BYTES}"),

@@ -19,7 +19,7 @@ __device__ void one_shot(const Peers& peers, int rank, int nranks, const T* in, 
   push_range(in, count, 0, count, dst, nranks);
   barrier(peers, rank, nranks, BARRIER_START, epoch, abort);
   reduce_range<T, OP>(src, nranks, count, 0, count, out, (char* const*)0, 0);
-  end_call(peers, rank, epoch);
+  end_call(peers, rank, epoch, epoch);
 }
 
 // Two-shot: every rank pushes each chunk of its input into a slot of the chunk's owner; they
@@ -82,7 +82,7 @@ __device__ void two_shot(const Peers& peers, int rank, int nranks, const T* in, 
                          const Staging& staging, const volatile int* abort, const Views&, int) {
   u32 epoch = begin_call(peers, rank);
   u32 last = two_shot_windows<T, OP>(peers, rank, nranks, in, out, count, staging, abort, epoch);
-  end_call(peers, rank, last);
+  end_call(peers, rank, epoch, last);
 }
 
 // Direct (every rank in one process, or each rank's buffers mapped by every peer: zero_copy/):
@@ -161,7 +161,7 @@ __device__ void ll_one_shot_of(const FusedArgs& args) {
     ll_reduce_unit<T, OP, NR>(args.peers, rank, nranks, inbox, epoch, args.abort, u, mine, (T*)c.out, c.count,
                               piece.unit);
   }
-  end_call(args.peers, rank, epoch);
+  end_call(args.peers, rank, epoch, epoch);
 }
 
 template <typename T, int OP>
@@ -336,7 +336,7 @@ __device__ void sentinel_of(const FusedArgs& args) {
       }
     }
   }
-  end_call(args.peers, rank, epoch);
+  end_call(args.peers, rank, epoch, epoch);
 }
 
 template <typename T, int OP, int NR>

@@ -34,7 +34,8 @@
 // replay the same parameters) stay in step. One meeting is not per block: a direct call's end,
 // which the last block of each rank to finish keeps for its grid (end_of_data); a call that
 // follows it on a rank starts only once that grid is done. A peer may already have moved to the
-// next epoch when we look, so arrival is `flag - epoch >= 0` (wrap-safe). No end barrier is needed: the
+// next epoch when we look, so arrival is `flag - epoch >= 0` (wrap-safe while no slot falls 2^31
+// epochs behind, which refresh_epochs sees to). No end barrier is needed: the
 // staging alternates areas by epoch parity (see "staging" for why that is enough). Every call of
 // every family meets every peer at least once (a barrier, or packets from each), which that
 // proof needs.
@@ -43,12 +44,12 @@
 // once, by one rank, and copied.
 
 // MAX_THREADS, MAX_RANKS, MAX_BLOCKS, MAX_BATCH, MAX_FUSED, LL_MAX_BYTES and SENTINEL_MAX_BYTES come from
-// the host (program::options), from limits.rs.
+// the host (program::options), from limits.rs (BARRIERS: the meetings of a block with the peers'
+// same block that a call may have; layout.rs places the epoch state after their slots).
 #if !defined(MAX_THREADS) || !defined(MAX_RANKS) || !defined(MAX_BLOCKS) || !defined(MAX_BATCH) || \
-    !defined(MAX_FUSED) || !defined(LL_MAX_BYTES) || !defined(SENTINEL_MAX_BYTES)
-#error "compile with -DMAX_THREADS, -DMAX_RANKS, -DMAX_BLOCKS, -DMAX_BATCH, -DMAX_FUSED, -DLL_MAX_BYTES and -DSENTINEL_MAX_BYTES"
+    !defined(MAX_FUSED) || !defined(LL_MAX_BYTES) || !defined(SENTINEL_MAX_BYTES) || !defined(BARRIERS)
+#error "compile with -DMAX_THREADS, -DMAX_RANKS, -DMAX_BLOCKS, -DMAX_BATCH, -DMAX_FUSED, -DLL_MAX_BYTES, -DSENTINEL_MAX_BYTES and -DBARRIERS"
 #endif
-#define BARRIERS 2
 #define BARRIER_START 0
 #define BARRIER_MIDDLE 1
 
@@ -431,13 +432,41 @@ __device__ __forceinline__ u32 begin_call(const Peers& peers, int rank) {
   __shared__ u32 epoch;
   if (threadIdx.x == 0) {
     epoch = *(volatile u32*)epoch_state(peers, rank) + 1;
+    // Never 0, which zeroed flags and inboxes hold from the set-up on, nor 1 after it, so that
+    // parities still alternate: every 2^32 calls.
+    if (epoch == 0) epoch = 2;
     reset_block_watch();
   }
   __syncthreads();
   return epoch;
 }
-// `epoch`: the last this call used (a call in windows uses one per window, see two_shot).
-__device__ __forceinline__ void end_call(const Peers& peers, int rank, u32 epoch) {
+
+// Epochs are compared wrap-safe (`(int)(flag - epoch) < 0`: not yet), which holds while no slot
+// is 2^31 or more epochs behind the count. A slot that only large grids' blocks use, or only
+// direct calls, may go untouched that long where every other call is small: a server making
+// billions of small all-reduces, then a large one, whose barrier would read its slots as
+// ahead and pass before the peers came (and whose direct start would take a peer for one on a
+// later call). So each time the count passes a multiple of EPOCH_REFRESH, the last block of
+// the call moves every slot of this rank's flags that is EPOCH_REFRESH or more behind (or more
+// than that ahead: no slot in step is) up to the call's last epoch, which no later call takes
+// for its own: between two such calls no slot falls much more than 2 * EPOCH_REFRESH behind (a
+// call's windows past it; 3 * EPOCH_REFRESH across the count's wrap, where begin_call's skip
+// passes no multiple). A peer's write that comes between a slot's load and its swap stays
+// (the swap fails; system scope, as the peers' stores). Once in 2^29 calls: one thread's few
+// thousand loads.
+#define EPOCH_REFRESH (1u << 29)
+__device__ __forceinline__ bool stale_epoch(u32 flag, u32 epoch) {
+  // epoch - flag in [EPOCH_REFRESH, 2^32 - EPOCH_REFRESH), as unsigned arithmetic.
+  return epoch - flag - EPOCH_REFRESH <= ~0u - 2 * EPOCH_REFRESH;
+}
+__device__ __forceinline__ bool passes_refresh(u32 before, u32 after) {
+  return before / EPOCH_REFRESH != after / EPOCH_REFRESH;
+}
+__device__ __noinline__ void refresh_epochs(u32* flags, u32 epoch);  // after Published, below
+
+// `first` and `last`: the epochs this call used (a call in windows uses one per window, see
+// two_shot).
+__device__ __forceinline__ void end_call(const Peers& peers, int rank, u32 first, u32 last) {
   if (threadIdx.x != 0) return;
   u32* state = epoch_state(peers, rank);
   // Every block read the epoch before counting itself done, so the last one may move it on. A
@@ -445,7 +474,8 @@ __device__ __forceinline__ void end_call(const Peers& peers, int rank, u32 epoch
   if (gridDim.x == 1 || atomicAdd(&state[1], 1u) == gridDim.x - 1) {
     state[1] = 0;
     state[2] = 0;
-    state[0] = epoch;
+    state[0] = last;
+    if (passes_refresh(first - 1, last)) refresh_epochs(peers.flags[rank], last);
   }
 }
 
@@ -997,6 +1027,34 @@ __device__ __forceinline__ Published* published(u32* flags, int rank) {
   return (Published*)(flags + BARRIERS * MAX_BLOCKS * MAX_RANKS + 8 + MAX_RANKS) + rank;
 }
 
+// The rank's flags as end_call's refresh finds them (see EPOCH_REFRESH).
+__device__ __noinline__ void refresh_epochs(u32* flags, u32 epoch) {
+  // The per-block meetings' slots and the direct calls' end slots, in runs of loads.
+  const int BATCH = 32;
+  const int SLOTS = BARRIERS * MAX_BLOCKS * MAX_RANKS;
+  static_assert(SLOTS % BATCH == 0, "whole runs");
+  for (int i = 0; i < SLOTS; i += BATCH) {
+    u32 seen[BATCH];
+#pragma unroll
+    for (int k = 0; k < BATCH; k++) seen[k] = ((volatile u32*)flags)[i + k];
+#pragma unroll
+    for (int k = 0; k < BATCH; k++)
+      if (stale_epoch(seen[k], epoch)) atomicCAS_system(&flags[i + k], seen[k], epoch);
+  }
+  u32* ends = flags + SLOTS + 8;  // direct_end_slot's
+  for (int k = 0; k < MAX_RANKS; k++) {
+    u32 seen = ((volatile u32*)ends)[k];
+    if (stale_epoch(seen, epoch)) atomicCAS_system(&ends[k], seen, epoch);
+  }
+  // Each rank's Published: packet pairs, a flag in each 8-byte half's upper word.
+  u64* pairs = (u64*)published(flags, 0);
+  for (int k = 0; k < MAX_RANKS * (int)(sizeof(Published) / sizeof(u64)); k++) {
+    u64 seen = ((volatile u64*)pairs)[k];
+    if (stale_epoch((u32)(seen >> 32), epoch))
+      atomicCAS_system(&pairs[k], seen, (seen & 0xffffffffull) | (u64)epoch << 32);
+  }
+}
+
 // Block 0 tells every rank this call's buffers, each as that rank maps them.
 __device__ __forceinline__ void publish(const Peers& peers, int rank, int nranks, const Views& views, u32 epoch) {
   int p = threadIdx.x;
@@ -1145,7 +1203,7 @@ __device__ __forceinline__ void direct_where_or_staged(const Peers& peers, int r
     last = staged(start.epoch);
   }
   end_of_data(peers, rank, nranks, start.epoch, went_direct, abort);
-  end_call(peers, rank, last);
+  end_call(peers, rank, start.epoch, last);
 }
 
 // direct_where_or_staged, direct wherever every rank's buffers are usable.
@@ -1300,13 +1358,35 @@ __device__ __forceinline__ u64 chunk_slot(u64 count, u64 size) { return (count *
 // (cuda::launch): a kernel may then be scheduled while the one before it on the stream still
 // runs, which hides part of the launch latency between back-to-back calls. `griddepcontrol.wait`
 // holds every thread until the previous kernel has completed and its memory is visible, so
-// nothing of ours (the epoch read included) runs earlier than without it. Our own dependents may
-// be scheduled at once: they wait in the same way. Without the attribute both do nothing.
-// Before sm_90 there is no such launch (the host never asks for it there, setup.rs).
+// nothing of ours (the epoch read included) runs earlier than without it. Without the attribute
+// it does nothing. Before sm_90 there is no such launch (the host never asks for it there,
+// setup.rs).
 __device__ __forceinline__ void after_previous_kernel() {
 #if __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Lets the kernel after this one on the stream be scheduled now (where the host launched it
+// early), rather than as this one's blocks exit: its blocks then hold SMs, waiting in
+// after_previous_kernel, until this one completes. Small launches let it at once, which hides
+// its launch; larger ones do not, so that no block of the next kernel holds an SM for the whole
+// of a long call while work beside it (a matrix product on another stream, as PyTorch overlaps
+// its collectives with compute) waits for SMs.
+__device__ __forceinline__ void let_next_kernel_start() {
+#if __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+}
+
+// Whether a launch of KERNEL_OF's kernels is small enough for let_next_kernel_start at its
+// start: its calls' elements, times the ranks (a count is one rank's chunk for some
+// collectives), at most EARLY_NEXT_MAX_BYTES (all-reduces of up to 1 MiB on 2 ranks).
+#define EARLY_NEXT_MAX_BYTES (2ull << 20)
+template <typename T>
+__device__ __forceinline__ bool small_launch(const Args& args) {
+  u64 count = 0;
+  for (int k = 0; k < args.ncalls; k++) count += args.calls[k].count;
+  return count * sizeof(T) * args.nranks <= EARLY_NEXT_MAX_BYTES;
 }
 

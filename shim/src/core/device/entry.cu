@@ -46,10 +46,12 @@ FOR_EACH_MOVE(MOVE_ALGORITHMS, , )
 #define SENTINEL_KERNELS(NAME, T) FOR_EACH_OP(SENTINEL_KERNEL, NAME, T)
 #define SENTINEL_KERNEL(NAME, T, OPNAME, OP) FUSED_KERNEL_OF(sentinel, ncclshim_sentinel_##NAME##_##OPNAME, T, OP)
 
-// Runs the launch's calls one after the other (see "batches").
+// Runs the launch's calls one after the other (see "batches"). The next kernel is scheduled
+// early only after a small launch (let_next_kernel_start).
 #define KERNEL_OF(ALGORITHM, SYMBOL, T, OP)                                                           \
   extern "C" __global__ void __launch_bounds__(MAX_THREADS) SYMBOL(const __grid_constant__ Args args) { \
     after_previous_kernel();                                                                          \
+    if (small_launch<T>(args)) let_next_kernel_start();                                               \
     for (int k = 0; k < args.ncalls; k++) {                                                           \
       if (k > 0) between_calls(args.peers, args.rank, k, args.abort);                                 \
       const Call& c = args.calls[k];                                                                  \
@@ -70,6 +72,7 @@ FOR_EACH_MOVE(MOVE_ALGORITHMS, , )
   __device__ __noinline__ void SYMBOL##_calls(const PacketArgs& args) { ALGORITHM##_fused<T, OP>(args); } \
   extern "C" __global__ void __launch_bounds__(MAX_THREADS, 1) SYMBOL(const __grid_constant__ PacketArgs args) { \
     after_previous_kernel();                                                                          \
+    let_next_kernel_start();                                                                          \
     if (args.ncalls != 1) return SYMBOL##_calls(args);                                                \
     const PacketCall& c = args.calls[0];                                                              \
     ALGORITHM<T, OP>(args.peers, args.rank, args.nranks, (const T*)c.in, (T*)c.out, c.count,          \
@@ -80,6 +83,7 @@ FOR_EACH_MOVE(MOVE_ALGORITHMS, , )
 #define FUSED_KERNEL_OF(ALGORITHM, SYMBOL, T, OP)                                                     \
   extern "C" __global__ void __launch_bounds__(MAX_THREADS) SYMBOL(const __grid_constant__ FusedArgs args) { \
     after_previous_kernel();                                                                          \
+    let_next_kernel_start();                                                                          \
     ALGORITHM<T, OP>(args);                                                                           \
   }
 

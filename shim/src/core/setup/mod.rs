@@ -413,7 +413,8 @@ pub(super) fn own_parts(device: Device) -> Result<Parts, String> {
         DeviceBuffer::alloc(device, FLAGS_BYTES + staging.bytes()).map_err(|e| e.to_string())?;
     let rest = |buffer: DevicePtr| -> Cuda<(HostControl, StreamOrder)> {
         let stream = OwnedStream::create(device)?;
-        // Flags, epochs and the low-latency inboxes start at zero: no epoch is zero.
+        // Flags, epochs and the low-latency inboxes start at zero: no call's epoch is zero
+        // (begin_call in device/device.cuh).
         stream.fill(buffer, 0, FLAGS_BYTES)?;
         stream.fill(buffer + inbox, 0, INBOX_BYTES)?;
         // The sentinel inboxes start empty: every byte 0xff (device/all_reduce.cu, "Sentinel").
@@ -428,7 +429,12 @@ pub(super) fn own_parts(device: Device) -> Result<Parts, String> {
         buffer,
         staging,
         control,
-        early_launch: early_launch(major),
+        launch_mode: launch_mode(
+            major,
+            cuda::driver_version().unwrap_or(0),
+            policy::settings().early_launch,
+            nccl_mem_sync_domain(),
+        ),
         order,
     })
 }
@@ -448,13 +454,24 @@ pub(super) fn p2p_forbidden(get: impl Fn(&str) -> Option<String>) -> Option<Stri
     None
 }
 
-/// Whether kernels are launched early (programmatic stream serialization, see device/device.cuh):
-/// on sm_90 and later (whose kernels wait for it), from CUDA 12.3 on, which also keeps it in CUDA
-/// graphs, unless the settings turn it off.
-fn early_launch(major: i32) -> bool {
-    major >= 9
-        && policy::settings().early_launch
-        && cuda::driver_version().is_ok_and(|v| v >= 12030)
+/// How the kernels are launched on a GPU of compute capability `major` under CUDA `driver`
+/// (cuda::LaunchMode): early (programmatic stream serialization, see device/device.cuh) on sm_90
+/// and later, whose kernels wait for it, from CUDA 12.3 on, which also keeps it in CUDA graphs,
+/// unless the settings turn it off (`early`); in the remote memory synchronization domain on
+/// sm_90 and later from CUDA 12.0 on, as NCCL launches its own, unless `NCCL_MEM_SYNC_DOMAIN`
+/// puts NCCL's in the default one (0).
+fn launch_mode(major: i32, driver: i32, early: bool, nccl_domain: Option<i64>) -> cuda::LaunchMode {
+    cuda::LaunchMode {
+        early: major >= 9 && early && driver >= 12030,
+        remote_domain: major >= 9 && driver >= 12000 && nccl_domain != Some(0),
+    }
+}
+
+/// `NCCL_MEM_SYNC_DOMAIN`, cached as NCCL caches it.
+fn nccl_mem_sync_domain() -> Option<i64> {
+    const NAME: &str = "NCCL_MEM_SYNC_DOMAIN";
+    static READ: OnceLock<Option<i64>> = OnceLock::new();
+    crate::nccl_env::as_nccl_caches(&READ, &[NAME], || crate::nccl_env::integer(NAME))
 }
 
 /// What this rank tells the others of the candidate, with which communicator it is of.
@@ -667,6 +684,22 @@ fn finish(
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn kernels_launch_early_and_in_the_remote_domain_from_sm_90_unless_told_otherwise() {
+        use super::cuda::LaunchMode;
+        let mode = |early, remote_domain| LaunchMode {
+            early,
+            remote_domain,
+        };
+        assert_eq!(launch_mode(9, 13000, true, None), mode(true, true));
+        assert_eq!(launch_mode(10, 12030, true, Some(1)), mode(true, true));
+        assert_eq!(launch_mode(9, 13000, true, Some(0)), mode(true, false));
+        assert_eq!(launch_mode(9, 13000, false, None), mode(false, true));
+        assert_eq!(launch_mode(9, 12020, true, None), mode(false, true));
+        assert_eq!(launch_mode(9, 11080, true, None), LaunchMode::PLAIN);
+        assert_eq!(launch_mode(8, 13000, true, None), LaunchMode::PLAIN);
+    }
     use super::*;
     use crate::core::types::Collective;
 

@@ -145,7 +145,17 @@ impl Busy {
         let mut flag = control.device;
         let mut params: [*mut std::ffi::c_void; 1] = [(&raw mut flag).cast()];
         // SAFETY: the kernel's one parameter, a pointer to mapped pinned memory.
-        unsafe { cuda::launch(function, 1, 1, stream.stream, &mut params, false) }.unwrap();
+        unsafe {
+            cuda::launch(
+                function,
+                1,
+                1,
+                stream.stream,
+                &mut params,
+                cuda::LaunchMode::PLAIN,
+            )
+        }
+        .unwrap();
         Busy { control, stream }
     }
 }
@@ -296,16 +306,84 @@ fn first_call(member: &ZeroCopy, pointer: u64, what: &str) -> super::Addresses {
     addresses
 }
 
-/// The core's direct all-reduce between two processes on one GPU (their kernels take turns on
-/// it, so slowly): each rank's core set up by hand (no NCCL, which takes one GPU per rank), user
-/// buffers reached through zero-copy. u8 sums of every size band the direct kernel takes, in
-/// and out of place, misaligned (the staged path), on buffers made again between rounds; in CUDA
-/// graphs; the other collectives; batches; through the routed path, traced, and on a stream the
-/// program destroys before its next call, on another stream.
-fn core_role(rank: usize, dir: &Path, processes: Vec<u64>) {
+/// An all-reduce (sum) of `bytes` bytes on two ranks, each rank's input all one byte that
+/// `round` moves on, at `offset` from 16-aligned buffers made for it (so that zero-copy offers
+/// them anew): in place or not.
+struct ByteSum {
+    bytes: usize,
+    offset: usize,
+    inplace: bool,
+    round: u8,
+}
+
+impl ByteSum {
+    fn plan(&self, facts: &super::super::policy::CommFacts) -> super::super::policy::Plan {
+        use super::super::policy;
+        policy::plan_args(policy::settings(), AllReduce, self.bytes, 1, 0, -1, facts).unwrap()
+    }
+
+    /// Runs it on `core` and returns how many bytes came out wrong.
+    fn run(
+        &self,
+        core: &super::super::comm::CoreComm,
+        device: Device,
+        stream: &OwnedStream,
+        rank: usize,
+        facts: &super::super::policy::CommFacts,
+    ) -> usize {
+        let Self {
+            bytes,
+            offset,
+            inplace,
+            round,
+        } = *self;
+        let send = DeviceBuffer::alloc(device, bytes + 64).unwrap();
+        let recv = DeviceBuffer::alloc(device, bytes + 64).unwrap();
+        let mine = 0x11 * (rank as u8 + 1) + round;
+        stream.fill(send.pointer, mine, bytes + 64).unwrap();
+        stream
+            .fill(recv.pointer, if inplace { mine } else { 0 }, bytes + 64)
+            .unwrap();
+        let input = if inplace { recv.pointer } else { send.pointer } + offset as u64;
+        let output = recv.pointer + offset as u64;
+        let plan = self.plan(facts);
+        core.launch(
+            &plan,
+            input as *const std::ffi::c_void,
+            output as *mut std::ffi::c_void,
+            stream.stream,
+        )
+        .unwrap();
+        stream.synchronize().unwrap();
+        let mut got = vec![0u8; bytes];
+        cuda::copy_to_host(&mut got, output).unwrap();
+        let want = 0x11u8.wrapping_add(0x22).wrapping_add(2 * round);
+        let bad = got.iter().filter(|&&b| b != want).count();
+        println!(
+            "rank {rank} round {round}: {bytes} B at +{offset}{} ({:?}): {bad} wrong",
+            if inplace { " in place" } else { "" },
+            plan.algorithm
+        );
+        // Freed here: the next buffers are likely to come back at the same addresses.
+        bad
+    }
+}
+
+/// A core of two ranks (one per process) whose direct calls go through zero-copy, on GPU 0,
+/// and what it was made with: its facts, this rank's buffer and its zero-copy member.
+fn zero_copy_core(
+    rank: usize,
+    dir: &Path,
+    processes: Vec<u64>,
+) -> (
+    super::super::comm::CoreComm,
+    super::super::policy::CommFacts,
+    cuda::DevicePtr,
+    std::sync::Arc<ZeroCopy>,
+    Device,
+) {
     use super::super::comm::{CoreComm, Reach};
-    use super::super::policy::{self, CommFacts};
-    use super::super::types::Algorithm;
+    use super::super::policy::CommFacts;
     cuda::init().unwrap();
     let device = Device::open(0).unwrap();
     device.make_current().unwrap();
@@ -324,6 +402,7 @@ fn core_role(rank: usize, dir: &Path, processes: Vec<u64>) {
         max_blocks: u32::MAX,
         copy_engines: false,
     };
+    let own = bases[rank];
     let core = CoreComm::new(
         rank,
         true,
@@ -336,6 +415,18 @@ fn core_role(rank: usize, dir: &Path, processes: Vec<u64>) {
             zero_copy: Some(zero_copy.clone()),
         },
     );
+    (core, facts, own, zero_copy, device)
+}
+
+/// The core's direct all-reduce between two processes on one GPU (their kernels take turns on
+/// it, so slowly): each rank's core set up by hand (no NCCL, which takes one GPU per rank), user
+/// buffers reached through zero-copy. u8 sums of every size band the direct kernel takes, in
+/// and out of place, misaligned (the staged path), on buffers made again between rounds; in CUDA
+/// graphs; the other collectives; batches; through the routed path, traced, and on a stream the
+/// program destroys before its next call, on another stream.
+fn core_role(rank: usize, dir: &Path, processes: Vec<u64>) {
+    use super::super::types::Algorithm;
+    let (core, facts, _, zero_copy, device) = zero_copy_core(rank, dir, processes);
     let stream = OwnedStream::create(device).unwrap();
     let mut wrong = 0usize;
     for round in 0..3u8 {
@@ -346,36 +437,14 @@ fn core_role(rank: usize, dir: &Path, processes: Vec<u64>) {
             (8 << 20, 0, false),
             (4 << 20, 1, false),
         ] {
-            let plan =
-                policy::plan_args(policy::settings(), AllReduce, bytes, 1, 0, -1, &facts).unwrap();
-            assert_eq!(plan.algorithm, Algorithm::Direct);
-            let send = DeviceBuffer::alloc(device, bytes + 64).unwrap();
-            let recv = DeviceBuffer::alloc(device, bytes + 64).unwrap();
-            let mine = 0x11 * (rank as u8 + 1) + round;
-            stream.fill(send.pointer, mine, bytes + 64).unwrap();
-            stream
-                .fill(recv.pointer, if inplace { mine } else { 0 }, bytes + 64)
-                .unwrap();
-            let input = if inplace { recv.pointer } else { send.pointer } + offset as u64;
-            let output = recv.pointer + offset as u64;
-            core.launch(
-                &plan,
-                input as *const std::ffi::c_void,
-                output as *mut std::ffi::c_void,
-                stream.stream,
-            )
-            .unwrap();
-            stream.synchronize().unwrap();
-            let mut got = vec![0u8; bytes];
-            cuda::copy_to_host(&mut got, output).unwrap();
-            let want = 0x11u8.wrapping_add(0x22).wrapping_add(2 * round);
-            let bad = got.iter().filter(|&&b| b != want).count();
-            println!(
-                "rank {rank} round {round}: {bytes} B at +{offset}{}: {bad} wrong",
-                if inplace { " in place" } else { "" }
-            );
-            wrong += bad;
-            // Freed here: the next buffers are likely to come back at the same addresses.
+            let call = ByteSum {
+                bytes,
+                offset,
+                inplace,
+                round,
+            };
+            assert_eq!(call.plan(&facts).algorithm, Algorithm::Direct);
+            wrong += call.run(&core, device, &stream, rank, &facts);
         }
     }
     wrong += graph_replays(&core, device, &stream, rank, &facts);
@@ -442,6 +511,94 @@ fn core_role(rank: usize, dir: &Path, processes: Vec<u64>) {
     drop(super::super::lifecycle::forget(comm));
     drop(zero_copy);
     assert_eq!(wrong, 0);
+}
+
+/// A communicator far along: every slot of the flags that its calls of large grids wrote, then
+/// left 2^31 and more calls behind the ranks' count (as billions of small calls would), must
+/// still read as behind once the count has passed a multiple of 2^29 (device.cuh,
+/// EPOCH_REFRESH). Read as ahead, a staged call's barriers pass before the peer comes and a
+/// direct call takes its peer for one on a later call and gives up.
+fn epochs_far_along_role(rank: usize, dir: &Path, processes: Vec<u64>) {
+    use super::super::layout::EPOCH_STATE_OFFSET;
+    use super::super::types::Algorithm;
+    let (core, facts, own, zero_copy, device) = zero_copy_core(rank, dir, processes);
+    let stream = OwnedStream::create(device).unwrap();
+    let sum = |bytes: usize, offset: usize, round: u8| ByteSum {
+        bytes,
+        offset,
+        inplace: false,
+        round,
+    };
+    let run_all = |calls: &[ByteSum]| -> usize {
+        (calls.iter())
+            .map(|call| call.run(&core, device, &stream, rank, &facts))
+            .sum()
+    };
+    // Both ranks idle, each moves its count to `count`.
+    let move_count = |count: u32, step: &str| {
+        post(dir, &format!("idle-{step}{rank}"), "yes");
+        await_file(dir, &format!("idle-{step}{}", 1 - rank));
+        stream
+            .copy_to_device(own + EPOCH_STATE_OFFSET as u64, &count.to_ne_bytes())
+            .unwrap();
+        post(dir, &format!("moved-{step}{rank}"), "yes");
+        await_file(dir, &format!("moved-{step}{}", 1 - rank));
+    };
+    // Direct (Published and the end slots), staged (misaligned: every block's barrier slots).
+    let large = [sum(4 << 20, 0, 0), sum(4 << 20, 1, 1)];
+    assert_eq!(large[0].plan(&facts).algorithm, Algorithm::Direct);
+    let mut wrong = run_all(&large);
+    // 2^31 and more past the epochs in the slots; small calls (packets: no slot of the flags)
+    // take the count past 5 * 2^29.
+    move_count((5 << 29) - 1, "far");
+    let small = [sum(8 << 10, 0, 2), sum(8 << 10, 0, 3)];
+    assert_eq!(small[0].plan(&facts).algorithm, Algorithm::LowLatency);
+    wrong += run_all(&small);
+    wrong += run_all(&[sum(4 << 20, 0, 4), sum(4 << 20, 1, 5), sum(8 << 20, 0, 6)]);
+    let far = flags_behind(&stream, own);
+    // A staged call in two windows (misaligned, larger than the staging's window), whose
+    // second window's epoch passes 6 * 2^29: the slots the first refresh moved and no call
+    // wrote since (the barriers of ranks and blocks it has not), 2^29 behind by then, move too.
+    move_count((6 << 29) - 1, "windows");
+    wrong += run_all(&[sum(24 << 20, 1, 7)]);
+    let windows = flags_behind(&stream, own);
+    println!(
+        "rank {rank}: most behind after passing 5 * 2^29 {far:?}, after the windows {windows:?}; a wait gave up: {}",
+        core.failed(std::ptr::null_mut())
+    );
+    assert!(!core.failed(std::ptr::null_mut()), "no wait gave up");
+    assert!(far.0 > 5 << 29 && windows.0 > 6 << 29, "the count went on");
+    assert!(
+        far.1 < 1 << 29 && windows.1 < 1 << 29,
+        "no slot 2^29 behind"
+    );
+    drop(core);
+    drop(zero_copy);
+    assert_eq!(wrong, 0);
+}
+
+/// This rank's count, and how far behind it the slot of its flags furthest behind is (the
+/// meetings', the direct calls' ends and the Published pairs', device.cuh): a slot at most a few
+/// calls ahead counts as 0.
+fn flags_behind(stream: &OwnedStream, own: cuda::DevicePtr) -> (u32, u32) {
+    use super::super::layout::EPOCH_STATE_OFFSET;
+    use super::super::limits::MAX_RANKS;
+    let words = EPOCH_STATE_OFFSET / 4 + 8 + MAX_RANKS + MAX_RANKS * 12;
+    let mut bytes = vec![0u8; words * 4];
+    stream.copy_to_host(&mut bytes, own).unwrap();
+    let word = |i: usize| u32::from_ne_bytes(bytes[4 * i..4 * i + 4].try_into().unwrap());
+    let state = EPOCH_STATE_OFFSET / 4;
+    let count = word(state);
+    let meetings = 0..state;
+    let ends = state + 8..state + 8 + MAX_RANKS;
+    // Each Published: six 8-byte halves, their flags in the upper words.
+    let published = (state + 8 + MAX_RANKS..words).filter(|i| i % 2 == 1);
+    let behind = (meetings.chain(ends).chain(published))
+        .map(|i| count.wrapping_sub(word(i)))
+        .filter(|&d| d < u32::MAX - 64)
+        .max()
+        .unwrap_or(0);
+    (count, behind)
 }
 
 /// This rank's own core parts, and every rank's buffer as this rank maps it (the peer's through
@@ -1095,6 +1252,9 @@ fn two_processes(name: &str, ids: bool) -> (bool, PathBuf) {
                 core_role(rank, &dir, processes)
             }
             "core_suspension_between_two_processes" => suspension_role(rank, &dir),
+            "core_epochs_far_along_between_two_processes" => {
+                epochs_far_along_role(rank, &dir, processes)
+            }
             "core_on_a_green_context_between_two_processes" => {
                 staged_on_a_green_context(rank, &dir)
             }
@@ -1168,6 +1328,12 @@ fn without_buffer_ids_the_stale_mapping_is_read() {
 #[ignore = "needs a GPU"]
 fn core_suspension_between_two_processes() {
     both_pass("core_suspension_between_two_processes");
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn core_epochs_far_along_between_two_processes() {
+    both_pass("core_epochs_far_along_between_two_processes");
 }
 
 #[test]
