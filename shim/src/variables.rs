@@ -120,13 +120,13 @@ pub const TUNE: &[Variable] = &[
     ),
     row(
         "two_shot_blocks",
-        "by ranks",
-        "most blocks of a two-shot grid (128; 64 on 3–4 ranks; 1 to 256, never more than every GPU holds at once)",
+        "by ranks and size",
+        "most blocks of a two-shot grid and of the other collectives' larger kernels (128; 64 on 3–4 ranks and for calls of 8 MiB or more, which leave SMs to the compute they run beside; 1 to 256, never more than every GPU holds at once)",
     ),
     row(
         "max_blocks",
         "",
-        "most blocks of any core kernel's grid (1 to 256; by default each kernel's own: up to 256 blocks of 128 threads for packets, 128 of 512 for two-shot), to leave SMs to kernels that run beside the core's, as NCCL's `maxCTAs` does for its own; fewer blocks make larger calls slower",
+        "most blocks of any core kernel's grid (1 to 256; by default each kernel's own: up to 256 blocks of 128 threads for packets, 128 of 512 for two-shot, 64 from 8 MiB), to leave SMs to kernels that run beside the core's, as NCCL's `maxCTAs` does for its own; fewer blocks make larger calls slower",
     ),
     row(
         "direct",

@@ -307,7 +307,7 @@ fn launch_shape(
     bytes: usize,
     nranks: usize,
 ) -> (u32, u32) {
-    let two_shot_blocks = settings.two_shot_blocks(nranks);
+    let two_shot_blocks = settings.two_shot_blocks(nranks, bytes);
     let (threads, most) = match algorithm {
         Algorithm::LowLatency => (128, MAX_BLOCKS),
         // No per-block flags: as many blocks as one pack per thread takes; up to
@@ -529,7 +529,7 @@ fn planned(
     // As two-shot's, which moves as much: 16 bytes per thread, grids the GPU holds at once.
     let threads = if size <= 4 << 20 { 256 } else { MAX_THREADS };
     let max_blocks = settings
-        .grid_within(settings.two_shot_blocks(nranks))
+        .grid_within(settings.two_shot_blocks(nranks, size))
         .min(comm.resident_blocks.max(1));
     let blocks = blocks_for(chunk, 16, threads, max_blocks);
     Some(Plan {
@@ -1218,11 +1218,10 @@ mod tests {
             MAX_THREADS as usize * 16,
             "one block holds 512 threads"
         );
-        assert_eq!(
-            shape(16 << 20, 2),
-            (TwoShot, MAX_THREADS, 128),
-            "{per_16_bytes}"
-        );
+        assert_eq!(shape(4 << 20, 2), (TwoShot, 256, 128), "{per_16_bytes}");
+        let beside = "from 8 MiB, 64 blocks: calls that large run beside compute";
+        assert_eq!(shape(8 << 20, 2), (TwoShot, MAX_THREADS, 64), "{beside}");
+        assert_eq!(shape(16 << 20, 2), (TwoShot, MAX_THREADS, 64), "{beside}");
         let fewer = "two-shot on 4 ranks: up to 64 blocks";
         assert_eq!(shape(1 << 20, 4), (TwoShot, 256, 64), "{fewer}");
         assert_eq!(shape(16 << 20, 4), (TwoShot, MAX_THREADS, 64), "{fewer}");
@@ -1331,21 +1330,23 @@ mod tests {
     fn two_shot_grids_fit_the_gpu_at_once() {
         let s = with(&[]);
         let small_gpu = CommFacts {
-            resident_blocks: 78,
+            resident_blocks: 40,
             ..procs(2)
         };
         let blocks = |bytes: usize, comm: &CommFacts| {
             plan_all_reduce(&s, bytes / 4, 7, 0, comm).map(|p| (p.algorithm, p.blocks))
         };
-        assert_eq!(blocks(32 << 20, &small_gpu), Some((Algorithm::TwoShot, 78)));
-        assert_eq!(blocks(32 << 20, &procs(2)), Some((Algorithm::TwoShot, 128)));
+        assert_eq!(blocks(32 << 20, &small_gpu), Some((Algorithm::TwoShot, 40)));
+        assert_eq!(blocks(4 << 20, &procs(2)), Some((Algorithm::TwoShot, 128)));
+        assert_eq!(blocks(32 << 20, &procs(2)), Some((Algorithm::TwoShot, 64)));
         assert_eq!(
             blocks(512 << 10, &small_gpu),
             Some((Algorithm::Sentinel, 512)),
             "other kernels need no more than their blocks' peers"
         );
         assert_eq!(blocks(16 << 20, &procs(4)), Some((Algorithm::TwoShot, 64)));
-        assert_eq!(blocks(16 << 20, &procs(8)), Some((Algorithm::TwoShot, 128)));
+        assert_eq!(blocks(4 << 20, &procs(8)), Some((Algorithm::TwoShot, 128)));
+        assert_eq!(blocks(16 << 20, &procs(8)), Some((Algorithm::TwoShot, 64)));
         let set = with(&[("NCCLSHIM_TUNE", "two_shot_blocks:32")]);
         let planned = plan_all_reduce(&set, (4 << 20) / 4, 7, 0, &procs(2)).map(|p| p.blocks);
         assert_eq!(
@@ -1355,7 +1356,7 @@ mod tests {
         );
         let beyond = with(&[("NCCLSHIM_TUNE", "two_shot_blocks:100000")]);
         let planned = plan_all_reduce(&beyond, (32 << 20) / 4, 7, 0, &small_gpu).map(|p| p.blocks);
-        assert_eq!(planned, Some(78), "but never past what the GPU holds");
+        assert_eq!(planned, Some(40), "but never past what the GPU holds");
         assert_eq!(beyond.two_shot_blocks, Some(MAX_BLOCKS));
     }
 

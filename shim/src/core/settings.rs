@@ -28,6 +28,10 @@ pub const GROUP_CORE_BYTES: (usize, usize) = (384 << 10, 2 << 20);
 /// reason (PyTorch's own collective timeout is 10 minutes).
 pub const DEFAULT_WAIT_LIMIT_S: u32 = 1800;
 
+/// Calls from this size on take at most 64 blocks (`two_shot_blocks`): a collective that large
+/// is the kind a program runs beside its compute.
+pub const BESIDE_COMPUTE_BYTES: usize = 8 << 20;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Settings {
     pub enabled: bool,
@@ -316,15 +320,23 @@ impl Settings {
         buffers_reachable && self.direct
     }
 
-    /// The most blocks of a two-shot grid, measured on H200: on 4 GPUs 64 blocks took 1 – 2 %
-    /// less time than 128 from 1 MiB to 16 MiB (and than 48 or 96); on 2, 128 stayed faster than
-    /// 96. More ranks: not measured, so as before.
-    pub fn two_shot_blocks(&self, nranks: usize) -> u32 {
-        let by_ranks = match nranks {
+    /// The most blocks of a two-shot grid, and of the other collectives' kernels past their
+    /// packets, for a call of `bytes` (as nccl-tests counts them), measured on H200: on 4 GPUs 64
+    /// blocks took 1 – 2 % less time than 128 from 1 MiB to 16 MiB (and than 48 or 96). On 2,
+    /// 128 stayed faster than 96 and 64 alone; but from 8 MiB, calls of 128 blocks beside matrix
+    /// products on another stream (PyTorch overlapping its collectives with compute, as DDP and
+    /// FSDP do) made the steps up to 1.16 of NCCL's time, since the products waited for those
+    /// SMs; with 64 blocks, 0.76 – 1.05 of NCCL's (1.05 where 128 blocks took as long), for 0.90
+    /// – 1.02 of its time alone from 64 MiB (all-reduce, against 0.86 – 0.93 with 128;
+    /// all-gather and reduce-scatter kept their time). More ranks: not measured, so as before,
+    /// and 64 from 8 MiB.
+    pub fn two_shot_blocks(&self, nranks: usize, bytes: usize) -> u32 {
+        let by_size = match nranks {
             3..=4 => 64,
+            _ if bytes >= BESIDE_COMPUTE_BYTES => 64,
             _ => 128,
         };
-        self.two_shot_blocks.unwrap_or(by_ranks)
+        self.two_shot_blocks.unwrap_or(by_size)
     }
 
     /// `most` blocks, or fewer where `max_blocks` says: every kernel takes any grid (its loops
