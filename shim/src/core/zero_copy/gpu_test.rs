@@ -306,6 +306,29 @@ fn first_call(member: &ZeroCopy, pointer: u64, what: &str) -> super::Addresses {
     addresses
 }
 
+/// Launches `plan` on `core` from `input` into `output` on `stream`, waits for it, and returns
+/// the `bytes` it left at `output`.
+fn launch_and_read(
+    core: &super::super::comm::CoreComm,
+    plan: &super::super::policy::Plan,
+    input: cuda::DevicePtr,
+    output: cuda::DevicePtr,
+    stream: &OwnedStream,
+    bytes: usize,
+) -> Vec<u8> {
+    core.launch(
+        plan,
+        input as *const std::ffi::c_void,
+        output as *mut std::ffi::c_void,
+        stream.stream,
+    )
+    .unwrap();
+    stream.synchronize().unwrap();
+    let mut got = vec![0u8; bytes];
+    cuda::copy_to_host(&mut got, output).unwrap();
+    got
+}
+
 /// An all-reduce (sum) of `bytes` bytes on two ranks, each rank's input all one byte that
 /// `round` moves on, at `offset` from 16-aligned buffers made for it (so that zero-copy offers
 /// them anew): in place or not.
@@ -347,16 +370,7 @@ impl ByteSum {
         let input = if inplace { recv.pointer } else { send.pointer } + offset as u64;
         let output = recv.pointer + offset as u64;
         let plan = self.plan(facts);
-        core.launch(
-            &plan,
-            input as *const std::ffi::c_void,
-            output as *mut std::ffi::c_void,
-            stream.stream,
-        )
-        .unwrap();
-        stream.synchronize().unwrap();
-        let mut got = vec![0u8; bytes];
-        cuda::copy_to_host(&mut got, output).unwrap();
+        let got = launch_and_read(core, &plan, input, output, stream, bytes);
         let want = 0x11u8.wrapping_add(0x22).wrapping_add(2 * round);
         let bad = got.iter().filter(|&&b| b != want).count();
         println!(
@@ -1113,16 +1127,7 @@ fn other_collectives(
             .map(|i| input_byte(rank, i / chunk))
             .collect();
         stream.copy_to_device(input, &host_input).unwrap();
-        core.launch(
-            &plan,
-            input as *const std::ffi::c_void,
-            output as *mut std::ffi::c_void,
-            stream.stream,
-        )
-        .unwrap();
-        stream.synchronize().unwrap();
-        let mut got = vec![0u8; recv_bytes];
-        cuda::copy_to_host(&mut got, output).unwrap();
+        let got = launch_and_read(core, &plan, input, output, stream, recv_bytes);
         let bad = got
             .iter()
             .enumerate()
