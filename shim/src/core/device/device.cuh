@@ -753,10 +753,10 @@ __device__ __forceinline__ void reduce_packs(const char* const* src, int nranks,
 #pragma unroll
   for (int u = 0; u < U; u++) {
     u64 at = ((j + u * G) * N - begin) * sizeof(T);
+    // Every pack set, a rank past `nranks` to zeros: one left unset kept the whole array in
+    // local memory, each load stored there before the next was issued (one round trip each).
 #pragma unroll
-    for (int r = 0; r < NR; r++) {
-      if (r < nranks) in[u][r].pack = *(const Pack*)(src[r] + at);
-    }
+    for (int r = 0; r < NR; r++) in[u][r].pack = r < nranks ? *(const Pack*)(src[r] + at) : Pack{0, 0, 0, 0};
   }
 #pragma unroll
   for (int u = 0; u < U; u++) {
@@ -779,10 +779,11 @@ __device__ __forceinline__ void reduce_packs(const char* const* src, int nranks,
 
 // Reduces elements [begin, end) (`begin` a multiple of the pack) of `src[0..nranks)`, in rank
 // order, into `out` and into `copies[0..ncopies)`. `src[r]` and `copies[c]` are 16-aligned and
-// hold element i at byte (i - begin) * sizeof(T). Two packs at a time per thread: on 2 H200 the
-// direct two-shot took 3 - 6 % less time from 4 MiB, the staged one 10 - 13 % (one pack: fewer
-// loads in flight; more: spilled registers). Eight ranks take one: two held 16 packs in registers
-// and spilled.
+// hold element i at byte (i - begin) * sizeof(T). Several packs at a time per thread, so that
+// each thread keeps loads in flight: two for 4 ranks (on 2 H200 the direct two-shot took 3 - 6 %
+// less time from 4 MiB than with one, the staged one 10 - 13 %), four for 2 ranks (the same 8
+// packs in registers; with fewer blocks beside compute, each thread must keep more in flight),
+// one for 8 ranks (two held 16 packs in registers and spilled).
 template <typename T, int OP, int NR>
 __device__ void reduce_range_of(const char* const* any_src, int nranks, u64 count, u64 begin, u64 end, T* out,
                                 char* const* any_copies, int ncopies) {
@@ -799,10 +800,11 @@ __device__ void reduce_range_of(const char* const* any_src, int nranks, u64 coun
   u64 whole_end = (end < count / N * N ? end : count / N * N) / N;
   const u64 G = grid_threads();
   u64 j = first_pack(begin / N);
-  const int U = NR > 4 ? 1 : 2;
+  const int U = NR > 4 ? 1 : NR > 2 ? 2 : 4;
   for (; j + (U - 1) * G < whole_end; j += U * G)
     reduce_packs<T, OP, NR, U>(src, nranks, begin, j, G, out, out_aligned, copies, ncopies);
-  if (j < whole_end) reduce_packs<T, OP, NR, 1>(src, nranks, begin, j, G, out, out_aligned, copies, ncopies);
+  // Up to U - 1 packs left for this thread.
+  for (; j < whole_end; j += G) reduce_packs<T, OP, NR, 1>(src, nranks, begin, j, G, out, out_aligned, copies, ncopies);
   u64 e;
   if (my_tail_element<T>(count, begin, end, &e)) {
     u64 at = (e - begin) * sizeof(T);
