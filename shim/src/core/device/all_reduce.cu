@@ -19,7 +19,7 @@ __device__ void one_shot(const Peers& peers, int rank, int nranks, const T* in, 
   push_range(in, count, 0, count, dst, nranks);
   barrier(peers, rank, nranks, BARRIER_START, epoch, abort);
   reduce_range<T, OP>(src, nranks, count, 0, count, out, (char* const*)0, 0);
-  end_call(peers, rank, epoch, epoch);
+  end_call(peers, staging, rank, epoch, epoch);
 }
 
 // Two-shot: every rank pushes each chunk of its input into a slot of the chunk's owner; they
@@ -82,7 +82,7 @@ __device__ void two_shot(const Peers& peers, int rank, int nranks, const T* in, 
                          const Staging& staging, const volatile int* abort, const Views&, int) {
   u32 epoch = begin_call(peers, rank);
   u32 last = two_shot_windows<T, OP>(peers, rank, nranks, in, out, count, staging, abort, epoch);
-  end_call(peers, rank, epoch, last);
+  end_call(peers, staging, rank, epoch, last);
 }
 
 // Direct (every rank in one process, or each rank's buffers mapped by every peer: zero_copy/):
@@ -99,7 +99,7 @@ template <typename T, int OP>
 __device__ void direct(const Peers& peers, int rank, int nranks, const T* in, T* out, u64 count, const Staging& staging,
                        const volatile int* abort, const Views& views, int) {
   direct_or_staged(
-      peers, rank, nranks, views, abort,
+      peers, staging, rank, nranks, views, abort,
       [&](const Start& start) {
         u64 begin, end;
         chunk_bounds<T>(rank, nranks, count, &begin, &end);
@@ -161,7 +161,7 @@ __device__ void ll_one_shot_of(const FusedArgs& args) {
     ll_reduce_unit<T, OP, NR>(args.peers, rank, nranks, inbox, epoch, args.abort, u, mine, (T*)c.out, c.count,
                               piece.unit);
   }
-  end_call(args.peers, rank, epoch, epoch);
+  end_call(args.peers, args.staging, rank, epoch, epoch);
 }
 
 template <typename T, int OP>
@@ -336,7 +336,7 @@ __device__ void sentinel_of(const FusedArgs& args) {
       }
     }
   }
-  end_call(args.peers, rank, epoch, epoch);
+  end_call(args.peers, args.staging, rank, epoch, epoch);
 }
 
 template <typename T, int OP, int NR>

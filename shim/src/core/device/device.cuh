@@ -453,7 +453,8 @@ __device__ __forceinline__ u32 begin_call(const Peers& peers, int rank) {
 // call's windows past it; 3 * EPOCH_REFRESH across the count's wrap, where begin_call's skip
 // passes no multiple). A peer's write that comes between a slot's load and its swap stays
 // (the swap fails; system scope, as the peers' stores). Once in 2^29 calls: one thread's few
-// thousand loads.
+// thousand loads. The same thread then moves the low-latency inboxes' packets that far behind
+// (refresh_inbox), which are taken by equality and so must never be 2^32 behind.
 #define EPOCH_REFRESH (1u << 29)
 __device__ __forceinline__ bool stale_epoch(u32 flag, u32 epoch) {
   // epoch - flag in [EPOCH_REFRESH, 2^32 - EPOCH_REFRESH), as unsigned arithmetic.
@@ -462,11 +463,11 @@ __device__ __forceinline__ bool stale_epoch(u32 flag, u32 epoch) {
 __device__ __forceinline__ bool passes_refresh(u32 before, u32 after) {
   return before / EPOCH_REFRESH != after / EPOCH_REFRESH;
 }
-__device__ __noinline__ void refresh_epochs(u32* flags, u32 epoch);  // after Published, below
+__device__ __noinline__ void refresh_epochs(u32* flags, u64* inbox, u32 first, u32 last);  // after Published, below
 
 // `first` and `last`: the epochs this call used (a call in windows uses one per window, see
 // two_shot).
-__device__ __forceinline__ void end_call(const Peers& peers, int rank, u32 first, u32 last) {
+__device__ __forceinline__ void end_call(const Peers& peers, const Staging& staging, int rank, u32 first, u32 last) {
   if (threadIdx.x != 0) return;
   u32* state = epoch_state(peers, rank);
   // Every block read the epoch before counting itself done, so the last one may move it on. A
@@ -475,7 +476,8 @@ __device__ __forceinline__ void end_call(const Peers& peers, int rank, u32 first
     state[1] = 0;
     state[2] = 0;
     state[0] = last;
-    if (passes_refresh(first - 1, last)) refresh_epochs(peers.flags[rank], last);
+    if (passes_refresh(first - 1, last))
+      refresh_epochs(peers.flags[rank], (u64*)(peers.staging[rank] + staging.ll_inbox), first, last);
   }
 }
 
@@ -937,6 +939,36 @@ __device__ __forceinline__ void ll_load(const u64* address, u32* data, u32* seen
                : "l"(address)
                : "memory");
 }
+// The low-latency inboxes of a rank as end_call's refresh finds them (see EPOCH_REFRESH): a
+// packet is taken by its flag's equality with the call's epoch, so one left exactly 2^32 calls
+// behind (a slot that only the largest packet calls use, in a job of billions of small calls)
+// would pass for a fresh one. Each packet EPOCH_REFRESH or more behind `last` gets `first - 2`
+// as its flag: behind every epoch of this call, and the peers' packets of the next call are
+// ahead. A peer's packet that comes between a load and its swap stays (the swap fails; the
+// peers' 8-byte halves arrive whole). One thread, after the flags (refresh_epochs): the 8 MiB in
+// 65,536 runs of eight 16-byte loads, once in 2^29 calls (spread over the grid, the loop made
+// ptxas spill registers in the low-latency all-reduce kernels).
+#define LL_INBOX_PAIRS (2ull * MAX_RANKS * 2 * LL_MAX_BYTES / 16)  // INBOX_BYTES in layout.rs
+__device__ __forceinline__ void refresh_inbox(u64* inbox, u32 first, u32 last) {
+  const int BATCH = 8;
+  static_assert(LL_INBOX_PAIRS % BATCH == 0, "whole runs");
+  const u64 behind = (u64)(first - 2) << 32;
+  for (u64 i = 0; i < LL_INBOX_PAIRS; i += BATCH) {
+    u64 seen[2 * BATCH];
+#pragma unroll
+    for (int k = 0; k < BATCH; k++)
+      asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];"
+                   : "=l"(seen[2 * k]), "=l"(seen[2 * k + 1])
+                   : "l"(inbox + 2 * (i + k))
+                   : "memory");
+#pragma unroll
+    for (int h = 0; h < 2 * BATCH; h++) {
+      if (stale_epoch((u32)(seen[h] >> 32), last))
+        atomicCAS_system(&inbox[2 * i + h], seen[h], (seen[h] & 0xffffffffull) | behind);
+    }
+  }
+}
+
 // Loads the packet pair at `address` into `data`: whether both flags are `flag`.
 __device__ __forceinline__ bool ll_poll(const u64* address, u32 flag, u32* data) {
   u32 seen[2];
@@ -1029,8 +1061,9 @@ __device__ __forceinline__ Published* published(u32* flags, int rank) {
   return (Published*)(flags + BARRIERS * MAX_BLOCKS * MAX_RANKS + 8 + MAX_RANKS) + rank;
 }
 
-// The rank's flags as end_call's refresh finds them (see EPOCH_REFRESH).
-__device__ __noinline__ void refresh_epochs(u32* flags, u32 epoch) {
+// The rank's flags as end_call's refresh finds them (see EPOCH_REFRESH), then its inboxes.
+__device__ __noinline__ void refresh_epochs(u32* flags, u64* inbox, u32 first, u32 last) {
+  const u32 epoch = last;
   // The per-block meetings' slots and the direct calls' end slots, in runs of loads.
   const int BATCH = 32;
   const int SLOTS = BARRIERS * MAX_BLOCKS * MAX_RANKS;
@@ -1055,6 +1088,7 @@ __device__ __noinline__ void refresh_epochs(u32* flags, u32 epoch) {
     if (stale_epoch((u32)(seen >> 32), epoch))
       atomicCAS_system(&pairs[k], seen, (seen & 0xffffffffull) | (u64)epoch << 32);
   }
+  refresh_inbox(inbox, first, last);
 }
 
 // Block 0 tells every rank this call's buffers, each as that rank maps them.
@@ -1193,9 +1227,9 @@ __device__ __forceinline__ Start start_call(const Peers& peers, int rank, int nr
 // rank), then one meeting (end_of_data), so that no rank goes on (and reuses its buffers) while
 // a peer still reads or writes them; else `staged(epoch)`, which returns the last epoch it used.
 template <typename MayGoDirect, typename Direct, typename Staged>
-__device__ __forceinline__ void direct_where_or_staged(const Peers& peers, int rank, int nranks, const Views& views,
-                                                       const volatile int* abort, MayGoDirect may_go_direct,
-                                                       Direct direct, Staged staged) {
+__device__ __forceinline__ void direct_where_or_staged(const Peers& peers, const Staging& staging, int rank, int nranks,
+                                                       const Views& views, const volatile int* abort,
+                                                       MayGoDirect may_go_direct, Direct direct, Staged staged) {
   const Start start = start_call(peers, rank, nranks, views, abort);
   u32 last = start.epoch;
   const bool went_direct = start.direct && may_go_direct(start);
@@ -1205,15 +1239,16 @@ __device__ __forceinline__ void direct_where_or_staged(const Peers& peers, int r
     last = staged(start.epoch);
   }
   end_of_data(peers, rank, nranks, start.epoch, went_direct, abort);
-  end_call(peers, rank, start.epoch, last);
+  end_call(peers, staging, rank, start.epoch, last);
 }
 
 // direct_where_or_staged, direct wherever every rank's buffers are usable.
 template <typename Direct, typename Staged>
-__device__ __forceinline__ void direct_or_staged(const Peers& peers, int rank, int nranks, const Views& views,
-                                                 const volatile int* abort, Direct direct, Staged staged) {
+__device__ __forceinline__ void direct_or_staged(const Peers& peers, const Staging& staging, int rank, int nranks,
+                                                 const Views& views, const volatile int* abort, Direct direct,
+                                                 Staged staged) {
   direct_where_or_staged(
-      peers, rank, nranks, views, abort, [](const Start&) { return true; }, direct, staged);
+      peers, staging, rank, nranks, views, abort, [](const Start&) { return true; }, direct, staged);
 }
 
 // A window of a staged call: its `size` elements from `begin`, and its epoch.

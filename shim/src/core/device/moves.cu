@@ -122,7 +122,7 @@ template <int KIND, typename T>
 __device__ void move(const Peers& peers, int rank, int nranks, const T* in, T* out, u64 count, const Staging& staging,
                      const volatile int* abort, const Views& views, int root) {
   direct_where_or_staged(
-      peers, rank, nranks, views, abort,
+      peers, staging, rank, nranks, views, abort,
       [&](const Start& start) {
         return KIND != MOVE_ALL_TO_ALL || all_to_all_direct(start, nranks, count * sizeof(T));
       },

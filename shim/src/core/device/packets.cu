@@ -162,7 +162,7 @@ __device__ void ll_move_of(const Peers& peers, int rank, int nranks, const unsig
       }
     }
   }
-  end_call(peers, rank, epoch, epoch);
+  end_call(peers, staging, rank, epoch, epoch);
 }
 
 template <int KIND>
@@ -213,7 +213,7 @@ __device__ void ll_move_fused_of(const PacketArgs& args) {
       }
     }
   }
-  end_call(peers, rank, epoch, epoch);
+  end_call(peers, args.staging, rank, epoch, epoch);
 }
 
 template <int KIND>
@@ -254,7 +254,7 @@ __device__ void ll_reduce_of(const Peers& peers, int rank, int nranks, const T* 
       ll_reduce_unit<T, OP, NR>(peers, rank, nranks, inbox, epoch, abort, u, own, out, count, u);
     }
   }
-  end_call(peers, rank, epoch, epoch);
+  end_call(peers, staging, rank, epoch, epoch);
 }
 
 // As ll_reduce_of, for a launch of several calls as one (as ll_move_fused_of).
@@ -283,7 +283,7 @@ __device__ void ll_reduce_fused_of(const PacketArgs& args) {
     ll_reduce_unit<T, OP, NR>(peers, rank, nranks, inbox, epoch, args.abort, j, input_unit(mine, c.count, p.unit),
                               (T*)c.out, c.count, p.unit);
   }
-  end_call(peers, rank, epoch, epoch);
+  end_call(peers, args.staging, rank, epoch, epoch);
 }
 
 // The host fuses reduce-scatters with reduce-scatters and reduces with reduces (`same_launch`).

@@ -56,7 +56,7 @@ template <typename T, int OP>
 __device__ void reduce_scatter(const Peers& peers, int rank, int nranks, const T* in, T* out, u64 count,
                                const Staging& staging, const volatile int* abort, const Views& views, int) {
   direct_or_staged(
-      peers, rank, nranks, views, abort,
+      peers, staging, rank, nranks, views, abort,
       [&](const Start& start) {
         const char* src[MAX_RANKS];
         char* no_copies[1] = {0};
@@ -75,7 +75,7 @@ template <typename T, int OP>
 __device__ void reduce(const Peers& peers, int rank, int nranks, const T* in, T* out, u64 count, const Staging& staging,
                        const volatile int* abort, const Views& views, int root) {
   direct_or_staged(
-      peers, rank, nranks, views, abort,
+      peers, staging, rank, nranks, views, abort,
       [&](const Start& start) {
         const char* src[MAX_RANKS];
         u64 begin, end;

@@ -531,7 +531,9 @@ fn core_role(rank: usize, dir: &Path, processes: Vec<u64>) {
 /// left 2^31 and more calls behind the ranks' count (as billions of small calls would), must
 /// still read as behind once the count has passed a multiple of 2^29 (device.cuh,
 /// EPOCH_REFRESH). Read as ahead, a staged call's barriers pass before the peer comes and a
-/// direct call takes its peer for one on a later call and gives up.
+/// direct call takes its peer for one on a later call and gives up. So must every packet of the
+/// low-latency inboxes, which a call takes by its flag's equality with its epoch: one left
+/// exactly 2^32 calls behind would pass for the peer's.
 fn epochs_far_along_role(rank: usize, dir: &Path, processes: Vec<u64>) {
     use super::super::layout::EPOCH_STATE_OFFSET;
     use super::super::types::Algorithm;
@@ -558,26 +560,33 @@ fn epochs_far_along_role(rank: usize, dir: &Path, processes: Vec<u64>) {
         post(dir, &format!("moved-{step}{rank}"), "yes");
         await_file(dir, &format!("moved-{step}{}", 1 - rank));
     };
-    // Direct (Published and the end slots), staged (misaligned: every block's barrier slots).
-    let large = [sum(4 << 20, 0, 0), sum(4 << 20, 1, 1)];
+    // Direct (Published and the end slots), staged (misaligned: every block's barrier slots),
+    // packets (the low-latency inboxes' first slots; the others hold the set-up's zeros).
+    let large = [sum(4 << 20, 0, 0), sum(4 << 20, 1, 1), sum(8 << 10, 0, 8)];
     assert_eq!(large[0].plan(&facts).algorithm, Algorithm::Direct);
+    assert_eq!(large[2].plan(&facts).algorithm, Algorithm::LowLatency);
     let mut wrong = run_all(&large);
     // 2^31 and more past the epochs in the slots; small calls (packets: no slot of the flags)
     // take the count past 5 * 2^29.
     move_count((5 << 29) - 1, "far");
     let small = [sum(8 << 10, 0, 2), sum(8 << 10, 0, 3)];
     assert_eq!(small[0].plan(&facts).algorithm, Algorithm::LowLatency);
+    // Timed: the first passes 5 * 2^29, and refreshes the slots and the inboxes.
+    let passing = std::time::Instant::now();
     wrong += run_all(&small);
+    let passing = passing.elapsed();
     wrong += run_all(&[sum(4 << 20, 0, 4), sum(4 << 20, 1, 5), sum(8 << 20, 0, 6)]);
     let far = flags_behind(&stream, own);
+    let far_packets = packets_behind(&stream, own);
     // A staged call in two windows (misaligned, larger than the staging's window), whose
     // second window's epoch passes 6 * 2^29: the slots the first refresh moved and no call
     // wrote since (the barriers of ranks and blocks it has not), 2^29 behind by then, move too.
     move_count((6 << 29) - 1, "windows");
     wrong += run_all(&[sum(24 << 20, 1, 7)]);
     let windows = flags_behind(&stream, own);
+    let windows_packets = packets_behind(&stream, own);
     println!(
-        "rank {rank}: most behind after passing 5 * 2^29 {far:?}, after the windows {windows:?}; a wait gave up: {}",
+        "rank {rank}: most behind after passing 5 * 2^29 {far:?} (packets {far_packets}), after the windows {windows:?} (packets {windows_packets}); a wait gave up: {}",
         core.failed(std::ptr::null_mut())
     );
     assert!(!core.failed(std::ptr::null_mut()), "no wait gave up");
@@ -585,6 +594,18 @@ fn epochs_far_along_role(rank: usize, dir: &Path, processes: Vec<u64>) {
     assert!(
         far.1 < 1 << 29 && windows.1 < 1 << 29,
         "no slot 2^29 behind"
+    );
+    assert!(
+        far_packets < 1 << 29 && windows_packets < 1 << 29,
+        "no packet 2^29 behind"
+    );
+    // And the calls of packets still meet (the refresh left none looking like the peer's).
+    let after = std::time::Instant::now();
+    wrong += run_all(&[sum(8 << 10, 0, 9), sum(8 << 10, 0, 10)]);
+    let after = after.elapsed();
+    wrong += run_all(&[sum(64 << 10, 0, 11)]);
+    println!(
+        "rank {rank}: two small calls {passing:?} where the first passes 5 * 2^29, {after:?} after"
     );
     drop(core);
     drop(zero_copy);
@@ -613,6 +634,26 @@ fn flags_behind(stream: &OwnedStream, own: cuda::DevicePtr) -> (u32, u32) {
         .max()
         .unwrap_or(0);
     (count, behind)
+}
+
+/// How far behind this rank's count the packet of its low-latency inboxes furthest behind is
+/// (each 8-byte half: 4 data bytes, then the flag; device.cuh, refresh_inbox): one at most a
+/// few calls ahead counts as 0.
+fn packets_behind(stream: &OwnedStream, own: cuda::DevicePtr) -> u32 {
+    use super::super::layout::{EPOCH_STATE_OFFSET, FLAGS_BYTES, INBOX_BYTES, Staging};
+    let mut state = [0u8; 4];
+    stream
+        .copy_to_host(&mut state, own + EPOCH_STATE_OFFSET as u64)
+        .unwrap();
+    let count = u32::from_ne_bytes(state);
+    let mut inbox = vec![0u8; INBOX_BYTES];
+    let at = own + (FLAGS_BYTES as u64) + Staging::standard().ll_inbox;
+    stream.copy_to_host(&mut inbox, at).unwrap();
+    (inbox.chunks_exact(8))
+        .map(|half| count.wrapping_sub(u32::from_ne_bytes(half[4..].try_into().unwrap())))
+        .filter(|&d| d < u32::MAX - 64)
+        .max()
+        .unwrap_or(0)
 }
 
 /// This rank's own core parts, and every rank's buffer as this rank maps it (the peer's through
