@@ -199,8 +199,9 @@ fn a_window_handle_nccl_does_not_write_reads_null() {
 
 /// A group reaches the real NCCL only with its first call that goes there, and ends there only
 /// where it was opened there: NCCL 2.28.9 keeps about 176 bytes of every group that held
-/// nothing, so a group whose calls all go to the core must never reach it. (No GPU here: the
-/// all-reduces go to NCCL.)
+/// nothing, so a group whose calls all go to the core must never reach it. A simulated end
+/// (which launches nothing) reaches NCCL with the whole group, opened there if need be. (No GPU
+/// here: the all-reduces go to NCCL.)
 #[test]
 fn groups_reach_nccl_only_with_a_call_that_goes_there() {
     let dir = scratch("calls-groups");
@@ -212,6 +213,7 @@ fn groups_reach_nccl_only_with_a_call_that_goes_there() {
     let start = "fake ncclGroupStart";
     let end = "fake ncclGroupEnd";
     let all_reduce = "fake ncclAllReduce";
+    let simulate = "fake ncclGroupSimulateEnd";
     let expected = [
         "empty",
         "one call",
@@ -227,6 +229,19 @@ fn groups_reach_nccl_only_with_a_call_that_goes_there() {
         "nested, the call after the inner one",
         start,
         all_reduce,
+        end,
+        "simulated, empty",
+        start,
+        simulate,
+        "simulated, one call",
+        start,
+        all_reduce,
+        simulate,
+        "nested, the inner one simulated",
+        start,
+        start,
+        all_reduce,
+        simulate,
         end,
         "an end without a start",
         end,

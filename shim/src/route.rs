@@ -216,6 +216,20 @@ impl Route for Router {
         core::group_end(|| unsafe { real::ncclGroupEnd() })
     }
 
+    if_exported!(ncclGroupSimulateEnd {
+        /// Ends the group without launching any of it, the core's calls included: they go to
+        /// NCCL's group, which estimates them with the rest (core::group_simulate_end). Where the
+        /// real NCCL lacks the function, the stub's answer, and the group stays open, as there.
+        unsafe fn ncclGroupSimulateEnd(sim_info: *mut ncclSimInfo_t) -> ncclResult_t {
+            if real_functions().is_none_or(|t| t.ncclGroupSimulateEnd.is_none()) {
+                // SAFETY: the caller's argument, unchanged.
+                return unsafe { real::ncclGroupSimulateEnd(sim_info) };
+            }
+            // SAFETY: as above.
+            core::group_simulate_end(|| unsafe { real::ncclGroupSimulateEnd(sim_info) })
+        }
+    });
+
     unsafe fn ncclCommInitRank(
         comm: *mut ncclComm_t,
         nranks: c_int,

@@ -5,7 +5,8 @@
  * (0x2000 to 0x5000, as NCCL wants), 5000 all-reduces each; with "fork", a child process makes
  * 10 all-reduces on comm 0x6000;
  * with "signal", the process raises SIGUSR1 and waits a moment; with "groups", only groups on
- * comm 0x1000: empty, of one all-reduce, nested, and an end without a start, each named first;
+ * comm 0x1000: empty, of one all-reduce, nested, simulated (ncclGroupSimulateEnd), and an end
+ * without a start, each named first;
  * with "windows", registrations on comm 0x1000 of nothing, refused (no communicator) and of a
  * buffer, each with a handle slot holding 0xdead before, and what the slot holds after; with
  * "empty", calls of no elements on a communicator made through ncclCommInitRank (valid ones in a
@@ -135,6 +136,20 @@ int main(int argc, char** argv) {
     ncclGroupStart();
     ncclGroupEnd();
     ncclAllReduce((void*)16, (void*)16, 256, ncclFloat, ncclSum, COMM(0x1000), NULL);
+    ncclGroupEnd();
+    printf("simulated, empty\n");
+    ncclSimInfo_t sim = NCCL_SIM_INFO_INITIALIZER;
+    ncclGroupStart();
+    ncclGroupSimulateEnd(&sim);
+    printf("simulated, one call\n");
+    ncclGroupStart();
+    ncclAllReduce((void*)16, (void*)16, 256, ncclFloat, ncclSum, COMM(0x1000), NULL);
+    ncclGroupSimulateEnd(&sim);
+    printf("nested, the inner one simulated\n");
+    ncclGroupStart();
+    ncclGroupStart();
+    ncclAllReduce((void*)16, (void*)16, 256, ncclFloat, ncclSum, COMM(0x1000), NULL);
+    ncclGroupSimulateEnd(&sim);
     ncclGroupEnd();
     printf("an end without a start\n");
     ncclGroupEnd();

@@ -531,9 +531,14 @@ pub fn weigh(comm: ncclComm_t, core: &Arc<CoreComm>, collective: Collective, pla
 /// Sends the queued calls of `comm` to the real NCCL, whose group is still open, in their order;
 /// a call that fails there fails the group (`take_sent_error`).
 fn send_queued_to_nccl(comm: ncclComm_t) {
+    send_queued_where(|op| op.call.comm == comm);
+}
+
+/// Sends the queued calls `which` picks to the real NCCL, as `send_queued_to_nccl`.
+fn send_queued_where(mut which: impl FnMut(&Queued) -> bool) {
     // Out of the queue while the real NCCL runs: nothing of ours is borrowed if it calls back.
     let mut queued = QUEUED.with(|q| std::mem::take(&mut *q.borrow_mut()));
-    for op in queued.extract_if(.., |op| op.call.comm == comm) {
+    for op in queued.extract_if(.., |op| which(op)) {
         super::observer::observer().sent_with_group(op.call.comm);
         let sent = match op.forward {
             Some(forward) => forward(),
@@ -649,6 +654,20 @@ pub fn queue(mut op: Queued) -> Result<(), ()> {
         queued.push(op);
         Ok(())
     })
+}
+
+/// Ends a group through `real_end` (the real ncclGroupSimulateEnd), which launches none of the
+/// group's operations and tells how long they would take. At the outermost level the calls the
+/// core queued go to NCCL's group first, opened there if no call had opened it, so that NCCL
+/// sees the whole group, as without the shim, and nothing of it is launched; what the group made
+/// (communicators, children, windows) is set up as after any end. An inner level ends as
+/// ncclGroupEnd's does (NCCL ignores the estimate there).
+pub fn simulate_end_group(real_end: impl FnOnce() -> ncclResult_t) -> ncclResult_t {
+    if ending_outermost() {
+        open_real();
+        send_queued_where(|_| true);
+    }
+    end_group(real_end)
 }
 
 /// Ends a group through `real_end` (the real ncclGroupEnd); at the outermost level, sets up the
@@ -855,6 +874,26 @@ mod tests {
             [0..4, 4..7],
             "never across devices"
         );
+    }
+
+    /// ncclGroupSimulateEnd leaves a group level as ncclGroupEnd does, and ends NCCL's level
+    /// where it was opened there: after the outermost one the thread is in no group, so that
+    /// its later calls are launched as they come rather than queued for an end that never comes.
+    #[test]
+    fn a_simulated_end_leaves_its_group_level_as_an_end_does() {
+        start();
+        start();
+        opened_in_nccl();
+        let mut asked = 0;
+        let mut simulate = || {
+            asked += 1;
+            ncclSuccess
+        };
+        assert_eq!(simulate_end_group(&mut simulate), ncclSuccess);
+        assert!(inside() && ending_outermost(), "one level left");
+        assert_eq!(simulate_end_group(&mut simulate), ncclSuccess);
+        assert!(!inside(), "no group left");
+        assert_eq!(asked, 2, "NCCL's end asked at each level NCCL had opened");
     }
 
     #[test]

@@ -272,6 +272,11 @@ pub fn group_end(real_end: impl FnOnce() -> ncclResult_t) -> ncclResult_t {
     group::end_group(real_end)
 }
 
+/// Ends a group through `real_end` (the real ncclGroupSimulateEnd), launching nothing: group.rs.
+pub fn group_simulate_end(real_end: impl FnOnce() -> ncclResult_t) -> ncclResult_t {
+    group::simulate_end_group(real_end)
+}
+
 /// The buffers of `call` that every rank uses, NULL for the others: a non-root's unused buffer
 /// may lie anywhere (NCCL ignores it), so what ranks decide from where buffers lie must not
 /// look at it.

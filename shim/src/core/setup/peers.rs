@@ -101,9 +101,28 @@ pub(super) fn map_peers(candidate: &Candidate, gathered: &[u8]) -> Result<Mapped
         mapped.reach.bases.push(base);
     }
     if !mapped.facts.single_process && policy::settings().zero_copy {
-        mapped.reach.zero_copy = join_zero_copy(candidate, parts, &records);
+        mapped.reach.zero_copy = if a_process_holds_several(&records) {
+            log_info!(
+                "comm {:p} rank {}: no zero-copy (a process holds several of its ranks): its large all-reduces go through the core's staging",
+                candidate.comm,
+                candidate.rank
+            );
+            None
+        } else {
+            join_zero_copy(candidate, parts, &records)
+        };
     }
     Ok(mapped)
+}
+
+/// Whether a process holds more than one of the ranks. Zero-copy's messages name a
+/// communicator and a process, not a rank, so such a process could not tell which of its ranks
+/// one is for: every rank then keeps to the staging (the same answer on every rank, from the
+/// records all have).
+fn a_process_holds_several(records: &[Record]) -> bool {
+    let mut processes: Vec<u64> = records.iter().map(|r| r.process).collect();
+    processes.sort_unstable();
+    processes.windows(2).any(|w| w[0] == w[1])
 }
 
 /// This rank's side of zero-copy for a communicator of several processes, named after rank 0's
@@ -136,6 +155,26 @@ pub(super) fn join_zero_copy(
 mod tests {
     use super::*;
     use crate::core::types::Collective;
+
+    /// Zero-copy needs a process per rank: a communicator of four ranks in two processes of two
+    /// (`mpirun -np 2` with `-g 2`) keeps to the staging, on every rank.
+    #[test]
+    fn a_process_that_holds_two_ranks_keeps_zero_copy_off() {
+        let of = |processes: &[u64]| {
+            let records: Vec<Record> = (processes.iter())
+                .map(|&process| {
+                    let mut r = Record::not_ready();
+                    r.process = process;
+                    r
+                })
+                .collect();
+            a_process_holds_several(&records)
+        };
+        assert!(!of(&[7, 9]));
+        assert!(!of(&[7, 9, 11, 13]));
+        assert!(of(&[7, 7, 9, 9]));
+        assert!(of(&[9, 7, 9]));
+    }
 
     /// Ranks' limits meet; ranks that differ in blocking never get this far.
     #[test]
