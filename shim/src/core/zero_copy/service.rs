@@ -111,7 +111,7 @@ impl Service {
             fd,
             sender,
         } = outgoing;
-        let sent = match &fd {
+        let sent = again_if_interrupted(|| match &fd {
             None => SocketAddr::from_abstract_name(name(process).as_bytes()).and_then(|address| {
                 self.socket
                     .send_to_addr(&message.encode(), &address)
@@ -123,7 +123,7 @@ impl Service {
                 &message.encode(),
                 fd.as_fd(),
             ),
-        };
+        });
         if let Err(e) = sent
             && let Some(member) = sender.upgrade()
         {
@@ -152,5 +152,42 @@ impl Service {
                 }));
             }
         }
+    }
+}
+
+/// `send` again while a signal cuts it short (EINTR, as a send waiting on a full queue may be:
+/// a handler installed without SA_RESTART, as Python's are), so that only a peer that cannot
+/// be reached turns zero-copy off.
+fn again_if_interrupted(mut send: impl FnMut() -> std::io::Result<()>) -> std::io::Result<()> {
+    loop {
+        match send() {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            sent => return sent,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_send_cut_short_by_a_signal_goes_again() {
+        let mut tries = 0;
+        let sent = again_if_interrupted(|| {
+            tries += 1;
+            match tries {
+                1 | 2 => Err(std::io::Error::from(std::io::ErrorKind::Interrupted)),
+                _ => Ok(()),
+            }
+        });
+        assert!(sent.is_ok() && tries == 3);
+        let refused = again_if_interrupted(|| {
+            Err(std::io::Error::from(std::io::ErrorKind::ConnectionRefused))
+        });
+        assert_eq!(
+            refused.unwrap_err().kind(),
+            std::io::ErrorKind::ConnectionRefused
+        );
     }
 }
