@@ -642,6 +642,21 @@ static const Case CASES[] = {
     {"group-ended-twice", SHARED, [](Ctx& c) {
        Args a = c.args(AR); c.start(); EACH c.call(issue(AR, a, r));
        c.call(ncclGroupEnd()); c.ended(ncclGroupEnd()); c.sums(a.recv[0], N); }},
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 22, 0)
+    // A group ended by ncclGroupSimulateEnd: its all-reduces are estimated, never launched
+    // (output untouched), and the group is over: the next group runs (right sums).
+    {"group-simulated-end", SHARED, [](Ctx& c) {
+       Args a = c.args(AR); ncclSimInfo_t sim = NCCL_SIM_INFO_INITIALIZER;
+       c.start(); EACH c.call(issue(AR, a, r)); c.call(ncclGroupSimulateEnd(&sim));
+       c.sums(a.recv[0], N); c.both(AR, a); c.sums(a.recv[0], N); }},
+    // Its ncclSimInfo_t not made with NCCL_SIM_INFO_INITIALIZER: "ncclSimInfo_t argument not
+    // initialized via NCCL_SIM_INFO_INITIALIZER", ncclInvalidArgument; the group is over all the
+    // same, nothing of it launched.
+    {"group-simulated-end-bad-info", SHARED, [](Ctx& c) {
+       Args a = c.args(AR); ncclSimInfo_t sim; memset(&sim, 0, sizeof sim); sim.size = sizeof sim;
+       c.start(); EACH c.call(issue(AR, a, r)); c.call(ncclGroupSimulateEnd(&sim));
+       c.sums(a.recv[0], N); c.both(AR, a); c.sums(a.recv[0], N); }},
+#endif
     // Rank 0's all-reduce is valid, rank 1's has a bad type: the group fails as a whole
     // (ncclInvalidArgument at its end) and rank 0's never runs (output untouched).
     {"allreduce-group-one-bad-rank", SHARED, [](Ctx& c) {
