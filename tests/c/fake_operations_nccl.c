@@ -2,9 +2,9 @@
  * shim records of each call (summary, trace, flight recorder) and of what reaches NCCL in a
  * group. Communicators are made-up handles: rank = handle / 0x1000 - 1 (so 0x1000 is rank 0),
  * 2 ranks, GPU 0 (ncclCommInitRank makes them too). With FAKE_NCCL_GROUPS set, it prints
- * "fake NAME" for each group call (a simulated end too), all-reduce and broadcast it gets. Windows as NCCL 2.28
- * registers them: handle 0xbeef, and nothing written (ncclSuccess still) where there is nothing
- * to register. With FAKE_NCCL_BARRIER naming a folder, ncclCommInitRank returns only once both
+ * "fake NAME" for each group call (a simulated end too), all-reduce and broadcast it gets.
+ * Windows as NCCL 2.28 registers them: handle 0xbeef, and nothing written (ncclSuccess still)
+ * where there is nothing to register. With FAKE_NCCL_BARRIER naming a folder, ncclCommInitRank returns only once both
  * ranks' processes have entered it (as NCCL's init completes on no rank before every rank has
  * entered it), each leaving a file there. */
 #include <nccl.h>
