@@ -577,14 +577,14 @@ fn epochs_far_along_role(rank: usize, dir: &Path, processes: Vec<u64>) {
     let passing = passing.elapsed();
     wrong += run_all(&[sum(4 << 20, 0, 4), sum(4 << 20, 1, 5), sum(8 << 20, 0, 6)]);
     let far = flags_behind(&stream, own);
-    let far_packets = packets_behind(&stream, own);
+    let far_packets = packets_behind(&stream, own, far.0);
     // A staged call in two windows (misaligned, larger than the staging's window), whose
     // second window's epoch passes 6 * 2^29: the slots the first refresh moved and no call
     // wrote since (the barriers of ranks and blocks it has not), 2^29 behind by then, move too.
     move_count((6 << 29) - 1, "windows");
     wrong += run_all(&[sum(24 << 20, 1, 7)]);
     let windows = flags_behind(&stream, own);
-    let windows_packets = packets_behind(&stream, own);
+    let windows_packets = packets_behind(&stream, own, windows.0);
     println!(
         "rank {rank}: most behind after passing 5 * 2^29 {far:?} (packets {far_packets}), after the windows {windows:?} (packets {windows_packets}); a wait gave up: {}",
         core.failed(std::ptr::null_mut())
@@ -628,32 +628,32 @@ fn flags_behind(stream: &OwnedStream, own: cuda::DevicePtr) -> (u32, u32) {
     let ends = state + 8..state + 8 + MAX_RANKS;
     // Each Published: six 8-byte halves, their flags in the upper words.
     let published = (state + 8 + MAX_RANKS..words).filter(|i| i % 2 == 1);
-    let behind = (meetings.chain(ends).chain(published))
-        .map(|i| count.wrapping_sub(word(i)))
-        .filter(|&d| d < u32::MAX - 64)
-        .max()
-        .unwrap_or(0);
+    let behind = most_behind(count, (meetings.chain(ends).chain(published)).map(word));
     (count, behind)
 }
 
-/// How far behind this rank's count the packet of its low-latency inboxes furthest behind is
-/// (each 8-byte half: 4 data bytes, then the flag; device.cuh, refresh_inbox): one at most a
-/// few calls ahead counts as 0.
-fn packets_behind(stream: &OwnedStream, own: cuda::DevicePtr) -> u32 {
-    use super::super::layout::{EPOCH_STATE_OFFSET, FLAGS_BYTES, INBOX_BYTES, Staging};
-    let mut state = [0u8; 4];
-    stream
-        .copy_to_host(&mut state, own + EPOCH_STATE_OFFSET as u64)
-        .unwrap();
-    let count = u32::from_ne_bytes(state);
-    let mut inbox = vec![0u8; INBOX_BYTES];
-    let at = own + (FLAGS_BYTES as u64) + Staging::standard().ll_inbox;
-    stream.copy_to_host(&mut inbox, at).unwrap();
-    (inbox.chunks_exact(8))
-        .map(|half| count.wrapping_sub(u32::from_ne_bytes(half[4..].try_into().unwrap())))
+/// How far behind `count` the flag furthest behind among `flags` is: a flag at most a few calls
+/// ahead counts as 0.
+fn most_behind(count: u32, flags: impl Iterator<Item = u32>) -> u32 {
+    (flags.map(|flag| count.wrapping_sub(flag)))
         .filter(|&d| d < u32::MAX - 64)
         .max()
         .unwrap_or(0)
+}
+
+/// How far behind `count` (this rank's, as `flags_behind` read it) the packet of its
+/// low-latency inboxes furthest behind is (each 8-byte half: 4 data bytes, then the flag;
+/// device.cuh, refresh_inbox), as `most_behind` counts.
+fn packets_behind(stream: &OwnedStream, own: cuda::DevicePtr, count: u32) -> u32 {
+    use super::super::layout::{FLAGS_BYTES, INBOX_BYTES, Staging};
+    let mut inbox = vec![0u8; INBOX_BYTES];
+    let at = own + (FLAGS_BYTES as u64) + Staging::standard().ll_inbox;
+    stream.copy_to_host(&mut inbox, at).unwrap();
+    let flags = inbox.chunks_exact(8);
+    most_behind(
+        count,
+        flags.map(|half| u32::from_ne_bytes(half[4..].try_into().unwrap())),
+    )
 }
 
 /// This rank's own core parts, and every rank's buffer as this rank maps it (the peer's through
