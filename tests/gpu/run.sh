@@ -272,23 +272,27 @@ torch_suite() {
 # with a GPU time; the core through ncclCommSuspend (kept while a graph may hold it, freed
 # otherwise, two communicators at once); a staged all-reduce on a green context of 8 SMs; calls
 # 2^31 epochs past their flags' slots, as after billions of small calls, right once the count
-# has passed a multiple of 2^29 (device.cuh, EPOCH_REFRESH), and no slot left 2^29 behind ---
+# has passed a multiple of 2^29 (device.cuh, EPOCH_REFRESH), and no slot left 2^29 behind; 1 GiB
+# of cuMem memory the peer mapped, freed with no call after: free again within 5 s ---
 zero_copy_suite() {
   local dir=$out/zero-copy t=$SECONDS status=0 tests=$here/shim/bin/core-tests name
   rm -rf "$dir" && mkdir -p "$dir"
   [ -x "$tests" ] || { verdict "zero-copy (1 GPU)" 1 "no shim/bin/core-tests in the bundle"; return; }
   for name in two_processes_share_buffers_and_never_a_stale_one without_buffer_ids_the_stale_mapping_is_read \
     core_all_reduce_between_two_processes_through_zero_copy core_suspension_between_two_processes \
-    core_on_a_green_context_between_two_processes core_epochs_far_along_between_two_processes; do
+    core_on_a_green_context_between_two_processes core_epochs_far_along_between_two_processes \
+    a_peer_lets_go_of_memory_freed_between_two_processes; do
     NCCLSHIM_TIMEOUT=60 NCCL_DEBUG=INFO CUDA_VISIBLE_DEVICES=0 timeout 300 "$tests" --exact \
       "core::zero_copy::gpu_test::$name" --ignored --nocapture >"$dir/$name.log" 2>&1 || status=1
   done
   local first
   first=$(grep -ho 'first call [0-9.]* ms' "$dir"/two_processes_*.log | awk '{print $3}' | paste -sd/)
+  local back
+  back=$(grep -ho 'after [0-9.]* ms' "$dir"/a_peer_*.log | awk '{print $2}')
   local right all
   right=$(cat "$dir"/core_*.log | grep -c ' 0 wrong$') all=$(cat "$dir"/core_*.log | grep -c ' wrong$')
   [ "$all" -gt 0 ] && [ "$right" = "$all" ] || status=1
-  verdict "zero-copy (1 GPU)" $status "first calls on new buffers $first ms; core all-reduce (eager, graph replays, timed trace): $right of $all right; $((SECONDS - t)) s; logs in zero-copy/"
+  verdict "zero-copy (1 GPU)" $status "first calls on new buffers $first ms; freed memory the peer mapped free again after ${back:-?} ms; core all-reduce (eager, graph replays, timed trace): $right of $all right; $((SECONDS - t)) s; logs in zero-copy/"
 }
 
 # --- The set-up's meeting in shared memory, on one GPU: two processes through the shim and a

@@ -78,6 +78,16 @@ pub struct AllocationFacts {
     pub reservation: (DevicePtr, u64),
 }
 
+/// The driver's unique id of the allocation holding `pointer` (0 where none does: freed
+/// memory); `None` where the driver could not say.
+pub fn buffer_id(pointer: DevicePtr) -> Option<u64> {
+    let mut id: u64 = 0;
+    let mut attributes = [sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_BUFFER_ID];
+    let mut data: [*mut c_void; 1] = [(&raw mut id).cast()];
+    // SAFETY: one output of the attribute's type.
+    unsafe { pointer_attributes(pointer, &mut attributes, &mut data) }.then_some(id)
+}
+
 /// The allocation holding `pointer` on device `ordinal` (`None` for host memory, another
 /// device's, or no allocation).
 pub fn allocation_facts(pointer: DevicePtr, ordinal: i32) -> Option<AllocationFacts> {

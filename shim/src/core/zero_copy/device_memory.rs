@@ -195,6 +195,14 @@ impl Memory for DeviceMemory {
         shareable_allocation(pointer, self.0.ordinal)
     }
 
+    /// By the buffer id alone, in this GPU's context: gone only where the driver says so.
+    fn gone(&self, allocation: &Allocation) -> bool {
+        let Ok(_context) = self.0.enter() else {
+            return false;
+        };
+        cuda::buffer_id(allocation.base).is_some_and(|id| id != allocation.id)
+    }
+
     fn share(&self, allocation: &Allocation) -> Result<Shared, String> {
         // A call being captured into a graph may offer its buffers.
         let _relaxed = cuda::RelaxedCapture::new();

@@ -246,6 +246,33 @@ impl<E: Done> Exports<E> {
         }
     }
 
+    /// Every offer in the table now: its position, generation and allocation (for a look at
+    /// which are gone without the table's lock, `retire`).
+    pub fn offers(&self) -> Vec<(usize, u64, Allocation)> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(position, slot)| {
+                slot.as_ref()
+                    .map(|e| (position, e.generation, e.allocation))
+            })
+            .collect()
+    }
+
+    /// Retires the offer at `position` if it is still the one of `generation` (its allocation
+    /// found gone: freed memory, which no kernel can still use).
+    pub fn retire(&mut self, position: usize, generation: u64) -> Option<Retired> {
+        let slot = self.slots.get_mut(position)?;
+        if slot.as_ref()?.generation != generation {
+            return None;
+        }
+        *slot = None;
+        Some(Retired {
+            position,
+            generation,
+        })
+    }
+
     /// Offers in the table now.
     #[cfg(test)]
     pub fn len(&self) -> usize {
@@ -455,6 +482,40 @@ mod tests {
             exports.used(position, None);
         }
         assert_eq!(place(&mut exports, allocation(1 << 50, 1)), Placement::Full);
+    }
+
+    #[test]
+    fn an_offer_is_retired_only_under_its_own_generation() {
+        let mut exports = Exports::<Marker>::new(0, 2);
+        let a = allocation(0x4_0000_0000, 1);
+        let Placement::New {
+            position,
+            generation,
+        } = place(&mut exports, a)
+        else {
+            panic!("not offered");
+        };
+        assert_eq!(exports.offers(), [(position, generation, a)]);
+        // Made again at the same address since the look: the new offer stays.
+        let again = allocation(0x4_0000_0000, 2);
+        let Placement::New {
+            generation: newer, ..
+        } = place(&mut exports, again)
+        else {
+            panic!("not offered anew");
+        };
+        assert_eq!(exports.retire(position, generation), None);
+        assert_eq!(exports.len(), 1);
+        assert_eq!(
+            exports.retire(position, newer),
+            Some(Retired {
+                position,
+                generation: newer
+            })
+        );
+        assert_eq!(exports.len(), 0);
+        assert_eq!(exports.retire(position, newer), None);
+        assert_eq!(exports.retire(CAPACITY, newer), None);
     }
 
     #[test]

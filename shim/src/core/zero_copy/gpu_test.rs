@@ -291,6 +291,73 @@ fn role(rank: usize, dir: &Path, processes: Vec<u64>, ids: bool) {
     drop(member);
 }
 
+/// Rank 0 offers 1 GiB of cuMem memory (as PyTorch's expandable segments and ncclMemAlloc make),
+/// which rank 1 maps and reads; rank 0 frees it and makes no other call: the memory must be free
+/// again (both processes are on one GPU) once its service's sweep retired it and rank 1 closed
+/// its mapping, not when the communicator goes.
+fn freed_memory_role(rank: usize, dir: &Path, processes: Vec<u64>) {
+    const GIB: usize = 1 << 30;
+    cuda::init().unwrap();
+    let device = Device::open(0).unwrap();
+    device.make_current().unwrap();
+    let service = Service::start(processes[rank]).unwrap();
+    let member = ZeroCopy::join(service, 43, rank, processes, Box::new(DeviceMemory(device)));
+    post(dir, &format!("joined{rank}"), "yes");
+    await_file(dir, &format!("joined{}", 1 - rank));
+    if rank == 1 {
+        let text = await_file(dir, "mapped");
+        let mut seen = vec![0u8; 4096];
+        cuda::copy_to_host(&mut seen, text.parse().unwrap()).unwrap();
+        assert!(seen.iter().all(|&b| b == 0x5a), "read {:#x}", seen[0]);
+        post(dir, "read", "right");
+        // Still mapped after several sweeps while the allocation lives.
+        await_file(dir, "again");
+        cuda::copy_to_host(&mut seen, text.parse().unwrap()).unwrap();
+        assert!(seen.iter().all(|&b| b == 0x5a), "read {:#x}", seen[0]);
+        post(dir, "read again", "right");
+        await_file(dir, "done");
+        drop(member);
+        return;
+    }
+    let stream = OwnedStream::create(device).unwrap();
+    let start = cumem(device, GIB, 1);
+    stream.fill(start, 0x5a, 4096).unwrap();
+    let addresses = first_call(&member, start, "1 GiB of cuMem memory");
+    post(dir, "mapped", &addresses.input[1].to_string());
+    assert_eq!(await_file(dir, "read"), "right");
+    // A live allocation is never retired: after several sweeps, the same offer.
+    std::thread::sleep(super::SWEEP_EVERY * 5);
+    let again = first_call(&member, start, "1 GiB of cuMem memory, again");
+    assert_eq!(again.input[1], addresses.input[1]);
+    assert_eq!(member.offered.load(std::sync::atomic::Ordering::Relaxed), 1);
+    post(dir, "again", "yes");
+    assert_eq!(await_file(dir, "read again"), "right");
+    let free_now = || cudarc::driver::result::mem_get_info().unwrap().0;
+    let before = free_now();
+    // SAFETY: our own mapping, used by nothing queued; its handle was released when mapped.
+    let unmapped = unsafe { cudarc::driver::sys::cuMemUnmap(start, GIB) };
+    assert_eq!(unmapped, cudarc::driver::sys::CUresult::CUDA_SUCCESS);
+    let freed = Instant::now();
+    let at_once = free_now();
+    let deadline = freed + Duration::from_secs(5);
+    while free_now() < before + GIB * 9 / 10 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let back = free_now();
+    println!(
+        "freed 1 GiB rank 1 had mapped: at once {:+.2} GiB free, after {:.1} ms {:+.2} GiB",
+        (at_once as f64 - before as f64) / GIB as f64,
+        freed.elapsed().as_secs_f64() * 1e3,
+        (back as f64 - before as f64) / GIB as f64
+    );
+    post(dir, "done", "yes");
+    assert!(
+        back >= before + GIB * 9 / 10,
+        "the peer still holds the memory after 5 s"
+    );
+    drop(member);
+}
+
 /// Every rank's address of 4 KiB at `pointer`, in place, which rank 1 must map in time; says
 /// how long the call took (the first on a new buffer waits for rank 1's answer).
 fn first_call(member: &ZeroCopy, pointer: u64, what: &str) -> super::Addresses {
@@ -1304,6 +1371,9 @@ fn two_processes(name: &str, ids: bool) -> (bool, PathBuf) {
             "core_on_a_green_context_between_two_processes" => {
                 staged_on_a_green_context(rank, &dir)
             }
+            "a_peer_lets_go_of_memory_freed_between_two_processes" => {
+                freed_memory_role(rank, &dir, processes)
+            }
             _ => role(rank, &dir, processes, ids),
         }
         std::process::exit(0);
@@ -1313,6 +1383,8 @@ fn two_processes(name: &str, ids: bool) -> (bool, PathBuf) {
     std::fs::create_dir_all(&dir).unwrap();
     let tag = if name.starts_with("core") {
         2 << 40
+    } else if name.starts_with("a_peer") {
+        3 << 40
     } else if ids {
         0
     } else {
@@ -1368,6 +1440,12 @@ fn without_buffer_ids_the_stale_mapping_is_read() {
     let _ = std::fs::remove_dir_all(&dir);
     assert!(passed);
     assert_eq!(outcome.trim(), "stale");
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn a_peer_lets_go_of_memory_freed_between_two_processes() {
+    both_pass("a_peer_lets_go_of_memory_freed_between_two_processes");
 }
 
 #[test]

@@ -14,7 +14,10 @@
 //! The first call on an allocation waits for its peers' answers (one round trip through the
 //! service threads, and the time to map it); later calls find it in the table. An allocation
 //! freed and made again at the same address is another allocation (the driver's buffer id),
-//! offered anew: no call ever reads through a stale mapping.
+//! offered anew: no call ever reads through a stale mapping. A peer's mapping keeps the memory
+//! of an allocation its program freed from being used again, so each rank's service looks at
+//! what it offered every SWEEP_EVERY and retires what is gone; the peers close their mappings
+//! of cuMem memory at once, and keep those of cudaMalloc memory a while (PARKED_LIMIT).
 
 mod device_memory;
 mod exports;
@@ -45,10 +48,15 @@ use wire::{Kind, Message, Piece};
 /// cudaFree waiting for its GPU, whose kernel may wait for us). Past it, calls take the staged
 /// path without waiting, until the answers come.
 const ANSWER_LIMIT: Duration = Duration::from_secs(2);
-/// Mappings of peers' allocations that are gone, kept open until the communicator goes: closing
-/// one waits until this GPU has nothing queued, and holds this process's other CUDA calls
-/// meanwhile (seen on H100), which must not happen while kernels wait for a peer.
-/// Past this many, the oldest are closed anyway (on a thread of their own).
+/// How often each process's service looks for allocations it offered that its program freed
+/// (a few hundred nanoseconds of the driver's each): cuMem memory is the program's again this
+/// long after, and the time to close the peers' mappings.
+pub const SWEEP_EVERY: Duration = Duration::from_millis(20);
+/// Mappings of peers' cudaMalloc allocations that are gone, kept open until the communicator
+/// goes: closing one waits until this GPU has nothing queued, and holds this process's other
+/// CUDA calls meanwhile (seen on H100 and H200), which must not happen while a kernel waits
+/// for something this process has yet to do. Past this many, the oldest are closed anyway (on
+/// a thread of their own).
 const PARKED_LIMIT: usize = 64;
 /// Most allocations one side of a call may span (a tensor of PyTorch's expandable segments
 /// spans one per 20 MiB); past it, the call is staged.
@@ -64,6 +72,11 @@ pub enum Shared {
 pub trait Memory: Send + Sync {
     /// The allocation holding `pointer`, if it is one that peers can map (of this rank's GPU).
     fn allocation_of(&self, pointer: u64) -> Option<Allocation>;
+    /// Whether `allocation` is surely gone (freed, or another made at its place), asked on the
+    /// service's thread, which has no context of its own.
+    fn gone(&self, allocation: &Allocation) -> bool {
+        self.allocation_of(allocation.base) != Some(*allocation)
+    }
     fn share(&self, allocation: &Allocation) -> Result<Shared, String>;
     /// Maps a peer's allocation of `size` bytes; a cuMem one where it sits in its process
     /// (`origin`), so that allocations side by side there are side by side here where they can
@@ -456,6 +469,34 @@ impl ZeroCopy {
         }
     }
 
+    /// Retires the offers whose allocation is gone (the program freed it), so that the peers
+    /// close their mappings and the memory is the program's again; on the service's thread,
+    /// every SWEEP_EVERY. The driver is asked without the table's lock, which callers take.
+    pub(super) fn retire_freed(&self) {
+        let offers = lock(&self.exports).offers();
+        let gone: Vec<(usize, u64)> = offers
+            .into_iter()
+            .filter(|(_, _, a)| self.memory.gone(a))
+            .map(|(position, generation, _)| (position, generation))
+            .collect();
+        if gone.is_empty() {
+            return;
+        }
+        let mut exports = lock(&self.exports);
+        for (position, generation) in gone {
+            if let Some(retired) = exports.retire(position, generation) {
+                self.tell_peers(
+                    Kind::Retire,
+                    retired.position,
+                    retired.generation,
+                    0,
+                    [0; 64],
+                    None,
+                );
+            }
+        }
+    }
+
     /// A launch's calls are queued and their uses marked (`used`), or it failed: what they
     /// offered may be replaced as any other offer from now on. Until then, never (exports.rs).
     pub fn launched(&self) {
@@ -575,8 +616,11 @@ impl ZeroCopy {
         }
     }
 
-    /// Keeps the mapping of an allocation that is gone until the communicator goes, or closes
-    /// the oldest such one past PARKED_LIMIT; closes one in a mirror now.
+    /// Lets go of the mapping of a peer's allocation that is gone, or that the peer offers no
+    /// more (no kernel uses it: exports.rs). One in a mirror is closed at once (which does not
+    /// wait for the GPU, seen on H100 and H200), so that its memory is free again and the
+    /// allocation made next at its place lands there; any other is kept until the communicator
+    /// goes, or, past PARKED_LIMIT, the oldest is closed on the releasing thread.
     fn park(&self, mapping: Box<dyn Mapped>) {
         if mapping.in_mirror() {
             return;
@@ -1129,6 +1173,55 @@ mod tests {
             std::thread::sleep(Duration::from_millis(1));
         }
         assert_eq!(open(), PARKED_LIMIT + 1, "the oldest were closed");
+    }
+
+    /// Waits (up to 5 s) until `count` of `memory`'s mappings are open, and says so.
+    fn wait_for_open(memory: &FakeMemory, count: usize) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while memory.open.load(Ordering::SeqCst) != count && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(memory.open.load(Ordering::SeqCst), count);
+    }
+
+    /// The risk the sweep is for: a peer's mapping keeps freed memory from being used again, and
+    /// a program may free memory and never call again. A cuMem allocation's mappings (in
+    /// mirrors) are closed at once; a cudaMalloc one's are parked.
+    #[test]
+    fn a_freed_allocation_is_retired_without_another_call() {
+        let ranks = ranks(3, false);
+        let (member, memory) = &ranks[0];
+        let cumem = (0x80_0000, 2 << 20);
+        allocate_in(memory, 0x80_0000, 1, Sharing::PosixFd, cumem);
+        allocate_in(memory, 0x90_0000, 1, Sharing::PosixFd, cumem);
+        allocate(memory, 0x100_0000, 1);
+        for base in [0x80_0000, 0x90_0000, 0x100_0000] {
+            assert!(member.addresses(base, 64, base, 64).is_some());
+        }
+        wait_for_open(&ranks[1].1, 3);
+        wait_for_open(&ranks[2].1, 3);
+        // Live allocations are never retired.
+        std::thread::sleep(SWEEP_EVERY * 5);
+        assert_eq!(lock(&member.exports).len(), 3);
+        assert_eq!(ranks[1].1.open.load(Ordering::SeqCst), 3);
+        // Freed: no call of this rank comes after; its service's sweep finds them gone.
+        lock(&memory.allocations).retain(|a| a.base != 0x80_0000 && a.base != 0x100_0000);
+        wait_for_open(&ranks[1].1, 2);
+        wait_for_open(&ranks[2].1, 2);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while lock(&ranks[2].0.parked).is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(lock(&ranks[2].0.parked).len(), 1, "the cudaMalloc one");
+        assert_eq!(lock(&member.exports).len(), 1);
+        // The other stays offered and mapped.
+        let known = member.addresses(0x90_0000, 64, 0x90_0000, 64).unwrap().0;
+        assert_eq!(known.input[1], 0x5000_0010_0000);
+        assert_eq!(lock(&member.exports).len(), 1);
+        // Made again at the same place: offered anew, the peers map it there.
+        allocate_in(memory, 0x80_0000, 2, Sharing::PosixFd, cumem);
+        let again = member.addresses(0x80_0000, 64, 0x80_0000, 64).unwrap().0;
+        assert_eq!(again.input[1], 0x5000_0000_0000);
     }
 
     #[test]

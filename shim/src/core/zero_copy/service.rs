@@ -7,7 +7,8 @@
 //! own (`post`): a send waits while the peer's queue is full (a few datagrams, the system's
 //! `net.unix.max_dgram_qlen`), and neither the serving thread (which must keep draining this
 //! process's queue) nor a caller holding its communicator's table may wait on a peer that waits
-//! on them.
+//! on them. Between messages, every SWEEP_EVERY, the thread has each member retire what its
+//! program freed (`ZeroCopy::retire_freed`).
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
@@ -15,10 +16,11 @@ use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixDatagram};
 use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Instant;
 
-use super::ZeroCopy;
 use super::fd_passing;
 use super::wire::{MESSAGE_BYTES, Message};
+use super::{SWEEP_EVERY, ZeroCopy};
 
 /// A message on its way, and the member to tell if it cannot go.
 pub struct Outgoing {
@@ -59,6 +61,10 @@ impl Service {
             .map_err(|e| format!("zero-copy socket name: {e}"))?;
         let socket =
             UnixDatagram::bind_addr(&address).map_err(|e| format!("zero-copy socket: {e}"))?;
+        // The serving thread's waits for a message end in time for its sweeps.
+        socket
+            .set_read_timeout(Some(SWEEP_EVERY))
+            .map_err(|e| format!("zero-copy socket: {e}"))?;
         let (outbox, outgoing) = mpsc::channel::<Outgoing>();
         let service = Arc::new(Service {
             socket,
@@ -137,8 +143,14 @@ impl Service {
         let _relaxed =
             super::super::cuda::driver_present().then(super::super::cuda::RelaxedCapture::new);
         let mut buffer = [0u8; MESSAGE_BYTES + 1];
+        let mut swept = Instant::now();
         loop {
-            let Ok((length, fd)) = fd_passing::receive(&self.socket, &mut buffer) else {
+            let received = fd_passing::receive(&self.socket, &mut buffer);
+            if swept.elapsed() >= SWEEP_EVERY {
+                self.sweep();
+                swept = Instant::now();
+            }
+            let Ok((length, fd)) = received else {
                 continue;
             };
             let Some(message) = Message::decode(&buffer[..length]) else {
@@ -151,6 +163,17 @@ impl Service {
                     member.receive(&self, message, fd)
                 }));
             }
+        }
+    }
+}
+
+impl Service {
+    /// Has every member retire the allocations its program freed.
+    fn sweep(&self) {
+        let members: Vec<Arc<ZeroCopy>> = self.lock().values().filter_map(Weak::upgrade).collect();
+        for member in members {
+            let _ =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| member.retire_freed()));
         }
     }
 }
