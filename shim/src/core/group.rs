@@ -60,6 +60,10 @@ impl DeviceOp for Batch<'_> {
         self.calls[0].core.device.ordinal
     }
 
+    fn comm(&self) -> usize {
+        Arc::as_ptr(&self.calls[0].core) as usize
+    }
+
     fn launch(&self) -> Cuda<()> {
         let launched: Vec<Launched> = self
             .calls

@@ -35,6 +35,8 @@ pub type LaunchError = (i32, CudaError);
 pub trait DeviceOp {
     /// The device's ordinal.
     fn ordinal(&self) -> i32;
+    /// Which communicator's calls it holds (a key of its own for each communicator).
+    fn comm(&self) -> usize;
     /// Issues the operation (on the caller's thread, or on its device's helper).
     fn launch(&self) -> Result<(), CudaError>;
     /// What a new helper thread runs first, to launch on this operation's device.
@@ -108,11 +110,24 @@ impl Job {
     }
 }
 
-/// Launches the operations of `ops` on the devices `which` picks, in queue order, on this thread.
+/// Launches the operations of `ops` on the devices `which` picks, in queue order, on this thread;
+/// the first error met. One that fails holds back the later ones of its communicator (launched,
+/// they would meet their peers' calls before them), not the other communicators', whose peers
+/// would wait for them.
 fn launch_here<Op: DeviceOp>(ops: &[Op], which: impl Fn(i32) -> bool) -> Result<(), LaunchError> {
-    ops.iter()
-        .filter(|op| which(op.ordinal()))
-        .try_for_each(|op| op.launch().map_err(|e| (op.ordinal(), e)))
+    let mut first_error = None;
+    // Allocates only once a launch failed.
+    let mut failed: Vec<usize> = Vec::new();
+    for op in ops.iter().filter(|op| which(op.ordinal())) {
+        if failed.contains(&op.comm()) {
+            continue;
+        }
+        if let Err(e) = op.launch() {
+            failed.push(op.comm());
+            first_error.get_or_insert((op.ordinal(), e));
+        }
+    }
+    first_error.map_or(Ok(()), Err)
 }
 
 /// The helper of `op`'s device, started on first use; `None` if its thread could not be started.
@@ -239,6 +254,9 @@ impl DeviceOp for NoOp {
     fn ordinal(&self) -> i32 {
         -1
     }
+    fn comm(&self) -> usize {
+        0
+    }
     fn launch(&self) -> Result<(), CudaError> {
         Ok(())
     }
@@ -252,7 +270,7 @@ impl DeviceOp for NoOp {
 
 /// Launches a group's queued operations: those on the first operation's device by the calling
 /// thread, the others by their devices' helpers at the same time (all by the calling thread
-/// where one is on its own stream); in queue order per device.
+/// where one is on its own stream); in queue order per device (`launch_here`).
 /// Returns once all are issued, with the first error met.
 pub fn launch_group<Op: DeviceOp>(ops: &[Op]) -> Result<(), LaunchError> {
     let Some(first) = ops.first() else {
@@ -315,6 +333,7 @@ mod tests {
     struct FakeOp {
         ordinal: i32,
         id: usize,
+        comm: usize,
         fails: bool,
         callers: bool,
         log: Arc<Mutex<Vec<Record>>>,
@@ -323,6 +342,9 @@ mod tests {
     impl DeviceOp for FakeOp {
         fn ordinal(&self) -> i32 {
             self.ordinal
+        }
+        fn comm(&self) -> usize {
+            self.comm
         }
         fn launch(&self) -> Result<(), CudaError> {
             let until = Instant::now() + Duration::from_micros(5);
@@ -353,6 +375,7 @@ mod tests {
             .map(|(id, &ordinal)| FakeOp {
                 ordinal,
                 id,
+                comm: id,
                 fails: false,
                 callers: false,
                 log: log.clone(),
@@ -413,18 +436,27 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_launch_is_reported_with_its_device_and_the_rest_still_complete() {
+    fn a_failed_launch_holds_back_only_its_own_communicators_later_calls() {
         let log = Arc::new(Mutex::new(Vec::new()));
         for _ in 0..200 {
-            let mut ops = group(&[4, 5, 6, 5], &log);
+            let mut ops = group(&[4, 5, 6, 5, 5], &log);
             ops[1].fails = true;
+            ops[3].comm = ops[1].comm;
             let error = launch_group(&ops).unwrap_err();
             assert_eq!(error.0, 5);
             let launched = std::mem::take(&mut *log.lock().unwrap());
             let ids: Vec<usize> = launched.iter().map(|r| r.1).collect();
-            // Device 5 stops at its failed first op; devices 4 and 6 launch theirs.
+            // Device 5 skips the later op of the failed one's communicator, not another's;
+            // devices 4 and 6 launch theirs.
             assert!(ids.contains(&0) && ids.contains(&1) && ids.contains(&2));
-            assert!(!ids.contains(&3), "device 5 went on after its failure");
+            assert!(
+                !ids.contains(&3),
+                "its communicator went on after its failure"
+            );
+            assert!(
+                ids.contains(&4),
+                "another communicator's call was held back"
+            );
         }
         let ops = group(&[4, 5, 6], &log);
         launch_group(&ops).unwrap();
