@@ -538,8 +538,10 @@ fn send_queued_to_nccl(comm: ncclComm_t) {
     send_queued_where(|op| op.call.comm == comm);
 }
 
-/// Sends the queued calls `which` picks to the real NCCL, as `send_queued_to_nccl`.
-fn send_queued_where(mut which: impl FnMut(&Queued) -> bool) {
+/// Sends the queued calls `which` picks to the real NCCL, as `send_queued_to_nccl`; the last
+/// one's answer.
+fn send_queued_where(mut which: impl FnMut(&Queued) -> bool) -> ncclResult_t {
+    let mut last = ncclSuccess;
     // Out of the queue while the real NCCL runs: nothing of ours is borrowed if it calls back.
     let mut queued = QUEUED.with(|q| std::mem::take(&mut *q.borrow_mut()));
     for op in queued.extract_if(.., |op| which(op)) {
@@ -559,6 +561,7 @@ fn send_queued_where(mut which: impl FnMut(&Queued) -> bool) {
                 }
             });
         }
+        last = sent;
     }
     // The others stay queued, in their order, with the queue's memory.
     QUEUED.with(|q| {
@@ -566,6 +569,7 @@ fn send_queued_where(mut which: impl FnMut(&Queued) -> bool) {
         let newer = std::mem::replace(&mut *q, queued);
         q.extend(newer);
     });
+    last
 }
 
 /// The first error a call sent to NCCL from the queue returned in the outermost group, if any;
@@ -625,12 +629,11 @@ pub fn defer_window(window: PendingWindow) {
 }
 
 /// Queues `op` for the group's end, unless its communicator's operations queued before are on
-/// streams captured where its stream is not, or the other way round: NCCL refuses that (all
-/// uncaptured or all captured, ncclInvalidUsage, and the whole group fails), and so do we.
-/// (NCCL also tells two capturing graphs apart; the core sees only whether a stream captures.)
+/// streams captured where its stream is not, or the other way round (then handed back, for
+/// `send_refused_to_nccl`): NCCL refuses that (all uncaptured or all captured).
 /// As NCCL, it asks the driver only where a call comes on a stream its communicator has not
 /// used in the group: calls on one stream are captured alike.
-pub fn queue(mut op: Queued) -> Result<(), ()> {
+pub fn queue(mut op: Queued) -> Result<(), Queued> {
     touch();
     QUEUED.with(|q| {
         let mut queued = q.borrow_mut();
@@ -649,15 +652,26 @@ pub fn queue(mut op: Queued) -> Result<(), ()> {
                 })
                 .collect();
             if mixes_capture(earlier.into_iter(), (comm, mine)) {
-                FAILED.with(|f| f.set(true));
-                // NCCL logs it before refusing it.
-                log_taken(&op);
-                return Err(());
+                return Err(op);
             }
         }
         queued.push(op);
         Ok(())
     })
+}
+
+/// Sends a call `queue` refused to the real NCCL, after its communicator's calls queued before
+/// it, in their order, and answers as NCCL does: NCCL sees the streams of both kinds, refuses
+/// the call (ncclInvalidUsage, with its WARN) and fails its whole group, which then launches
+/// nothing, as without the shim. Nothing of the core's is launched either.
+pub fn send_refused_to_nccl(op: Queued) -> ncclResult_t {
+    let comm = op.call.comm;
+    QUEUED.with(|q| q.borrow_mut().push(op));
+    let answer = send_queued_where(|queued| queued.call.comm == comm);
+    if answer != ncclSuccess && answer != ncclInProgress {
+        FAILED.with(|f| f.set(true));
+    }
+    answer
 }
 
 /// Ends a group through `real_end` (the real ncclGroupSimulateEnd), which launches none of the

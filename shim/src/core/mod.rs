@@ -43,8 +43,7 @@ mod windows;
 
 use crate::call::Call;
 use crate::ffi::{
-    ncclComm_t, ncclInProgress, ncclInvalidUsage, ncclRemoteError, ncclResult_t, ncclSuccess,
-    ncclUnhandledCudaError,
+    ncclComm_t, ncclInProgress, ncclRemoteError, ncclResult_t, ncclSuccess, ncclUnhandledCudaError,
 };
 use crate::log::{log_info, log_warn};
 
@@ -415,15 +414,13 @@ fn collective_of_core(
                 .then(|| Box::new(forward) as Box<dyn FnOnce() -> ncclResult_t>),
             captured,
         });
-        if queued.is_ok() {
-            observer().ran_on_core(algorithm, captured);
-        } else {
-            log_warn!(
-                "Streams given to a communicator within a NCCL group must either be all uncaptured or all captured by the same graph."
-            );
-            return ncclInvalidUsage;
-        }
-        return ncclSuccess;
+        return match queued {
+            Ok(()) => {
+                observer().ran_on_core(algorithm, captured);
+                ncclSuccess
+            }
+            Err(refused) => group::send_refused_to_nccl(refused),
+        };
     }
     let captured = observer()
         .wants_capture_state()
@@ -559,6 +556,7 @@ fn release(comm: ncclComm_t, mut core: std::sync::Arc<comm::CoreComm>, abort: bo
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ffi::ncclInvalidUsage;
     use measured::Buffers;
     use std::ffi::c_void;
 
