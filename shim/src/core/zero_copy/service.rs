@@ -165,9 +165,7 @@ impl Service {
             }
         }
     }
-}
 
-impl Service {
     /// Has every member retire the allocations its program freed.
     fn sweep(&self) {
         let members: Vec<Arc<ZeroCopy>> = self.lock().values().filter_map(Weak::upgrade).collect();
