@@ -503,6 +503,13 @@ impl ZeroCopy {
         lock(&self.exports).queued();
     }
 
+    /// Takes no more messages (its communicator's core is left to kernels that may still run):
+    /// its mappings stay as they are.
+    pub fn stop_serving(&self) {
+        self.service.leave(self.comm);
+        self.broken.store(true, Ordering::Relaxed);
+    }
+
     fn give_up(&self, why: &str) {
         if !self.broken.swap(true, Ordering::Relaxed) {
             log_warn!(

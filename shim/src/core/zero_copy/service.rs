@@ -162,17 +162,30 @@ impl Service {
                 let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     member.receive(&self, message, fd)
                 }));
+                let_go(member);
             }
         }
     }
 
     /// Has every member retire the allocations its program freed.
     fn sweep(&self) {
-        let members: Vec<Arc<ZeroCopy>> = self.lock().values().filter_map(Weak::upgrade).collect();
-        for member in members {
+        let members: Vec<Weak<ZeroCopy>> = self.lock().values().cloned().collect();
+        for member in members.iter().filter_map(Weak::upgrade) {
             let _ =
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| member.retire_freed()));
+            let_go(member);
         }
+    }
+}
+
+/// Lets go of the serving thread's hold on `member`; if its communicator went meanwhile, it is
+/// dropped on the releasing thread: dropping it closes mappings, which waits for the GPU, and
+/// this thread must keep answering.
+fn let_go(member: Arc<ZeroCopy>) {
+    if let Some(last) = Arc::into_inner(member)
+        && let Err(last) = super::super::cuda::release_later(last)
+    {
+        drop(last);
     }
 }
 
