@@ -332,6 +332,16 @@ impl CoreComm {
     /// the other: a group's calls at the cost of one launch. Calls of the packet kernels (as many
     /// as `Settings::fuses_with` allows, on any streams) go to `launch_fused`.
     pub fn launch_batch(&self, calls: &[Launched], stream: cuda::Stream) -> Cuda<()> {
+        let launched = self.try_launch_batch(calls, stream);
+        if launched.is_err() {
+            // The peers' kernels of these calls wait for ours, which never come: this rank's
+            // next calls would meet them instead.
+            self.control.launch_failed();
+        }
+        launched
+    }
+
+    fn try_launch_batch(&self, calls: &[Launched], stream: cuda::Stream) -> Cuda<()> {
         let first = calls[0].plan;
         debug_assert!(calls.iter().all(|c| c.plan.same_launch(first)));
         let _context = self.device.enter_if_needed()?;
@@ -720,6 +730,7 @@ impl CoreComm {
                 GaveUp::OutOfStep(peer) => format!(
                     "found rank {peer} on a later call, a wait of its own having given up, and gave up"
                 ),
+                GaveUp::NotLaunched => "could not be launched".to_string(),
             };
             log_warn!(
                 "comm {comm:p} rank {}/{} on GPU {}: a call of the core {what}: the ranks' calls on this communicator do not match (a rank skipped a call, passed other arguments, or died). Its results are wrong; ncclCommGetAsyncError reports ncclRemoteError and its all-reduces fail: abort it",
@@ -759,7 +770,11 @@ impl CoreComm {
             finished.recv_timeout(Duration::from_secs(10))
         });
         if finished.is_err() {
-            // Kernels may still use them: the buffers, mappings and control block stay.
+            // Kernels may still use them: the buffers, mappings and control block stay, and no
+            // peer's message (a retired allocation) closes a mapping from now on.
+            if let Some(zero_copy) = &self.zero_copy {
+                zero_copy.stop_serving();
+            }
             std::mem::forget(self);
             return false;
         }

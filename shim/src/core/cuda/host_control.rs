@@ -8,13 +8,16 @@ use cudarc::driver::{result, sys};
 /// Pinned host memory shared with the kernels: their control block (device/device.cuh, "the host's
 /// control block"): [0] abort, raised by the host; [1] how long a kernel may wait for a peer, in
 /// seconds (0: for ever); [2] written by a kernel that gave up waiting: 1 + the rank it waited
-/// for, or `MAX_RANKS + 1` for blocks of its own grid.
+/// for, or `MAX_RANKS + 1` for blocks of its own grid; or by the host, `NOT_LAUNCHED`.
 pub struct HostControl {
     host: *mut i32,
     pub device: DevicePtr,
 }
 
 const CONTROL_WORDS: usize = 4;
+/// Word 2 as the host writes it where a call of the core could not be launched: no kernel
+/// writes it, and every kernel that waits stops at any word there.
+const NOT_LAUNCHED: i32 = MAX_RANKS as i32 + 2;
 
 // SAFETY: pinned host memory, written and read with volatile accesses only.
 unsafe impl Send for HostControl {}
@@ -29,6 +32,9 @@ pub enum GaveUp {
     OwnBlocks,
     /// It found this rank on a later call: a wait of that rank had given up, and it went on.
     OutOfStep(usize),
+    /// No kernel gave up: a call of this rank could not be launched, so its later calls would
+    /// meet its peers' earlier ones.
+    NotLaunched,
 }
 
 impl HostControl {
@@ -63,6 +69,14 @@ impl HostControl {
         self.write(0, 1);
     }
 
+    /// A call could not be launched: the communicator is out of step, as where a wait gave up
+    /// (unless one already did, whose word stays).
+    pub fn launch_failed(&self) {
+        if self.gave_up().is_none() {
+            self.write(2, NOT_LAUNCHED);
+        }
+    }
+
     /// Whom a kernel gave up waiting for, if one did (the word stays set).
     pub fn gave_up(&self) -> Option<GaveUp> {
         // SAFETY: our pinned allocation, alive until drop; written by kernels.
@@ -79,6 +93,7 @@ impl GaveUp {
             w if (-(MAX_RANKS as i32)..=-1).contains(&w) => {
                 Some(GaveUp::OutOfStep(-w as usize - 1))
             }
+            NOT_LAUNCHED => Some(GaveUp::NotLaunched),
             _ => Some(GaveUp::OwnBlocks),
         }
     }
@@ -114,5 +129,7 @@ mod tests {
             GaveUp::from_word(-(MAX_RANKS as i32)),
             Some(GaveUp::OutOfStep(MAX_RANKS - 1))
         );
+        assert_eq!(GaveUp::from_word(NOT_LAUNCHED), Some(GaveUp::NotLaunched));
+        assert_eq!(GaveUp::from_word(i32::MAX), Some(GaveUp::OwnBlocks));
     }
 }
