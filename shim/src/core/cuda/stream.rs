@@ -198,11 +198,12 @@ impl Drop for Event {
     }
 }
 
-/// Whether `stream` is being captured into a CUDA graph (no for a stream the driver refuses).
+/// Whether `stream` is being captured into a CUDA graph (no for a stream the driver refuses, and,
+/// as NCCL has it, for a capture already invalidated, into which nothing can be launched).
 pub fn capturing(stream: Stream) -> bool {
     // SAFETY: a stream of the caller's; a bad one answers an error.
     unsafe { result::stream::is_capturing(stream) }
-        .is_ok_and(|c| c != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+        .is_ok_and(|c| c == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE)
 }
 
 /// The id of the capture `stream` is in, `None` outside one. Needs a driver of CUDA 12.3 or
