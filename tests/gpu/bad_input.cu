@@ -307,6 +307,23 @@ struct Ctx {
     }
     note(right ? "sums-right" : poison ? "untouched" : "sums-wrong");
   }
+  // Whether `bytes` at p (a watched output) still hold the poison: "untouched", or "written".
+  void poisoned(const void* p, size_t bytes) {
+    std::vector<unsigned char> h(bytes);
+    cudaError_t e = cudaSuccess;
+    for (int d = 0; d < NR && e == cudaSuccess; d++) {
+      e = cudaSetDevice(d);
+      if (e == cudaSuccess) e = cudaDeviceSynchronize();
+    }
+    cudaSetDevice(0);
+    if (e != cudaSuccess || cudaMemcpy(h.data(), p, bytes, cudaMemcpyDefault) != cudaSuccess) {
+      note("unreadable");
+      return;
+    }
+    bool poison = true;
+    for (unsigned char b : h) poison &= b == POISON;
+    note(poison ? "untouched" : "written");
+  }
 };
 
 // Two fresh communicators (ncclCommInitAll), for cases that finalize, revoke or destroy theirs.
@@ -387,6 +404,34 @@ static void mixed_capture(Ctx& c, size_t captured) {
     c.note(cudaGetErrorName(cudaStreamEndCapture(b.stream[r], &g)));
     if (g) cudaGraphDestroy(g);
   }
+  c.sums(a.recv[0], N);
+}
+
+// As mixed_capture, after a send and a receive between the ranks in the same group, which go
+// to NCCL even through the shim: NCCL fails the whole group, whose send and receive must not
+// run either (the receiving buffer stays untouched), and the all-reduces' sums are not written.
+static void mixed_capture_after_sendrecv(Ctx& c) {
+  Args p = c.args(SENDRECV), a = c.args(AR), b = c.args(AR);
+  for (int r = 0; r < NR; r++) {
+    b.stream[r] = c.stream(r);
+    SETUP(cudaStreamBeginCapture(b.stream[r], cudaStreamCaptureModeRelaxed));
+  }
+  c.start();
+  for (int r = 0; r < NR; r++) {
+    c.call(issue(SEND, p, r));
+    c.call(issue(RECV, p, r));
+  }
+  for (int r = 0; r < NR; r++) {
+    c.call(issue(AR, a, r));
+    c.call(issue(AR, b, r));
+  }
+  c.ended(ncclGroupEnd());
+  for (int r = 0; r < NR; r++) {
+    cudaGraph_t g = NULL;
+    c.note(cudaGetErrorName(cudaStreamEndCapture(b.stream[r], &g)));
+    if (g) cudaGraphDestroy(g);
+  }
+  c.poisoned(p.recv[0], N * 4);
   c.sums(a.recv[0], N);
 }
 
@@ -667,6 +712,9 @@ static const Case CASES[] = {
     // stream being captured: "Streams given to a communicator within a NCCL group must either be
     // all uncaptured or all captured by the same graph", ncclInvalidUsage, nothing launched.
     {"allreduce-group-mixed-capture", SHARED, [](Ctx& c) { mixed_capture(c, N); }},
+    // The same after a send and a receive in the group, which NCCL takes: none of it runs.
+    {"allreduce-group-mixed-capture-after-sendrecv", SHARED,
+     [](Ctx& c) { mixed_capture_after_sendrecv(c); }},
 
     // --- Streams ---
     // Each rank's all-reduce on the other GPU's stream: the calls are accepted, the launch at the
