@@ -673,7 +673,14 @@ impl CoreComm {
             let (send, recv) = (scratch.mine.pointer as *const c_void, scratch.all.pointer);
             self.launch(&plan, send, recv as *mut c_void, scratch.stream.stream)
         };
-        ask().ok().map(|()| GraphsAsked(()))
+        match ask() {
+            Ok(()) => Some(GraphsAsked(())),
+            Err(_) => {
+                // Every rank launches it at this point: one that did not is out of step.
+                self.control.launch_failed();
+                None
+            }
+        }
     }
 
     /// What `ask_about_graphs` runs on, made at its first use (in the device's context).
@@ -710,9 +717,9 @@ impl CoreComm {
         self.captured.store(false, Ordering::Relaxed);
     }
 
-    /// Whether a kernel of this communicator gave up waiting for a peer (NCCLSHIM_TIMEOUT): the
-    /// ranks are out of step and its results are wrong. Said once, in a WARN naming the
-    /// communicator, this rank and the one it waited for.
+    /// Whether a kernel of this communicator gave up waiting for a peer (NCCLSHIM_TIMEOUT), or a
+    /// call of it could not be launched: the ranks are out of step. Said once, in a WARN naming
+    /// the communicator, this rank and the one it waited for.
     pub fn failed(&self, comm: ncclComm_t) -> bool {
         let Some(whom) = self.control.gave_up() else {
             return false;
@@ -732,13 +739,25 @@ impl CoreComm {
                 ),
                 GaveUp::NotLaunched => "could not be launched".to_string(),
             };
+            let why = match whom {
+                GaveUp::NotLaunched => {
+                    "this rank's later calls would not match its peers' (their kernels of that call wait for it)"
+                }
+                _ => {
+                    "the ranks' calls on this communicator do not match (a rank skipped a call, passed other arguments, or died). Its results are wrong"
+                }
+            };
             log_warn!(
-                "comm {comm:p} rank {}/{} on GPU {}: a call of the core {what}: the ranks' calls on this communicator do not match (a rank skipped a call, passed other arguments, or died). Its results are wrong; ncclCommGetAsyncError reports ncclRemoteError and its all-reduces fail: abort it",
+                "comm {comm:p} rank {}/{} on GPU {}: a call of the core {what}: {why}; ncclCommGetAsyncError reports ncclRemoteError and its all-reduces fail: abort it",
                 self.rank,
                 self.facts.nranks,
                 self.device.ordinal,
             );
-            super::observer::observer().dump(comm, "a wait of the core gave up");
+            let dumped = match whom {
+                GaveUp::NotLaunched => "a call of the core could not be launched",
+                _ => "a wait of the core gave up",
+            };
+            super::observer::observer().dump(comm, dumped);
         }
         true
     }

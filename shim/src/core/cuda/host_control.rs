@@ -4,20 +4,20 @@ use super::error::{Cuda, Named, check};
 use super::handles::DevicePtr;
 use crate::core::limits::MAX_RANKS;
 use cudarc::driver::{result, sys};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Pinned host memory shared with the kernels: their control block (device/device.cuh, "the host's
 /// control block"): [0] abort, raised by the host; [1] how long a kernel may wait for a peer, in
 /// seconds (0: for ever); [2] written by a kernel that gave up waiting: 1 + the rank it waited
-/// for, or `MAX_RANKS + 1` for blocks of its own grid; or by the host, `NOT_LAUNCHED`.
+/// for, or `MAX_RANKS + 1` for blocks of its own grid. And, the host's alone, whether a call
+/// could not be launched.
 pub struct HostControl {
     host: *mut i32,
     pub device: DevicePtr,
+    not_launched: AtomicBool,
 }
 
 const CONTROL_WORDS: usize = 4;
-/// Word 2 as the host writes it where a call of the core could not be launched: no kernel
-/// writes it, and every kernel that waits stops at any word there.
-const NOT_LAUNCHED: i32 = MAX_RANKS as i32 + 2;
 
 // SAFETY: pinned host memory, written and read with volatile accesses only.
 unsafe impl Send for HostControl {}
@@ -47,6 +47,7 @@ impl HostControl {
         let mut control = HostControl {
             host: host.cast::<i32>(),
             device: 0,
+            not_launched: AtomicBool::new(false),
         };
         for word in 0..CONTROL_WORDS {
             control.write(word, 0);
@@ -69,18 +70,22 @@ impl HostControl {
         self.write(0, 1);
     }
 
-    /// A call could not be launched: the communicator is out of step, as where a wait gave up
-    /// (unless one already did, whose word stays).
+    /// A call could not be launched: the communicator is out of step, as where a wait gave up.
+    /// Kept here, not in word 2, so that kernels launched before, which may still wait for slow
+    /// peers, run to their end.
     pub fn launch_failed(&self) {
-        if self.gave_up().is_none() {
-            self.write(2, NOT_LAUNCHED);
-        }
+        self.not_launched.store(true, Ordering::Relaxed);
     }
 
-    /// Whom a kernel gave up waiting for, if one did (the word stays set).
+    /// Whom a kernel gave up waiting for, if one did (the word stays set), or that a call could
+    /// not be launched.
     pub fn gave_up(&self) -> Option<GaveUp> {
         // SAFETY: our pinned allocation, alive until drop; written by kernels.
-        GaveUp::from_word(unsafe { self.host.add(2).read_volatile() })
+        GaveUp::from_word(unsafe { self.host.add(2).read_volatile() }).or_else(|| {
+            self.not_launched
+                .load(Ordering::Relaxed)
+                .then_some(GaveUp::NotLaunched)
+        })
     }
 }
 
@@ -93,7 +98,6 @@ impl GaveUp {
             w if (-(MAX_RANKS as i32)..=-1).contains(&w) => {
                 Some(GaveUp::OutOfStep(-w as usize - 1))
             }
-            NOT_LAUNCHED => Some(GaveUp::NotLaunched),
             _ => Some(GaveUp::OwnBlocks),
         }
     }
@@ -129,7 +133,6 @@ mod tests {
             GaveUp::from_word(-(MAX_RANKS as i32)),
             Some(GaveUp::OutOfStep(MAX_RANKS - 1))
         );
-        assert_eq!(GaveUp::from_word(NOT_LAUNCHED), Some(GaveUp::NotLaunched));
         assert_eq!(GaveUp::from_word(i32::MAX), Some(GaveUp::OwnBlocks));
     }
 }
