@@ -15,7 +15,11 @@ pub fn release_later<T: Send + 'static>(resource: T) -> Result<(), T> {
         let (sender, resources) = mpsc::channel::<Box<dyn Any + Send>>();
         std::thread::Builder::new()
             .name("ncclshim-release".into())
-            .spawn(move || resources.into_iter().for_each(drop))
+            .spawn(move || {
+                // Closing a mapping must not invalidate a capture another thread makes.
+                let _relaxed = super::driver_present().then(super::RelaxedCapture::new);
+                resources.into_iter().for_each(drop)
+            })
             .ok()
             .map(|_| sender)
     });

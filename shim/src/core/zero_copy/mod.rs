@@ -185,6 +185,9 @@ pub struct ZeroCopy {
     parked: Mutex<VecDeque<Box<dyn Mapped>>>,
     /// A peer could not be reached: no zero-copy here any more.
     broken: AtomicBool,
+    /// Its core is left to kernels that may still run (`stop_serving`): no mapping is closed or
+    /// replaced. Set and read under `imports`' lock.
+    stopped: AtomicBool,
     /// Calls that went zero-copy, calls that could not, allocations offered: said at the end.
     served: AtomicU64,
     staged: AtomicU64,
@@ -220,6 +223,7 @@ impl ZeroCopy {
             imports: Mutex::new(HashMap::new()),
             parked: Mutex::new(VecDeque::new()),
             broken: AtomicBool::new(false),
+            stopped: AtomicBool::new(false),
             served: AtomicU64::new(0),
             staged: AtomicU64::new(0),
             offered: AtomicU64::new(0),
@@ -508,6 +512,9 @@ impl ZeroCopy {
     pub fn stop_serving(&self) {
         self.service.leave(self.comm);
         self.broken.store(true, Ordering::Relaxed);
+        // A message being handled now closes nothing either.
+        let _imports = lock(&self.imports);
+        self.stopped.store(true, Ordering::Relaxed);
     }
 
     fn give_up(&self, why: &str) {
@@ -611,9 +618,10 @@ impl ZeroCopy {
             }
             Kind::Retire => {
                 let mut imports = lock(&self.imports);
-                if imports
-                    .get(&(from, position))
-                    .is_some_and(|(generation, _)| *generation == message.generation)
+                if !self.stopped.load(Ordering::Relaxed)
+                    && imports
+                        .get(&(from, position))
+                        .is_some_and(|(generation, _)| *generation == message.generation)
                     && let Some((_, retired)) = imports.remove(&(from, position))
                 {
                     drop(imports);
@@ -657,6 +665,9 @@ impl ZeroCopy {
         origin: Option<Origin>,
     ) -> (u64, Option<Box<dyn Mapped>>) {
         let mut imports = lock(&self.imports);
+        if self.stopped.load(Ordering::Relaxed) {
+            return (0, None);
+        }
         if let Some((known, mapped)) = imports.get(&(from, position)) {
             if *known == generation {
                 return (mapped.address(), None);
@@ -1229,6 +1240,30 @@ mod tests {
         allocate_in(memory, 0x80_0000, 2, Sharing::PosixFd, cumem);
         let again = member.addresses(0x80_0000, 64, 0x80_0000, 64).unwrap().0;
         assert_eq!(again.input[1], 0x5000_0000_0000);
+    }
+
+    /// A core left to kernels that may still run keeps its mappings, whatever its peers retire.
+    #[test]
+    fn a_member_that_stopped_serving_closes_nothing() {
+        let ranks = ranks(2, false);
+        let (member, memory) = &ranks[0];
+        let cumem = (0xa0_0000, 1 << 20);
+        allocate_in(memory, 0xa0_0000, 1, Sharing::PosixFd, cumem);
+        assert!(member.addresses(0xa0_0000, 64, 0xa0_0000, 64).is_some());
+        wait_for_open(&ranks[1].1, 1);
+        ranks[1].0.stop_serving();
+        lock(&memory.allocations).clear();
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while !lock(&member.exports).offers().is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(lock(&member.exports).offers().is_empty(), "not retired");
+        std::thread::sleep(SWEEP_EVERY * 5);
+        assert_eq!(
+            ranks[1].1.open.load(Ordering::SeqCst),
+            1,
+            "a mapping was closed"
+        );
     }
 
     #[test]

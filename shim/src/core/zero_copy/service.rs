@@ -105,6 +105,7 @@ impl Service {
             && let Some(member) = unsent.0.sender.upgrade()
         {
             member.give_up("its messages cannot be sent");
+            let_go(member);
         }
     }
 
@@ -134,6 +135,7 @@ impl Service {
             && let Some(member) = sender.upgrade()
         {
             member.unreachable(process, &e);
+            let_go(member);
         }
     }
 
@@ -178,9 +180,9 @@ impl Service {
     }
 }
 
-/// Lets go of the serving thread's hold on `member`; if its communicator went meanwhile, it is
-/// dropped on the releasing thread: dropping it closes mappings, which waits for the GPU, and
-/// this thread must keep answering.
+/// Lets go of the service's threads' hold on `member`; if its communicator went meanwhile, it
+/// is dropped on the releasing thread: dropping it closes mappings, which waits for the GPU,
+/// and these threads must keep answering and sending.
 fn let_go(member: Arc<ZeroCopy>) {
     if let Some(last) = Arc::into_inner(member)
         && let Err(last) = super::super::cuda::release_later(last)
