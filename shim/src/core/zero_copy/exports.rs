@@ -310,17 +310,22 @@ mod tests {
         exports.place(a, |_| true, &mut Vec::new())
     }
 
+    /// The position and generation of `a`, which must be newly offered.
+    fn offer_new(exports: &mut Exports<Marker>, a: Allocation) -> (usize, u64) {
+        match place(exports, a) {
+            Placement::New {
+                position,
+                generation,
+            } => (position, generation),
+            placed => panic!("not offered: {placed:?}"),
+        }
+    }
+
     #[test]
     fn an_allocation_is_offered_once_and_ready_when_every_peer_answered() {
         let mut exports = Exports::<Marker>::new(1, 3);
         let a = allocation(0x1000_0000, 7);
-        let Placement::New {
-            position,
-            generation,
-        } = place(&mut exports, a)
-        else {
-            panic!("not offered");
-        };
+        let (position, generation) = offer_new(&mut exports, a);
         assert_eq!(
             place(&mut exports, a),
             Placement::Known {
@@ -342,13 +347,7 @@ mod tests {
     #[test]
     fn a_peer_that_cannot_map_it_makes_it_unusable() {
         let mut exports = Exports::<Marker>::new(0, 2);
-        let Placement::New {
-            position,
-            generation,
-        } = place(&mut exports, allocation(0x2000_0000, 1))
-        else {
-            panic!("not offered");
-        };
+        let (position, generation) = offer_new(&mut exports, allocation(0x2000_0000, 1));
         exports.answer(position, generation, 1, 0);
         assert_eq!(exports.addresses(position, generation), Some(Err(())));
     }
@@ -358,13 +357,7 @@ mod tests {
     #[test]
     fn the_same_address_with_another_id_is_offered_anew() {
         let mut exports = Exports::<Marker>::new(0, 2);
-        let Placement::New {
-            position,
-            generation,
-        } = place(&mut exports, allocation(0x3000_0000, 1))
-        else {
-            panic!("not offered");
-        };
+        let (position, generation) = offer_new(&mut exports, allocation(0x3000_0000, 1));
         exports.answer(position, generation, 1, 0xb000);
         let again = place(&mut exports, allocation(0x3000_0000, 2));
         let Placement::New {
@@ -415,13 +408,10 @@ mod tests {
         let mut exports = Exports::<Marker>::new(0, 2);
         let markers: Vec<Marker> = (0..CAPACITY).map(|_| Marker::default()).collect();
         for (i, marker) in markers.iter().enumerate() {
-            let placed = place(
+            let (position, _) = offer_new(
                 &mut exports,
                 allocation(0x1_0000_0000 + (i as u64) * (1 << 21), 1),
             );
-            let Placement::New { position, .. } = placed else {
-                panic!("not offered: {placed:?}");
-            };
             exports.used(position, Some(marker.clone()));
         }
         exports.queued();
@@ -475,10 +465,7 @@ mod tests {
     fn a_position_used_in_a_graph_is_never_replaced() {
         let mut exports = Exports::<Marker>::new(0, 2);
         for i in 0..CAPACITY {
-            let placed = place(&mut exports, allocation((i as u64 + 1) << 30, 1));
-            let Placement::New { position, .. } = placed else {
-                panic!("not offered");
-            };
+            let (position, _) = offer_new(&mut exports, allocation((i as u64 + 1) << 30, 1));
             exports.used(position, None);
         }
         assert_eq!(place(&mut exports, allocation(1 << 50, 1)), Placement::Full);
@@ -488,22 +475,10 @@ mod tests {
     fn an_offer_is_retired_only_under_its_own_generation() {
         let mut exports = Exports::<Marker>::new(0, 2);
         let a = allocation(0x4_0000_0000, 1);
-        let Placement::New {
-            position,
-            generation,
-        } = place(&mut exports, a)
-        else {
-            panic!("not offered");
-        };
+        let (position, generation) = offer_new(&mut exports, a);
         assert_eq!(exports.offers(), [(position, generation, a)]);
         // Made again at the same address since the look: the new offer stays.
-        let again = allocation(0x4_0000_0000, 2);
-        let Placement::New {
-            generation: newer, ..
-        } = place(&mut exports, again)
-        else {
-            panic!("not offered anew");
-        };
+        let (_, newer) = offer_new(&mut exports, allocation(0x4_0000_0000, 2));
         assert_eq!(exports.retire(position, generation), None);
         assert_eq!(exports.len(), 1);
         assert_eq!(

@@ -167,6 +167,22 @@ impl Drop for Busy {
     }
 }
 
+/// Rank `rank`'s zero-copy side of communicator `comm`, on a service of its own, once the other
+/// rank has joined too.
+fn join_both(
+    rank: usize,
+    dir: &Path,
+    processes: Vec<u64>,
+    comm: u64,
+    memory: Box<dyn Memory>,
+) -> std::sync::Arc<ZeroCopy> {
+    let service = Service::start(processes[rank]).unwrap();
+    let member = ZeroCopy::join(service, comm, rank, processes, memory);
+    post(dir, &format!("joined{rank}"), "yes");
+    await_file(dir, &format!("joined{}", 1 - rank));
+    member
+}
+
 /// Rank 0 offers a buffer, then frees it and allocates again at the same address with other
 /// contents; rank 1 reads each through the address zero-copy gave rank 0 for it. Rank 1's GPU
 /// is kept busy meanwhile (as by a kernel waiting for rank 0): its service must answer anyway.
@@ -174,16 +190,13 @@ fn role(rank: usize, dir: &Path, processes: Vec<u64>, ids: bool) {
     cuda::init().unwrap();
     let device = Device::open(0).unwrap();
     device.make_current().unwrap();
-    let service = Service::start(processes[rank]).unwrap();
     let memory: Box<dyn Memory> = if ids {
         Box::new(DeviceMemory(device))
     } else {
         Box::new(WithoutIds(DeviceMemory(device)))
     };
-    let member = ZeroCopy::join(service, 42, rank, processes, memory);
+    let member = join_both(rank, dir, processes, 42, memory);
     let stream = OwnedStream::create(device).unwrap();
-    post(dir, &format!("joined{rank}"), "yes");
-    await_file(dir, &format!("joined{}", 1 - rank));
     if rank == 0 {
         let mut bases = Vec::new();
         for (round, value) in [(1, 0x11u8), (2, 0x22u8)] {
@@ -300,10 +313,7 @@ fn freed_memory_role(rank: usize, dir: &Path, processes: Vec<u64>) {
     cuda::init().unwrap();
     let device = Device::open(0).unwrap();
     device.make_current().unwrap();
-    let service = Service::start(processes[rank]).unwrap();
-    let member = ZeroCopy::join(service, 43, rank, processes, Box::new(DeviceMemory(device)));
-    post(dir, &format!("joined{rank}"), "yes");
-    await_file(dir, &format!("joined{}", 1 - rank));
+    let member = join_both(rank, dir, processes, 43, Box::new(DeviceMemory(device)));
     if rank == 1 {
         let text = await_file(dir, "mapped");
         let mut seen = vec![0u8; 4096];
@@ -469,10 +479,7 @@ fn zero_copy_core(
     let device = Device::open(0).unwrap();
     device.make_current().unwrap();
     let (parts, bases, peer) = exchange_buffers(rank, dir, device, "core");
-    let service = Service::start(processes[rank]).unwrap();
-    let zero_copy = ZeroCopy::join(service, 43, rank, processes, Box::new(DeviceMemory(device)));
-    post(dir, &format!("joined{rank}"), "yes");
-    await_file(dir, &format!("joined{}", 1 - rank));
+    let zero_copy = join_both(rank, dir, processes, 43, Box::new(DeviceMemory(device)));
     let facts = CommFacts {
         nranks: 2,
         single_process: false,

@@ -1161,10 +1161,7 @@ mod tests {
             "read through a stale mapping"
         );
         // Parked once the answer is sent.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while lock(&ranks[1].0.parked).is_empty() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        wait_until(in_5_s(), || !lock(&ranks[1].0.parked).is_empty());
         assert_eq!(lock(&ranks[1].0.parked).len(), 1);
         assert_eq!(
             ranks[1].1.open.load(Ordering::SeqCst),
@@ -1181,24 +1178,28 @@ mod tests {
             allocate(memory, 0x70_0000, id);
             assert!(member.addresses(0x70_0000, 64, 0x70_0000, 64).is_some());
         }
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while lock(&ranks[1].0.parked).len() != PARKED_LIMIT && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        let deadline = in_5_s();
+        wait_until(deadline, || lock(&ranks[1].0.parked).len() == PARKED_LIMIT);
         assert_eq!(lock(&ranks[1].0.parked).len(), PARKED_LIMIT);
         let open = || ranks[1].1.open.load(Ordering::SeqCst);
-        while open() != PARKED_LIMIT + 1 && Instant::now() < deadline {
+        wait_until(deadline, || open() == PARKED_LIMIT + 1);
+        assert_eq!(open(), PARKED_LIMIT + 1, "the oldest were closed");
+    }
+
+    fn in_5_s() -> Instant {
+        Instant::now() + Duration::from_secs(5)
+    }
+
+    /// Waits until `done` says so, or `deadline` passes (the caller then asserts).
+    fn wait_until(deadline: Instant, done: impl Fn() -> bool) {
+        while !done() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(1));
         }
-        assert_eq!(open(), PARKED_LIMIT + 1, "the oldest were closed");
     }
 
     /// Waits (up to 5 s) until `count` of `memory`'s mappings are open, and says so.
     fn wait_for_open(memory: &FakeMemory, count: usize) {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while memory.open.load(Ordering::SeqCst) != count && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        wait_until(in_5_s(), || memory.open.load(Ordering::SeqCst) == count);
         assert_eq!(memory.open.load(Ordering::SeqCst), count);
     }
 
@@ -1226,10 +1227,7 @@ mod tests {
         lock(&memory.allocations).retain(|a| a.base != 0x80_0000 && a.base != 0x100_0000);
         wait_for_open(&ranks[1].1, 2);
         wait_for_open(&ranks[2].1, 2);
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while lock(&ranks[2].0.parked).is_empty() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        wait_until(in_5_s(), || !lock(&ranks[2].0.parked).is_empty());
         assert_eq!(lock(&ranks[2].0.parked).len(), 1, "the cudaMalloc one");
         assert_eq!(lock(&member.exports).len(), 1);
         // The other stays offered and mapped.
@@ -1253,10 +1251,8 @@ mod tests {
         wait_for_open(&ranks[1].1, 1);
         ranks[1].0.stop_serving();
         lock(&memory.allocations).clear();
-        let deadline = Instant::now() + Duration::from_secs(1);
-        while !lock(&member.exports).offers().is_empty() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        let in_1_s = Instant::now() + Duration::from_secs(1);
+        wait_until(in_1_s, || lock(&member.exports).offers().is_empty());
         assert!(lock(&member.exports).offers().is_empty(), "not retired");
         std::thread::sleep(SWEEP_EVERY * 5);
         assert_eq!(
@@ -1323,10 +1319,7 @@ mod tests {
         assert_eq!(peer_open.load(Ordering::SeqCst), 1);
         drop(ranks);
         // The service thread may still hold the member for a moment.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while peer_open.load(Ordering::SeqCst) != 0 && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        wait_until(in_5_s(), || peer_open.load(Ordering::SeqCst) == 0);
         assert_eq!(
             peer_open.load(Ordering::SeqCst),
             0,
