@@ -331,17 +331,12 @@ impl CoreComm {
     /// `may_batch` where there are several) as one kernel on `stream`, which runs them one after
     /// the other: a group's calls at the cost of one launch. Calls of the packet kernels (as many
     /// as `Settings::fuses_with` allows, on any streams) go to `launch_fused`.
+    ///
+    /// A launch that fails leaves the communicator as it was, as NCCL does: where every rank's
+    /// failed (the same bad stream on each), their later calls still meet; where only some did,
+    /// the others' kernels meet this rank's next call, as NCCL's would, and the wait limit ends
+    /// what is left waiting.
     pub fn launch_batch(&self, calls: &[Launched], stream: cuda::Stream) -> Cuda<()> {
-        let launched = self.try_launch_batch(calls, stream);
-        if launched.is_err() {
-            // The peers' kernels of these calls wait for ours, which never come: this rank's
-            // next calls would meet them instead.
-            self.control.launch_failed();
-        }
-        launched
-    }
-
-    fn try_launch_batch(&self, calls: &[Launched], stream: cuda::Stream) -> Cuda<()> {
         let first = calls[0].plan;
         debug_assert!(calls.iter().all(|c| c.plan.same_launch(first)));
         let _context = self.device.enter_if_needed()?;
@@ -717,8 +712,8 @@ impl CoreComm {
         self.captured.store(false, Ordering::Relaxed);
     }
 
-    /// Whether a kernel of this communicator gave up waiting for a peer (NCCLSHIM_TIMEOUT), or a
-    /// call of it could not be launched: the ranks are out of step. Said once, in a WARN naming
+    /// Whether a kernel of this communicator gave up waiting for a peer (NCCLSHIM_TIMEOUT), or the
+    /// all-reduce every rank runs at one point could not be launched: the ranks are out of step. Said once, in a WARN naming
     /// the communicator, this rank and the one it waited for.
     pub fn failed(&self, comm: ncclComm_t) -> bool {
         let Some(whom) = self.control.gave_up() else {
@@ -727,7 +722,7 @@ impl CoreComm {
         if !self.failure_said.swap(true, Ordering::Relaxed) {
             let waited = |whom: &str| {
                 format!(
-                    "waited {} s for {whom} and gave up (NCCLSHIM_TIMEOUT)",
+                    "a call of the core waited {} s for {whom} and gave up (NCCLSHIM_TIMEOUT)",
                     policy::settings().wait_limit_s
                 )
             };
@@ -735,26 +730,28 @@ impl CoreComm {
                 GaveUp::Rank(peer) => waited(&format!("rank {peer}")),
                 GaveUp::OwnBlocks => waited("its other blocks"),
                 GaveUp::OutOfStep(peer) => format!(
-                    "found rank {peer} on a later call, a wait of its own having given up, and gave up"
+                    "a call of the core found rank {peer} on a later call, a wait of its own having given up, and gave up"
                 ),
-                GaveUp::NotLaunched => "could not be launched".to_string(),
+                GaveUp::NotLaunched => {
+                    "the core could not launch the all-reduce every rank runs at this point (whether CUDA graphs hold the core)".to_string()
+                }
             };
             let why = match whom {
                 GaveUp::NotLaunched => {
-                    "this rank's later calls would not match its peers' (their kernels of that call wait for it)"
+                    "this rank's later calls would not match its peers' (their kernels of that all-reduce wait for it)"
                 }
                 _ => {
                     "the ranks' calls on this communicator do not match (a rank skipped a call, passed other arguments, or died). Its results are wrong"
                 }
             };
             log_warn!(
-                "comm {comm:p} rank {}/{} on GPU {}: a call of the core {what}: {why}; ncclCommGetAsyncError reports ncclRemoteError and its all-reduces fail: abort it",
+                "comm {comm:p} rank {}/{} on GPU {}: {what}: {why}; ncclCommGetAsyncError reports ncclRemoteError and its all-reduces fail: abort it",
                 self.rank,
                 self.facts.nranks,
                 self.device.ordinal,
             );
             let dumped = match whom {
-                GaveUp::NotLaunched => "a call of the core could not be launched",
+                GaveUp::NotLaunched => "the core's all-reduce on graphs could not be launched",
                 _ => "a wait of the core gave up",
             };
             super::observer::observer().dump(comm, dumped);

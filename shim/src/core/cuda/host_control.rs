@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// Pinned host memory shared with the kernels: their control block (device/device.cuh, "the host's
 /// control block"): [0] abort, raised by the host; [1] how long a kernel may wait for a peer, in
 /// seconds (0: for ever); [2] written by a kernel that gave up waiting: 1 + the rank it waited
-/// for, or `MAX_RANKS + 1` for blocks of its own grid. And, the host's alone, whether a call
-/// could not be launched.
+/// for, or `MAX_RANKS + 1` for blocks of its own grid. And, the host's alone, whether the
+/// all-reduce every rank runs at one point could not be launched.
 pub struct HostControl {
     host: *mut i32,
     pub device: DevicePtr,
@@ -32,8 +32,8 @@ pub enum GaveUp {
     OwnBlocks,
     /// It found this rank on a later call: a wait of that rank had given up, and it went on.
     OutOfStep(usize),
-    /// No kernel gave up: a call of this rank could not be launched, so its later calls would
-    /// meet its peers' earlier ones.
+    /// No kernel gave up: the all-reduce every rank runs at one point (`ask_about_graphs`) could
+    /// not be launched here, so this rank's later calls would meet its peers' of that one.
     NotLaunched,
 }
 
@@ -70,15 +70,16 @@ impl HostControl {
         self.write(0, 1);
     }
 
-    /// A call could not be launched: the communicator is out of step, as where a wait gave up.
+    /// That all-reduce could not be launched: the communicator is out of step, as where a wait
+    /// gave up.
     /// Kept here, not in word 2, so that kernels launched before, which may still wait for slow
     /// peers, run to their end.
     pub fn launch_failed(&self) {
         self.not_launched.store(true, Ordering::Relaxed);
     }
 
-    /// Whom a kernel gave up waiting for, if one did (the word stays set), or that a call could
-    /// not be launched.
+    /// Whom a kernel gave up waiting for, if one did (the word stays set), or that the all-reduce
+    /// could not be launched.
     pub fn gave_up(&self) -> Option<GaveUp> {
         // SAFETY: our pinned allocation, alive until drop; written by kernels.
         GaveUp::from_word(unsafe { self.host.add(2).read_volatile() }).or_else(|| {
