@@ -195,12 +195,16 @@ impl Memory for DeviceMemory {
         shareable_allocation(pointer, self.0.ordinal)
     }
 
-    /// By the buffer id alone, in this GPU's context: gone only where the driver says so.
-    fn gone(&self, allocation: &Allocation) -> bool {
+    /// By the buffer id alone, in this GPU's context (entered once for all): gone only where
+    /// the driver says so.
+    fn gone(&self, allocations: &[Allocation]) -> Vec<bool> {
         let Ok(_context) = self.0.enter() else {
-            return false;
+            return vec![false; allocations.len()];
         };
-        cuda::buffer_id(allocation.base).is_some_and(|id| id != allocation.id)
+        allocations
+            .iter()
+            .map(|a| cuda::buffer_id(a.base).is_some_and(|id| id != a.id))
+            .collect()
     }
 
     fn share(&self, allocation: &Allocation) -> Result<Shared, String> {

@@ -20,6 +20,10 @@ impl Memory for WithoutIds {
             .allocation_of(pointer)
             .map(|a| Allocation { id: 0, ..a })
     }
+    /// Without ids no allocation tells its successor at its place apart, nor is seen to go.
+    fn gone(&self, allocations: &[Allocation]) -> Vec<bool> {
+        vec![false; allocations.len()]
+    }
     fn share(&self, allocation: &Allocation) -> Result<Shared, String> {
         self.0.share(allocation)
     }

@@ -72,11 +72,9 @@ pub enum Shared {
 pub trait Memory: Send + Sync {
     /// The allocation holding `pointer`, if it is one that peers can map (of this rank's GPU).
     fn allocation_of(&self, pointer: u64) -> Option<Allocation>;
-    /// Whether `allocation` is surely gone (freed, or another made at its place), asked on the
-    /// service's thread, which has no context of its own.
-    fn gone(&self, allocation: &Allocation) -> bool {
-        self.allocation_of(allocation.base) != Some(*allocation)
-    }
+    /// Which of `allocations` are surely gone (freed, or another made at their place), asked on
+    /// the service's thread, which has no context of its own: one answer each, in order.
+    fn gone(&self, allocations: &[Allocation]) -> Vec<bool>;
     fn share(&self, allocation: &Allocation) -> Result<Shared, String>;
     /// Maps a peer's allocation of `size` bytes; a cuMem one where it sits in its process
     /// (`origin`), so that allocations side by side there are side by side here where they can
@@ -478,10 +476,12 @@ impl ZeroCopy {
     /// every SWEEP_EVERY. The driver is asked without the table's lock, which callers take.
     pub(super) fn retire_freed(&self) {
         let offers = lock(&self.exports).offers();
+        let allocations: Vec<Allocation> = offers.iter().map(|&(_, _, a)| a).collect();
         let gone: Vec<(usize, u64)> = offers
             .into_iter()
-            .filter(|(_, _, a)| self.memory.gone(a))
-            .map(|(position, generation, _)| (position, generation))
+            .zip(self.memory.gone(&allocations))
+            .filter(|&(_, gone)| gone)
+            .map(|((position, generation, _), _)| (position, generation))
             .collect();
         if gone.is_empty() {
             return;
@@ -796,6 +796,11 @@ mod tests {
                 .iter()
                 .find(|a| a.holds(pointer, 1))
                 .copied()
+        }
+        fn gone(&self, allocations: &[Allocation]) -> Vec<bool> {
+            let now = lock(&self.allocations);
+            let holding = |a: &Allocation| now.iter().find(|b| b.holds(a.base, 1)).copied();
+            allocations.iter().map(|a| holding(a) != Some(*a)).collect()
         }
         fn share(&self, a: &Allocation) -> Result<Shared, String> {
             let mut identity = [0u8; 64];
