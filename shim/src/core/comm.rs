@@ -713,8 +713,8 @@ impl CoreComm {
     }
 
     /// Whether a kernel of this communicator gave up waiting for a peer (NCCLSHIM_TIMEOUT), or the
-    /// all-reduce every rank runs at one point could not be launched: the ranks are out of step. Said once, in a WARN naming
-    /// the communicator, this rank and the one it waited for.
+    /// all-reduce every rank runs at one point could not be launched: the ranks are out of step.
+    /// Said once, in a WARN naming the communicator, this rank and the one it waited for.
     pub fn failed(&self, comm: ncclComm_t) -> bool {
         let Some(whom) = self.control.gave_up() else {
             return false;

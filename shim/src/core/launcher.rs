@@ -111,9 +111,9 @@ impl Job {
 }
 
 /// Launches the operations of `ops` on the devices `which` picks, in queue order, on this thread;
-/// the first error met. One that fails holds back the later ones of its communicator (launched,
-/// they would meet their peers' calls before them), not the other communicators', whose peers
-/// would wait for them.
+/// the first error met. One that fails (or panics) holds back the later ones of its communicator
+/// (launched, they would meet their peers' calls before them), not the other communicators',
+/// whose peers would wait for them.
 fn launch_here<Op: DeviceOp>(ops: &[Op], which: impl Fn(i32) -> bool) -> Result<(), LaunchError> {
     let mut first_error = None;
     // Allocates only once a launch failed.
@@ -122,7 +122,9 @@ fn launch_here<Op: DeviceOp>(ops: &[Op], which: impl Fn(i32) -> bool) -> Result<
         if failed.contains(&op.comm()) {
             continue;
         }
-        if let Err(e) = op.launch() {
+        let launched = std::panic::catch_unwind(AssertUnwindSafe(|| op.launch()))
+            .unwrap_or_else(|_| Err(CudaError::panicked()));
+        if let Err(e) = launched {
             failed.push(op.comm());
             first_error.get_or_insert((op.ordinal(), e));
         }
@@ -335,6 +337,7 @@ mod tests {
         id: usize,
         comm: usize,
         fails: bool,
+        panics: bool,
         callers: bool,
         log: Arc<Mutex<Vec<Record>>>,
     }
@@ -358,6 +361,7 @@ mod tests {
             if self.fails {
                 return Err(CudaError::panicked());
             }
+            assert!(!self.panics, "a launch panicked");
             Ok(())
         }
         fn prepare_thread(&self) -> impl FnOnce() + Send + 'static {
@@ -377,6 +381,7 @@ mod tests {
                 id,
                 comm: id,
                 fails: false,
+                panics: false,
                 callers: false,
                 log: log.clone(),
             })
@@ -461,6 +466,26 @@ mod tests {
         let ops = group(&[4, 5, 6], &log);
         launch_group(&ops).unwrap();
         check_group(&ops, &log);
+    }
+
+    #[test]
+    fn a_launch_that_panics_holds_back_only_its_own_communicators_later_calls() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        for devices in [[5, 5, 5, 5], [4, 5, 6, 5]] {
+            let mut ops = group(&devices, &log);
+            ops[1].panics = true;
+            ops[3].comm = ops[1].comm;
+            let error = launch_group(&ops).unwrap_err();
+            assert_eq!((error.0, error.1.error.as_str()), (5, "panicked"));
+            let launched = std::mem::take(&mut *log.lock().unwrap());
+            let ids: Vec<usize> = launched.iter().map(|r| r.1).collect();
+            // The call after the panicking one, of another communicator, is launched.
+            assert!(ids.contains(&0) && ids.contains(&2), "{ids:?}");
+            assert!(
+                !ids.contains(&3),
+                "its communicator went on after its panic"
+            );
+        }
     }
 
     #[test]

@@ -12,7 +12,7 @@ pub struct CudaError {
 }
 
 impl CudaError {
-    /// A launch that panicked instead of returning (on a launch helper thread).
+    /// A launch that panicked instead of returning.
     pub fn panicked() -> CudaError {
         CudaError {
             call: "launch",
