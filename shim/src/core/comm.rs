@@ -214,6 +214,8 @@ pub struct CoreComm {
     control: HostControl,
     /// A kernel's giving up (see `failed`) has been said.
     failure_said: AtomicBool,
+    /// A launch of it failed (`launch_batch`): its later calls never tell peers their buffers.
+    buffers_withheld: AtomicBool,
     /// Its communicator was destroyed, aborted or revoked: a group that kept this core from an
     /// earlier call looks again (group::known).
     released: AtomicBool,
@@ -271,6 +273,7 @@ impl CoreComm {
             zero_copy: reach.zero_copy,
             control: parts.control,
             failure_said: AtomicBool::new(false),
+            buffers_withheld: AtomicBool::new(false),
             released: AtomicBool::new(false),
             captured: AtomicBool::new(false),
             graphs_scratch: OnceLock::new(),
@@ -332,11 +335,26 @@ impl CoreComm {
     /// the other: a group's calls at the cost of one launch. Calls of the packet kernels (as many
     /// as `Settings::fuses_with` allows, on any streams) go to `launch_fused`.
     ///
-    /// A launch that fails leaves the communicator as it was, as NCCL does: where every rank's
-    /// failed (the same bad stream on each), their later calls still meet; where only some did,
-    /// the others' kernels meet this rank's next call, as NCCL's would, and the wait limit ends
-    /// what is left waiting.
+    /// A launch that fails leaves the communicator usable, as NCCL's: where every rank's failed
+    /// (the same bad stream on each), their later calls still meet. Where only some did, the
+    /// others' kernels of that call meet this rank's next one, as NCCL's would: so that none of
+    /// them then writes into this rank's buffers by its own count, this rank's later calls keep
+    /// their buffers from the peers (`views`), which takes every rank of a call to the staged
+    /// path; the wait limit ends what is left waiting.
     pub fn launch_batch(&self, calls: &[Launched], stream: cuda::Stream) -> Cuda<()> {
+        let launched = self.try_launch_batch(calls, stream);
+        if launched.is_err() && !self.buffers_withheld.swap(true, Ordering::Relaxed) {
+            log_warn!(
+                "rank {}/{} on GPU {}: a call of the core could not be launched; its later calls take the staged path, so that a peer whose kernel of that call still waits cannot write into this rank's buffers",
+                self.rank,
+                self.facts.nranks,
+                self.device.ordinal
+            );
+        }
+        launched
+    }
+
+    fn try_launch_batch(&self, calls: &[Launched], stream: cuda::Stream) -> Cuda<()> {
         let first = calls[0].plan;
         debug_assert!(calls.iter().all(|c| c.plan.same_launch(first)));
         let _context = self.device.enter_if_needed()?;
@@ -612,8 +630,11 @@ impl CoreComm {
     /// Every rank's buffers of a call, for a kernel that reads them straight where it can: the
     /// caller's pointers for every rank where all are in this process, the peers' mappings of
     /// them otherwise (`uses`: what to mark once the kernel is queued); not usable where a peer
-    /// cannot reach what it touches, or where that is not 16-aligned.
+    /// cannot reach what it touches, or where that is not 16-aligned, or once a launch failed.
     fn views(&self, plan: &Plan, input: u64, output: u64) -> (Views, Option<Uses>) {
+        if self.buffers_withheld.load(Ordering::Relaxed) {
+            return (Views::shared(input, output, false), None);
+        }
         let touched = Touched::of(plan, self.rank, self.facts.nranks, input == output);
         let Some(zero_copy) = &self.zero_copy else {
             // Without zero-copy, only ranks of this process can reach this rank's buffers: with
@@ -733,25 +754,27 @@ impl CoreComm {
                     "a call of the core found rank {peer} on a later call, a wait of its own having given up, and gave up"
                 ),
                 GaveUp::NotLaunched => {
-                    "the core could not launch the all-reduce every rank runs at this point (whether CUDA graphs hold the core)".to_string()
+                    "the core could not launch the all-reduce that asks every rank, as the core is suspended, whether CUDA graphs hold its kernels".to_string()
                 }
             };
             let why = match whom {
                 GaveUp::NotLaunched => {
-                    "this rank's later calls would not match its peers' (their kernels of that all-reduce wait for it)"
+                    "its peers' kernels of that all-reduce wait for it, and this rank's later calls would meet them"
                 }
                 _ => {
                     "the ranks' calls on this communicator do not match (a rank skipped a call, passed other arguments, or died). Its results are wrong"
                 }
             };
             log_warn!(
-                "comm {comm:p} rank {}/{} on GPU {}: {what}: {why}; ncclCommGetAsyncError reports ncclRemoteError and its all-reduces fail: abort it",
+                "comm {comm:p} rank {}/{} on GPU {}: {what}: {why}; ncclCommGetAsyncError reports ncclRemoteError and the calls its core takes fail with it: abort it",
                 self.rank,
                 self.facts.nranks,
                 self.device.ordinal,
             );
             let dumped = match whom {
-                GaveUp::NotLaunched => "the core's all-reduce on graphs could not be launched",
+                GaveUp::NotLaunched => {
+                    "the core's all-reduce asking about graphs could not be launched"
+                }
                 _ => "a wait of the core gave up",
             };
             super::observer::observer().dump(comm, dumped);

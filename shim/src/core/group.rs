@@ -12,6 +12,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::ops::Range;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -446,9 +447,10 @@ pub fn drain_queued<T>(f: impl FnOnce(&[Queued]) -> T) -> T {
     QUEUED.with(|q| {
         let mut queued = q.borrow_mut();
         by_device(&mut queued);
-        let result = f(&queued);
+        // Emptied even where `f` panics, or the next group would launch these calls again.
+        let result = std::panic::catch_unwind(AssertUnwindSafe(|| f(&queued)));
         queued.clear();
-        result
+        result.unwrap_or_else(|panic| std::panic::resume_unwind(panic))
     })
 }
 

@@ -471,7 +471,8 @@ mod tests {
     #[test]
     fn a_launch_that_panics_holds_back_only_its_own_communicators_later_calls() {
         let log = Arc::new(Mutex::new(Vec::new()));
-        for devices in [[5, 5, 5, 5], [4, 5, 6, 5]] {
+        // All on the caller's device, then on a helper's after the caller's own.
+        for devices in [[5, 5, 5, 5], [4, 5, 5, 5]] {
             let mut ops = group(&devices, &log);
             ops[1].panics = true;
             ops[3].comm = ops[1].comm;

@@ -71,9 +71,8 @@ impl HostControl {
     }
 
     /// That all-reduce could not be launched: the communicator is out of step, as where a wait
-    /// gave up.
-    /// Kept here, not in word 2, so that kernels launched before, which may still wait for slow
-    /// peers, run to their end.
+    /// gave up. Kept here, not in word 2, so that kernels launched before, which may still wait
+    /// for slow peers, run to their end.
     pub fn launch_failed(&self) {
         self.not_launched.store(true, Ordering::Relaxed);
     }

@@ -477,9 +477,11 @@ impl ZeroCopy {
     pub(super) fn retire_freed(&self) {
         let offers = lock(&self.exports).offers();
         let allocations: Vec<Allocation> = offers.iter().map(|&(_, _, a)| a).collect();
+        let answers = self.memory.gone(&allocations);
+        debug_assert_eq!(answers.len(), allocations.len());
         let gone: Vec<(usize, u64)> = offers
             .into_iter()
-            .zip(self.memory.gone(&allocations))
+            .zip(answers)
             .filter(|&(_, gone)| gone)
             .map(|((position, generation, _), _)| (position, generation))
             .collect();
