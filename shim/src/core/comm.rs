@@ -214,7 +214,8 @@ pub struct CoreComm {
     control: HostControl,
     /// A kernel's giving up (see `failed`) has been said.
     failure_said: AtomicBool,
-    /// A launch of it failed (`launch_batch`): its later calls never tell peers their buffers.
+    /// Calls of it did not run that peers may have launched (`withhold_buffers`): its later
+    /// calls never tell peers their buffers.
     buffers_withheld: AtomicBool,
     /// Its communicator was destroyed, aborted or revoked: a group that kept this core from an
     /// earlier call looks again (group::known).
@@ -343,15 +344,25 @@ impl CoreComm {
     /// path; the wait limit ends what is left waiting.
     pub fn launch_batch(&self, calls: &[Launched], stream: cuda::Stream) -> Cuda<()> {
         let launched = self.try_launch_batch(calls, stream);
-        if launched.is_err() && !self.buffers_withheld.swap(true, Ordering::Relaxed) {
+        if launched.is_err() {
+            self.withhold_buffers("a call of the core could not be launched");
+        }
+        launched
+    }
+
+    /// Calls of this rank that its peers may have launched did not run here (`why`): from now
+    /// on its calls keep their buffers from the peers (`views`), so that a peer's kernel of such
+    /// a call, meeting this rank's next one, takes the staged path and never writes into this
+    /// rank's buffers by its own count. Said once.
+    pub fn withhold_buffers(&self, why: &str) {
+        if !self.buffers_withheld.swap(true, Ordering::Relaxed) {
             log_warn!(
-                "rank {}/{} on GPU {}: a call of the core could not be launched; its later calls take the staged path, so that a peer whose kernel of that call still waits cannot write into this rank's buffers",
+                "rank {}/{} on GPU {}: {why}; its later calls take the staged path, so that a peer whose kernel of that call still waits cannot write into this rank's buffers",
                 self.rank,
                 self.facts.nranks,
                 self.device.ordinal
             );
         }
-        launched
     }
 
     fn try_launch_batch(&self, calls: &[Launched], stream: cuda::Stream) -> Cuda<()> {
@@ -630,7 +641,8 @@ impl CoreComm {
     /// Every rank's buffers of a call, for a kernel that reads them straight where it can: the
     /// caller's pointers for every rank where all are in this process, the peers' mappings of
     /// them otherwise (`uses`: what to mark once the kernel is queued); not usable where a peer
-    /// cannot reach what it touches, or where that is not 16-aligned, or once a launch failed.
+    /// cannot reach what it touches, or where that is not 16-aligned, or once calls of it did
+    /// not run (`withhold_buffers`).
     fn views(&self, plan: &Plan, input: u64, output: u64) -> (Views, Option<Uses>) {
         if self.buffers_withheld.load(Ordering::Relaxed) {
             return (Views::shared(input, output, false), None);

@@ -581,9 +581,18 @@ pub fn take_sent_error() -> ncclResult_t {
 }
 
 /// Forgets the operations queued in the group (it failed: none of them is launched). Logged
-/// all the same: NCCL logs each call as it is made, before its group fails.
+/// all the same: NCCL logs each call as it is made, before its group fails. Where the group
+/// failed on this rank only, the peers launched theirs: each communicator's later calls keep
+/// their buffers from them.
 pub fn discard_queued() {
-    drain_queued(|queued| queued.iter().for_each(log_taken));
+    drain_queued(|queued| {
+        for op in queued {
+            log_taken(op);
+            op.core.withhold_buffers(
+                "a group's calls of the core were dropped, the group having failed",
+            );
+        }
+    })
 }
 
 /// Whether a call of the outermost group was refused; the group is clean again after.

@@ -387,8 +387,10 @@ fn collective_of_core(
     if core.failed(comm) {
         return ncclRemoteError;
     }
-    // Bad pointers are for the real NCCL to report, as it reports them.
+    // Bad pointers are for the real NCCL to report, as it reports them. Peers with their
+    // buffers may take the call on the core.
     if lacks_buffer(collective, call, core.rank) {
+        core.withhold_buffers("a call without a buffer went to NCCL, not to the core");
         return forward();
     }
     let (send, recv) = used_by_every_rank(collective, call);
