@@ -58,11 +58,11 @@ pub struct Batch<'a> {
 
 impl DeviceOp for Batch<'_> {
     fn ordinal(&self) -> i32 {
-        self.calls[0].core.device.ordinal
+        self.calls[0].device()
     }
 
     fn comm(&self) -> usize {
-        Arc::as_ptr(&self.calls[0].core) as usize
+        OnDevice::comm(&self.calls[0])
     }
 
     fn launch(&self) -> Cuda<()> {
@@ -529,15 +529,15 @@ pub fn weigh(comm: ncclComm_t, core: &Arc<CoreComm>, collective: Collective, pla
         s.to_nccl()
     });
     if decided {
-        send_queued_to_nccl(comm);
+        let _ = send_queued_to_nccl(comm);
     }
     decided
 }
 
 /// Sends the queued calls of `comm` to the real NCCL, whose group is still open, in their order;
-/// a call that fails there fails the group (`take_sent_error`).
-fn send_queued_to_nccl(comm: ncclComm_t) {
-    send_queued_where(|op| op.call.comm == comm);
+/// a call that fails there fails the group (`take_sent_error`). The last one's answer.
+fn send_queued_to_nccl(comm: ncclComm_t) -> ncclResult_t {
+    send_queued_where(|op| op.call.comm == comm)
 }
 
 /// Sends the queued calls `which` picks to the real NCCL, as `send_queued_to_nccl`; the last
@@ -678,7 +678,7 @@ pub fn queue(mut op: Queued) -> Result<(), Queued> {
 pub fn send_refused_to_nccl(op: Queued) -> ncclResult_t {
     let comm = op.call.comm;
     QUEUED.with(|q| q.borrow_mut().push(op));
-    let answer = send_queued_where(|queued| queued.call.comm == comm);
+    let answer = send_queued_to_nccl(comm);
     if answer != ncclSuccess && answer != ncclInProgress {
         FAILED.with(|f| f.set(true));
     }
