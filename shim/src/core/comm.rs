@@ -11,6 +11,7 @@ use super::cuda::{
     self, Cuda, CudaError, Device, DeviceBuffer, DevicePtr, GaveUp, HostControl, IpcMapping,
     OwnedStream, StreamOrder,
 };
+use super::fnv::Fnv;
 use super::kernels::Kernels;
 use super::policy::{
     self, CommFacts, FLAGS_BYTES, LL_MAX_BYTES, MAX_BATCH, MAX_FUSED, MAX_RANKS, Plan,
@@ -48,6 +49,10 @@ pub struct Views {
     pub input: [u64; MAX_RANKS],
     pub output: [u64; MAX_RANKS],
     pub usable: i32,
+    /// What the call is (`call_tag`): a peer's kernel goes direct only where every rank's call
+    /// has the same, so that none writes into another rank's buffers by a count that rank did
+    /// not give (ranks out of step, or calls that differ between ranks).
+    pub tag: u32,
 }
 
 impl Views {
@@ -57,8 +62,23 @@ impl Views {
             input: [input; MAX_RANKS],
             output: [output; MAX_RANKS],
             usable: usable as i32,
+            tag: 0,
         }
     }
+}
+
+/// What every rank's call must share for the direct path (`Views::tag`): its algorithm, type,
+/// operation, count, root and grid.
+fn call_tag(plan: &Plan) -> u32 {
+    let hash = Fnv::new()
+        .word(plan.algorithm as u64)
+        .word(plan.dtype as u64)
+        .word(plan.op as u64)
+        .word(plan.count as u64)
+        .word(plan.root as u64)
+        .word(u64::from(plan.blocks) << 32 | u64::from(plan.threads))
+        .finish();
+    (hash ^ hash >> 32) as u32
 }
 
 /// One call as the kernels take it: `struct Call` in device/device.cuh.
@@ -388,7 +408,10 @@ impl CoreComm {
             let views = if call.plan.algorithm.reads_views() {
                 let (views, used) = self.views(call.plan, input, output);
                 uses[k] = used;
-                views
+                Views {
+                    tag: call_tag(call.plan),
+                    ..views
+                }
             } else {
                 Views::default()
             };
@@ -672,6 +695,7 @@ impl CoreComm {
                     input: addresses.input,
                     output: addresses.output,
                     usable: 1,
+                    tag: 0,
                 },
                 Some(uses),
             ),
@@ -849,6 +873,51 @@ mod tests {
             blocks: 1,
             threads: 256,
         }
+    }
+
+    /// Calls that differ in anything a peer's direct kernel goes by have different tags, so that
+    /// their ranks take the staged path.
+    #[test]
+    fn calls_that_differ_have_different_tags() {
+        let call = plan(Algorithm::Direct, 1 << 20, -1);
+        let others = [
+            Plan {
+                count: (1 << 20) + 1,
+                ..call
+            },
+            Plan {
+                count: 1 << 18,
+                ..call
+            },
+            Plan {
+                count: (1 << 20) + (1 << 32),
+                ..call
+            },
+            Plan { root: 0, ..call },
+            Plan {
+                algorithm: Algorithm::AllGather,
+                ..call
+            },
+            Plan {
+                dtype: DataType::Float32,
+                ..call
+            },
+            Plan {
+                op: Op::Max,
+                ..call
+            },
+            Plan { blocks: 2, ..call },
+            Plan {
+                threads: 512,
+                ..call
+            },
+        ];
+        let mut tags: Vec<u32> = others.iter().map(call_tag).collect();
+        tags.push(call_tag(&call));
+        let all = tags.len();
+        tags.sort_unstable();
+        tags.dedup();
+        assert_eq!(tags.len(), all, "two different calls share a tag");
     }
 
     /// Peers touch only what their kernels read or write: a non-root's buffers the collective

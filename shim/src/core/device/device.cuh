@@ -67,11 +67,15 @@ struct Peers {
 // One call's buffers as every rank addresses them, for the direct kernel (`Views` in comm.rs):
 // in[r] and out[r] are this rank's input and output as rank r maps them (the same pointers where
 // every rank is in one process; CUDA IPC mappings of the peers' otherwise). `usable`: the host
-// found them reachable from every peer GPU, and 16-aligned.
+// found them reachable from every peer GPU, and 16-aligned. `tag`: what the call is (its
+// algorithm, type, operation, count, root and grid, hashed by the host): ranks go direct only
+// where all have the same, so that no kernel writes into a peer's buffers by a count the peer's
+// call did not give (ranks out of step, or calls that differ between ranks).
 struct Views {
   u64 in[MAX_RANKS];
   u64 out[MAX_RANKS];
   int usable;
+  u32 tag;
 };
 
 // One call: its buffers, count and root (broadcast, reduce, gather and scatter; unused by the
@@ -1045,8 +1049,8 @@ __device__ __forceinline__ void ll_reduce_unit(const Peers& peers, int rank, int
 
 // What a rank tells every rank of its call's buffers, for the direct algorithm: three packet
 // pairs (`ll_store`: two 4-byte values, each beside the call's epoch), its input's address, its
-// output's and whether both are usable (the host found them reachable from every peer GPU, and
-// 16-aligned), written by the rank's block 0 into each rank's flags. Each half arrives whole
+// output's, and whether both are usable (the host found them reachable from every peer GPU, and
+// 16-aligned) beside the call's tag (Views), written by the rank's block 0 into each rank's flags. Each half arrives whole
 // with its epoch, so the writer needs no release before them: one (st.release.sys) took about
 // 1 us of every direct call on 2 H200, as long as the call's data took to cross NVLink at 8 KiB.
 struct Published {
@@ -1098,7 +1102,7 @@ __device__ __forceinline__ void publish(const Peers& peers, int rank, int nranks
     Published* mine = published(peers.flags[p], rank);
     ll_store(mine->in, (u32)views.in[p], (u32)(views.in[p] >> 32), epoch);
     ll_store(mine->out, (u32)views.out[p], (u32)(views.out[p] >> 32), epoch);
-    ll_store(mine->usable, (u32)views.usable, 0, epoch);
+    ll_store(mine->usable, (u32)views.usable, views.tag, epoch);
   }
 }
 
@@ -1112,15 +1116,16 @@ __device__ __forceinline__ bool published_pair(const u64* address, u32 epoch, u3
 }
 
 // Waits for every rank's buffers of call `epoch`, into `ins` and `outs` (shared). Whether every
-// rank's are usable: the same answer in every block of every rank, as they all read the same
-// slots. While the ranks are in step, a peer's slot for this call stays until this call is done:
+// rank's are usable and every rank's call is this one (`tag`): the same answer in every block of
+// every rank, as they all read the same slots (where one rank's tag differs, every rank sees a
+// tag unlike its own). While the ranks are in step, a peer's slot for this call stays until this call is done:
 // the peer publishes the next call only after passing this call's last meeting, which our last
 // block reaches once every block of ours is done (end_of_data), or our staged windows' meetings
 // with every block of ours. A later call's in it means that a wait of the peer gave up and it ran on: out of
 // step, this call gives up at once and takes the staged path (which writes only into staging),
 // where it would otherwise wait for a call the peer has left. The few threads that wait poll
 // back to back (see poll_pause).
-__device__ __forceinline__ bool gather_published(const Peers& peers, int rank, int nranks, u32 epoch,
+__device__ __forceinline__ bool gather_published(const Peers& peers, int rank, int nranks, u32 epoch, u32 tag,
                                                  const volatile int* abort, u64* ins, u64* outs) {
   int p = threadIdx.x;
   int ready = 1;
@@ -1142,8 +1147,8 @@ __device__ __forceinline__ bool gather_published(const Peers& peers, int rank, i
     // after the acquire (and no line of this GPU's caches read before it is used).
     (void)load_acquire((const u32*)theirs->usable + 1);
     // Aborted before the peer came, or out of step: its slot is not this call's, so take the
-    // staged path.
-    ready = came && usable[0];
+    // staged path; as where the peer's call is not this one.
+    ready = came && usable[0] && usable[1] == tag;
     ins[p] = (u64)in[1] << 32 | in[0];
     outs[p] = (u64)out[1] << 32 | out[0];
   }
@@ -1218,7 +1223,7 @@ __device__ __forceinline__ Start start_call(const Peers& peers, int rank, int nr
   __shared__ u64 ins[MAX_RANKS], outs[MAX_RANKS];
   u32 epoch = begin_call(peers, rank);
   publish(peers, rank, nranks, views, epoch);
-  bool direct = gather_published(peers, rank, nranks, epoch, abort, ins, outs);
+  bool direct = gather_published(peers, rank, nranks, epoch, views.tag, abort, ins, outs);
   return Start{epoch, direct, ins, outs};
 }
 
