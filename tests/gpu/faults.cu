@@ -11,6 +11,10 @@
 //                        and new communicators on the same GPUs all-reduce right.
 //   destroy-after-revoke rank 0 waits alone as above; both communicators are revoked
 //                        (ncclCommRevoke, 2.28+; SKIP before), settle, and are destroyed.
+//   one-rank-launch-fails  rank 0's large all-reduce fails to launch (GPU 1's stream), rank 1's
+//                        is launched and meets rank 0's next, smaller one: nothing past that
+//                        one's output is written, the streams end within the wait limit
+//                        (NCCLSHIM_TIMEOUT, short in this case), new communicators right.
 //   two-streams          each rank issues two all-reduces of one communicator on two streams
 //                        with no dependency between them, every size family, 200 rounds: all
 //                        right (NCCL orders a communicator's operations whatever the streams).
@@ -58,6 +62,8 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <vector>
 
 #include "cuda_check.h"
 #include "nccl_check.h"
@@ -286,6 +292,76 @@ static int destroy_after_revoke() {
                  "after it refused with %s, destroy %.2f s, new communicators right",
                  revoke_took, stream_took, cudaGetErrorString(synced), ncclGetErrorString(settled[0]),
                  ncclGetErrorString(settled[1]), ncclGetErrorString(refused), destroy_took);
+}
+
+// --- One rank's launch fails: the peer's kernel of that call meets the rank's next one ---
+
+// Rank 0's all-reduce of kLarge floats is issued on GPU 1's stream (its launch fails); rank 1's
+// of kLarge floats is launched and waits; rank 0's next all-reduce, of kLarge / 4 floats, is the
+// one that kernel meets. Rank 0's output sits at the start of an allocation of kLarge floats
+// whose rest must keep its bytes: a direct kernel of rank 1 writing by its own count would spoil
+// them. Run with a short wait limit (NCCLSHIM_TIMEOUT), which ends rank 1's wait for the rest.
+static int one_rank_launch_fails() {
+  const char* name = "one-rank-launch-fails";
+  const size_t kLarge = 4 << 20, kSmall = kLarge / 4;
+  ncclComm_t comms[2];
+  NCCL_OK(ncclCommInitAll(comms, 2, kDevices));
+  RankBuf b0 = rank_buf(0, kLarge, 1.0f), b1 = rank_buf(1, kLarge, 2.0f);
+  const unsigned char poison = 0xA5;
+  CUDA_CHECK(cudaSetDevice(0));
+  CUDA_CHECK(cudaMemset(b0.data + kSmall, poison, (kLarge - kSmall) * sizeof(float)));
+  cudaStream_t streams[2];
+  for (int r = 0; r < 2; r++) {
+    CUDA_CHECK(cudaSetDevice(r));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&streams[r], cudaStreamNonBlocking));
+  }
+  CUDA_CHECK(cudaSetDevice(0));
+  double start = now();
+  ncclResult_t failed = ncclAllReduce(b0.data, b0.data, kLarge, ncclFloat, ncclSum, comms[0], streams[1]);
+  ncclResult_t peer = ncclAllReduce(b1.data, b1.data, kLarge, ncclFloat, ncclSum, comms[1], streams[1]);
+  ncclResult_t next = ncclAllReduce(b0.data, b0.data, kSmall, ncclFloat, ncclSum, comms[0], streams[0]);
+  cudaError_t synced[2];
+  for (int r = 0; r < 2; r++) {
+    CUDA_CHECK(cudaSetDevice(r));
+    synced[r] = cudaStreamSynchronize(streams[r]);
+  }
+  double took = now() - start;
+  // What lies past rank 0's output, read back whatever the streams said.
+  std::vector<unsigned char> rest((kLarge - kSmall) * sizeof(float));
+  CUDA_CHECK(cudaSetDevice(0));
+  cudaError_t read = cudaMemcpy(rest.data(), b0.data + kSmall, rest.size(), cudaMemcpyDeviceToHost);
+  long spoiled = 0;
+  for (unsigned char byte : rest) spoiled += byte != poison;
+  char why[256] = "";
+  if (failed == ncclSuccess) {
+    snprintf(why, sizeof why, "rank 0's all-reduce on GPU 1's stream was launched (the case needs it to fail)");
+  } else if (peer != ncclSuccess || next != ncclSuccess) {
+    snprintf(why, sizeof why, "rank 1's all-reduce %s, rank 0's next %s", ncclGetErrorString(peer),
+             ncclGetErrorString(next));
+  } else if (took > kDeadline) {
+    snprintf(why, sizeof why, "the streams took %.1f s", took);
+  } else if (read != cudaSuccess) {
+    snprintf(why, sizeof why, "rank 0's buffer unreadable: %s", cudaGetErrorString(read));
+  } else if (spoiled) {
+    snprintf(why, sizeof why, "%ld bytes past rank 0's output of %zu floats written", spoiled, kSmall);
+  }
+  ncclResult_t aborted[2];
+  for (int r = 0; r < 2; r++) aborted[r] = ncclCommAbort(comms[r]);
+  for (int r = 0; r < 2; r++) {
+    CUDA_CHECK(cudaSetDevice(r));
+    CUDA_CHECK(cudaStreamDestroy(streams[r]));
+  }
+  CUDA_CHECK(cudaFree(b0.data));
+  CUDA_CHECK(cudaFree(b1.data));
+  if (!why[0] && (aborted[0] != ncclSuccess || aborted[1] != ncclSuccess)) {
+    snprintf(why, sizeof why, "ncclCommAbort: %s, %s", ncclGetErrorString(aborted[0]), ncclGetErrorString(aborted[1]));
+  }
+  if (!why[0] && !fresh_comms_right()) snprintf(why, sizeof why, "new communicators all-reduce wrong");
+  return verdict(name, why,
+                 "rank 0's launch %s; rank 1's kernel met its next call: streams done in %.2f s (%s, %s), "
+                 "none of the %zu bytes past its output written, new communicators right",
+                 ncclGetErrorString(failed), took, cudaGetErrorString(synced[0]), cudaGetErrorString(synced[1]),
+                 rest.size());
 }
 
 // --- Two streams of one communicator, no dependency between them ---
@@ -834,6 +910,7 @@ int main(int argc, char** argv) {
   if (!strcmp(c, "abort-while-waiting")) return abort_while_waiting();
   if (!strcmp(c, "destroy-after-revoke")) return destroy_after_revoke();
   if (!strcmp(c, "two-streams")) return two_streams();
+  if (!strcmp(c, "one-rank-launch-fails")) return one_rank_launch_fails();
   if (!strcmp(c, "leak-one-process")) return leak_one_process(c, false, cycles, budget, false, true, false);
   if (!strcmp(c, "leak-groups")) return leak_groups(c, cycles, budget, empty_group);
   if (!strcmp(c, "leak-split-one-process"))

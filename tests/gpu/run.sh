@@ -18,6 +18,7 @@
 #   BENCH_ARGS     more arguments for every benchmark run, e.g. "--colls AllReduce"
 #   COLLECTIVE_RUNS  only the correctness runs whose names contain one of these words
 #   FLOOR_ARGS     more arguments for the floor, e.g. "--sizes 8M,16M"
+#   FAULTS_CASES   only these cases of the faults suite (faults.cu's names)
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
 [ $# -ge 1 ] || { echo "usage: $0 OUTDIR [collectives] [torch] [torchbench] [zerocopy] [meeting] [bench] [latepeer] [groupcost] [graphlaunch] [groupfused] [groupmoves] [torchcoalesced] [torchoverlap] [launch] [floor] [sanitizer] [waitlimit] [nccltests] [badinput] [faults] [observe] [netplugin]" >&2; exit 2; }
@@ -706,9 +707,14 @@ faults_suite() {
     >"$out/build-faults.log" 2>&1 || { verdict "faults" 1 "build failed: build-faults.log"; return; }
   local shim_env=(LD_LIBRARY_PATH="$shim_lib" NCCLSHIM_REAL_NCCL="$real" NCCLSHIM_CORE=force NCCLSHIM_TIMEOUT=600)
   local case
-  for case in abort-while-waiting destroy-after-revoke two-streams kill-rank; do
-    local log=$dir/$case.log t1=$SECONDS
-    env "${shim_env[@]}" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT timeout 300 "$out/bin/faults" "$case" >"$log" 2>&1
+  # FAULTS_CASES: the cases to run (default all).
+  local chosen=" ${FAULTS_CASES:-abort-while-waiting destroy-after-revoke two-streams kill-rank one-rank-launch-fails leak-split-one-process leak-split-procs leak-one-process leak-procs leak-groups} "
+  for case in abort-while-waiting destroy-after-revoke two-streams kill-rank one-rank-launch-fails; do
+    [[ $chosen == *" $case "* ]] || continue
+    local log=$dir/$case.log t1=$SECONDS limit=()
+    # Here the wait limit is what ends the peer's wait for the rest of its call.
+    [ $case = one-rank-launch-fails ] && limit=(NCCLSHIM_TIMEOUT=5)
+    env "${shim_env[@]}" "${limit[@]}" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT timeout 300 "$out/bin/faults" "$case" >"$log" 2>&1
     local status=$? core
     core=$(core_counts "$log")
     shim_used "$log" && [ "${core%/*}" -gt 0 ] || status=1
@@ -720,6 +726,7 @@ faults_suite() {
   # 0.6 s; FAULTS_SPLIT_SHARE=0: not); made by NCCL's whole init (0.6 s each) for a minute; and
   # groups of the core's all-reduces on two communicators for 20 s (millions of groups).
   for case in leak-split-one-process leak-split-procs leak-one-process leak-procs leak-groups; do
+    [[ $chosen == *" $case "* ]] || continue
     local log=$dir/$case.log t1=$SECONDS budget=${FAULTS_LEAK_BUDGET:-240}
     [[ $case == *split* ]] || budget=${FAULTS_INIT_LEAK_BUDGET:-60}
     local cycles=10000
