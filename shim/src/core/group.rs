@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use super::comm::{CoreComm, Launched};
 use super::cuda::{Cuda, PER_THREAD_STREAM, Stream, capturing};
 use super::launcher::DeviceOp;
-use super::policy::{self, Fused, MAX_BATCH, Plan};
+use super::policy::{self, Fused, MAX_BATCH, MAX_FUSED, Plan};
 use super::types::Collective;
 use super::{launcher, lifecycle, setup};
 use crate::call::Call;
@@ -56,7 +56,7 @@ pub struct Batch<'a> {
     calls: &'a [Queued],
 }
 
-impl DeviceOp for Batch<'_> {
+impl<'a> DeviceOp for Batch<'a> {
     fn ordinal(&self) -> i32 {
         self.calls[0].device()
     }
@@ -66,18 +66,29 @@ impl DeviceOp for Batch<'_> {
     }
 
     fn launch(&self) -> Cuda<()> {
-        let launched: Vec<Launched> = self
-            .calls
-            .iter()
-            .map(|queued| Launched {
-                plan: &queued.plan,
-                send: queued.call.send,
-                recv: queued.call.recv,
-                stream: queued.stream(),
-            })
-            .collect();
+        let launched_of = |queued: &'a Queued| Launched {
+            plan: &queued.plan,
+            send: queued.call.send,
+            recv: queued.call.recv,
+            stream: queued.stream(),
+        };
         let first = &self.calls[0];
-        first.core.launch_batch(&launched, first.stream())?;
+        // On the stack: a batch holds at most MAX_FUSED calls (`joins`).
+        let mut on_stack = [launched_of(first); MAX_FUSED];
+        let spilled: Vec<Launched>;
+        let launched = match self.calls.len() <= MAX_FUSED {
+            true => {
+                for (slot, queued) in on_stack.iter_mut().zip(self.calls) {
+                    *slot = launched_of(queued);
+                }
+                &on_stack[..self.calls.len()]
+            }
+            false => {
+                spilled = self.calls.iter().map(launched_of).collect();
+                &spilled[..]
+            }
+        };
+        first.core.launch_batch(launched, first.stream())?;
         if self.calls.len() > 1 {
             super::observer::observer().shared_launch(first.call.comm, self.calls.len());
         }
@@ -165,6 +176,12 @@ fn runs<T: OnDevice>(items: &[T], joins: impl Fn(&[T], &T) -> bool) -> Vec<Range
 /// communicator's kernels see is unchanged. Communicators' launches still follow the order of
 /// their first calls in the group.
 fn by_device<T: OnDevice>(items: &mut [T]) {
+    // Most groups hold one communicator's calls: nothing to move, nor to allocate.
+    if let Some(first) = items.first()
+        && (items.iter()).all(|item| (item.device(), item.comm()) == (first.device(), first.comm()))
+    {
+        return;
+    }
     let mut firsts: Vec<(i32, usize)> = Vec::new();
     for item in items.iter() {
         if !firsts.contains(&(item.device(), item.comm())) {
