@@ -287,7 +287,7 @@ struct Seen {
     /// Its core, as looked up at its first such call: the group's later calls need no look-up.
     core: Arc<CoreComm>,
     so_far: policy::GroupSoFar,
-    /// While every one so far fits at most MAX_FUSED_LAUNCHES fused launches
+    /// While every one so far fits at most `policy::max_fused_launches` fused launches
     /// (`Settings::fused_with`): how.
     fused: Option<Fused>,
 }
