@@ -284,3 +284,9 @@ gpu-check:
 	python3 tests/gpu/trace_check.py --timed tests/gpu/testdata/trace-timed.jsonl
 	! python3 tests/gpu/trace_check.py tests/gpu/testdata/trace-timed.jsonl >/dev/null
 	! python3 tests/gpu/trace_check.py --timed tests/gpu/testdata/trace-gap.jsonl >/dev/null
+	@# bad_input_compare.py on made-up runs: right sums where NCCL's were wrong are noted, wrong
+	@# sums where NCCL's were right fail.
+	python3 tests/gpu/bad_input_compare.py tests/gpu/testdata/badinput-nccl.log \
+	  tests/gpu/testdata/badinput-shim.log | grep -qx "2 cases: 2 as NCCL, 0 differ (1 with notes)"
+	! python3 tests/gpu/bad_input_compare.py tests/gpu/testdata/badinput-nccl.log \
+	  tests/gpu/testdata/badinput-shim-wrong.log >/dev/null
