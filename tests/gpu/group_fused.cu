@@ -1,10 +1,11 @@
 // Groups of several all-reduces on one communicator, checked value by value: the core fuses a
-// group's small all-reduces of one type and op into one or two launches (their data side by side
-// in the inboxes), and sends other groups to NCCL whole. One process drives every GPU (as nccl-tests
-// -g), through the library given (the shim, or NCCL alone as the control).
+// group's small all-reduces of one type and op into up to two launches, four of floats on 2 GPUs
+// (their data side by side in the inboxes), and sends other groups to NCCL whole. One process
+// drives every GPU (as nccl-tests -g), through the library given (the shim, or NCCL alone as the
+// control).
 //   group_fused --lib DIR/libnccl.so.2 [--ngpus 2]
 // Each group: calls of every size class (one element, odd counts, whole inboxes, past one and
-// past two, more calls than one or two launches carry, mixed types and ops), every other call in
+// past two, more calls than two or four launches carry, mixed types and ops), every other call in
 // place, some with buffers one element off their 16-byte alignment; for every type and op;
 // eagerly on one stream, eagerly with the calls spread over two streams, and captured in a CUDA
 // graph replayed three times with new values. Prints one line per (mode, type, op) with its
@@ -88,6 +89,7 @@ static std::vector<std::vector<CallSpec>> groups_of(ncclDataType_t t, ncclRedOp_
       calls({1, 3, 17, 255, 256, 1000, 4096, 8191}, true),
       calls(std::vector<size_t>(9, 100)),                    // more than a launch carries
       calls(std::vector<size_t>(17, 100)),                   // more than two launches carry
+      calls(std::vector<size_t>(33, 100)),                   // more than four launches carry
       calls(std::vector<size_t>(8, (64 << 10) / size)),      // 512 KiB: the sentinel inbox, full
       calls(std::vector<size_t>(3, (200 << 10) / size)),     // past it (floats): two launches
       calls(std::vector<size_t>(3, (48 << 10) / size)),      // past the packets' (integers): two

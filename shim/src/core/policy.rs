@@ -82,22 +82,24 @@ impl GroupSoFar {
 }
 
 /// The most fused launches a group's calls of one communicator may take and stay the core's
-/// (`Settings::fused_with`): more small calls than that go to NCCL's one kernel. All-reduces
-/// on 2 ranks may take MAX_FUSED_ALL_REDUCE_LAUNCHES.
+/// (`Settings::fused_with`): more small calls than that go to NCCL's one kernel. Floating-point
+/// all-reduces on 2 ranks may take MAX_FUSED_ALL_REDUCE_LAUNCHES.
 pub const MAX_FUSED_LAUNCHES: usize = 2;
 
-/// The most fused launches of a group's all-reduces on 2 ranks. On 2 H200 (nccl-tests, one
+/// The most fused launches of a group's floating-point all-reduces (the sentinel kernel) on 2
+/// ranks. On 2 H200 (nccl-tests, one
 /// process per GPU), eight all-reduces of 256 KiB in four launches took 0.47 of NCCL's time per
 /// operation eager and 0.50 in CUDA graphs, six 0.84 and 0.91; in NCCL's one kernel, 1.01. The
 /// other collectives' packet kernels lose there: eight reduce-scatters of 1 MiB in four launches
-/// took 1.16 of NCCL's time. Not measured on more ranks.
+/// took 1.16 of NCCL's time. Not measured on more ranks, nor for the other types' low-latency
+/// kernel.
 pub const MAX_FUSED_ALL_REDUCE_LAUNCHES: usize = 4;
 
 /// The most fused launches a group's calls led by `first` may take on `nranks` ranks
 /// (`MAX_FUSED_LAUNCHES`).
 pub fn max_fused_launches(first: &Plan, nranks: usize) -> usize {
     match first.algorithm {
-        Algorithm::Sentinel | Algorithm::LowLatency if nranks == 2 => MAX_FUSED_ALL_REDUCE_LAUNCHES,
+        Algorithm::Sentinel if nranks == 2 => MAX_FUSED_ALL_REDUCE_LAUNCHES,
         _ => MAX_FUSED_LAUNCHES,
     }
 }
@@ -700,7 +702,7 @@ mod tests {
 
     /// Small all-reduces of one kernel (type, op) fuse into launches, each of at most MAX_FUSED
     /// calls whose data fits where one call of that kernel may go, and a group of them that
-    /// takes at most MAX_FUSED_ALL_REDUCE_LAUNCHES on 2 ranks (MAX_FUSED_LAUNCHES on more)
+    /// takes at most MAX_FUSED_ALL_REDUCE_LAUNCHES (floats on 2 ranks; else MAX_FUSED_LAUNCHES)
     /// stays the core's.
     #[test]
     fn small_all_reduces_of_one_kernel_fuse_while_they_fit() {
