@@ -15,6 +15,8 @@
 //                        is launched and meets rank 0's next, smaller one: nothing past that
 //                        one's output is written, the streams end within the wait limit
 //                        (NCCLSHIM_TIMEOUT, short in this case), new communicators right.
+//   counts-differ        the same without the failed launch: the ranks' all-reduces differ in
+//                        count (each call's tag takes them to the staged path).
 //   two-streams          each rank issues two all-reduces of one communicator on two streams
 //                        with no dependency between them, every size family, 200 rounds: all
 //                        right (NCCL orders a communicator's operations whatever the streams).
@@ -294,15 +296,16 @@ static int destroy_after_revoke() {
                  ncclGetErrorString(settled[1]), ncclGetErrorString(refused), destroy_took);
 }
 
-// --- One rank's launch fails: the peer's kernel of that call meets the rank's next one ---
+// --- Ranks' calls that differ: one rank's all-reduce meets a peer's of another count ---
 
-// Rank 0's all-reduce of kLarge floats is issued on GPU 1's stream (its launch fails); rank 1's
-// of kLarge floats is launched and waits; rank 0's next all-reduce, of kLarge / 4 floats, is the
-// one that kernel meets. Rank 0's output sits at the start of an allocation of kLarge floats
-// whose rest must keep its bytes: a direct kernel of rank 1 writing by its own count would spoil
-// them. Run with a short wait limit (NCCLSHIM_TIMEOUT), which ends rank 1's wait for the rest.
-static int one_rank_launch_fails() {
-  const char* name = "one-rank-launch-fails";
+// Rank 1's all-reduce of kLarge floats meets rank 0's of kLarge / 4, whose output sits at the
+// start of an allocation of kLarge floats whose rest must keep its bytes: a direct kernel of rank
+// 1 writing by its own count would spoil them. `failed_launch`: rank 0 first issues an
+// all-reduce of kLarge floats on GPU 1's stream, whose launch fails (rank 1's is then the call
+// of that one); otherwise the counts simply differ (a user's bug: NCCL gives wrong values). Run
+// with a short wait limit (NCCLSHIM_TIMEOUT), which ends rank 1's wait for the rest of its call.
+static int counts_differ(bool failed_launch) {
+  const char* name = failed_launch ? "one-rank-launch-fails" : "counts-differ";
   const size_t kLarge = 4 << 20, kSmall = kLarge / 4;
   ncclComm_t comms[2];
   NCCL_OK(ncclCommInitAll(comms, 2, kDevices));
@@ -317,7 +320,8 @@ static int one_rank_launch_fails() {
   }
   CUDA_CHECK(cudaSetDevice(0));
   double start = now();
-  ncclResult_t failed = ncclAllReduce(b0.data, b0.data, kLarge, ncclFloat, ncclSum, comms[0], streams[1]);
+  ncclResult_t failed = ncclInvalidUsage;
+  if (failed_launch) failed = ncclAllReduce(b0.data, b0.data, kLarge, ncclFloat, ncclSum, comms[0], streams[1]);
   ncclResult_t peer = ncclAllReduce(b1.data, b1.data, kLarge, ncclFloat, ncclSum, comms[1], streams[1]);
   ncclResult_t next = ncclAllReduce(b0.data, b0.data, kSmall, ncclFloat, ncclSum, comms[0], streams[0]);
   cudaError_t synced[2];
@@ -333,13 +337,16 @@ static int one_rank_launch_fails() {
   long spoiled = 0;
   for (unsigned char byte : rest) spoiled += byte != poison;
   char why[256] = "";
-  if (failed == ncclSuccess) {
+  if (failed_launch && failed == ncclSuccess) {
     snprintf(why, sizeof why, "rank 0's all-reduce on GPU 1's stream was launched (the case needs it to fail)");
   } else if (peer != ncclSuccess || next != ncclSuccess) {
     snprintf(why, sizeof why, "rank 1's all-reduce %s, rank 0's next %s", ncclGetErrorString(peer),
              ncclGetErrorString(next));
   } else if (took > kDeadline) {
     snprintf(why, sizeof why, "the streams took %.1f s", took);
+  } else if (synced[0] != cudaSuccess || synced[1] != cudaSuccess) {
+    snprintf(why, sizeof why, "the streams failed: %s, %s", cudaGetErrorString(synced[0]),
+             cudaGetErrorString(synced[1]));
   } else if (read != cudaSuccess) {
     snprintf(why, sizeof why, "rank 0's buffer unreadable: %s", cudaGetErrorString(read));
   } else if (spoiled) {
@@ -351,16 +358,19 @@ static int one_rank_launch_fails() {
     CUDA_CHECK(cudaSetDevice(r));
     CUDA_CHECK(cudaStreamDestroy(streams[r]));
   }
+  CUDA_CHECK(cudaSetDevice(0));
   CUDA_CHECK(cudaFree(b0.data));
+  CUDA_CHECK(cudaSetDevice(1));
   CUDA_CHECK(cudaFree(b1.data));
+  CUDA_CHECK(cudaSetDevice(0));
   if (!why[0] && (aborted[0] != ncclSuccess || aborted[1] != ncclSuccess)) {
     snprintf(why, sizeof why, "ncclCommAbort: %s, %s", ncclGetErrorString(aborted[0]), ncclGetErrorString(aborted[1]));
   }
   if (!why[0] && !fresh_comms_right()) snprintf(why, sizeof why, "new communicators all-reduce wrong");
   return verdict(name, why,
-                 "rank 0's launch %s; rank 1's kernel met its next call: streams done in %.2f s (%s, %s), "
-                 "none of the %zu bytes past its output written, new communicators right",
-                 ncclGetErrorString(failed), took, cudaGetErrorString(synced[0]), cudaGetErrorString(synced[1]),
+                 "%s; rank 1's all-reduce of %zu floats met rank 0's of %zu: streams done in %.2f s, none of "
+                 "the %zu bytes past rank 0's output written, new communicators right",
+                 failed_launch ? ncclGetErrorString(failed) : "no launch failed", kLarge, kSmall, took,
                  rest.size());
 }
 
@@ -910,7 +920,8 @@ int main(int argc, char** argv) {
   if (!strcmp(c, "abort-while-waiting")) return abort_while_waiting();
   if (!strcmp(c, "destroy-after-revoke")) return destroy_after_revoke();
   if (!strcmp(c, "two-streams")) return two_streams();
-  if (!strcmp(c, "one-rank-launch-fails")) return one_rank_launch_fails();
+  if (!strcmp(c, "one-rank-launch-fails")) return counts_differ(true);
+  if (!strcmp(c, "counts-differ")) return counts_differ(false);
   if (!strcmp(c, "leak-one-process")) return leak_one_process(c, false, cycles, budget, false, true, false);
   if (!strcmp(c, "leak-groups")) return leak_groups(c, cycles, budget, empty_group);
   if (!strcmp(c, "leak-split-one-process"))

@@ -693,9 +693,10 @@ bad_input_suite() {
 }
 
 # --- Faults (faults.cu, 2 GPUs): an abort while a kernel waits, destroy after revoke, two streams
-# of one communicator, a rank killed mid-loop, and create/all-reduce/destroy cycles with the
-# resources they leave printed and checked flat. Every all-reduce on the core; its wait limit far
-# above the cases' deadlines, so that an abort, not the limit, ends each wait ---
+# of one communicator, a rank killed mid-loop, ranks' calls that differ, and create/all-reduce/
+# destroy cycles with the resources they leave printed and checked flat. Every all-reduce on the
+# core; its wait limit far above the cases' deadlines, so that an abort, not the limit, ends each
+# wait, but in the cases of calls that differ, where the limit ends the wait left over ---
 faults_suite() {
   local n=$1 dir=$out/faults t=$SECONDS
   if [ "$n" != 2 ]; then
@@ -708,12 +709,12 @@ faults_suite() {
   local shim_env=(LD_LIBRARY_PATH="$shim_lib" NCCLSHIM_REAL_NCCL="$real" NCCLSHIM_CORE=force NCCLSHIM_TIMEOUT=600)
   local case
   # FAULTS_CASES: the cases to run (default all).
-  local chosen=" ${FAULTS_CASES:-abort-while-waiting destroy-after-revoke two-streams kill-rank one-rank-launch-fails leak-split-one-process leak-split-procs leak-one-process leak-procs leak-groups} "
-  for case in abort-while-waiting destroy-after-revoke two-streams kill-rank one-rank-launch-fails; do
+  local chosen=" ${FAULTS_CASES:-abort-while-waiting destroy-after-revoke two-streams kill-rank one-rank-launch-fails counts-differ leak-split-one-process leak-split-procs leak-one-process leak-procs leak-groups} "
+  for case in abort-while-waiting destroy-after-revoke two-streams kill-rank one-rank-launch-fails counts-differ; do
     [[ $chosen == *" $case "* ]] || continue
     local log=$dir/$case.log t1=$SECONDS limit=()
     # Here the wait limit is what ends the peer's wait for the rest of its call.
-    [ $case = one-rank-launch-fails ] && limit=(NCCLSHIM_TIMEOUT=5)
+    [[ $case == one-rank-launch-fails || $case == counts-differ ]] && limit=(NCCLSHIM_TIMEOUT=5)
     env "${shim_env[@]}" "${limit[@]}" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT timeout 300 "$out/bin/faults" "$case" >"$log" 2>&1
     local status=$? core
     core=$(core_counts "$log")
