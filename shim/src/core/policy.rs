@@ -87,12 +87,11 @@ impl GroupSoFar {
 pub const MAX_FUSED_LAUNCHES: usize = 2;
 
 /// The most fused launches of a group's floating-point all-reduces (the sentinel kernel) on 2
-/// ranks. On 2 H200 (nccl-tests, one
-/// process per GPU), eight all-reduces of 256 KiB in four launches took 0.47 of NCCL's time per
-/// operation eager and 0.50 in CUDA graphs, six 0.84 and 0.91; in NCCL's one kernel, 1.01. The
-/// other collectives' packet kernels lose there: eight reduce-scatters of 1 MiB in four launches
-/// took 1.16 of NCCL's time. Not measured on more ranks, nor for the other types' low-latency
-/// kernel.
+/// ranks. On 2 H200 (nccl-tests, one process per GPU), eight all-reduces of 256 KiB in four
+/// launches took 0.47 of NCCL's time per operation eager and 0.50 in CUDA graphs, six 0.84 and
+/// 0.91; in NCCL's one kernel, 1.01. The other collectives' packet kernels lose there: eight
+/// reduce-scatters of 1 MiB in four launches took 1.16 of NCCL's time. Not measured on more
+/// ranks, nor for the other types' low-latency kernel.
 pub const MAX_FUSED_ALL_REDUCE_LAUNCHES: usize = 4;
 
 /// The most fused launches a group's calls led by `first` may take on `nranks` ranks
@@ -737,6 +736,17 @@ mod tests {
             fused_group(&s, 2, &launches(17, quarter)),
             goes,
             "past them"
+        );
+        let integers = [(kib(128, 4), i32, sum); MAX_FUSED_LAUNCHES + 1];
+        assert_eq!(
+            fused_group(&s, 2, &integers[1..]),
+            stays,
+            "integers: a launch each"
+        );
+        assert_eq!(
+            fused_group(&s, 2, &integers),
+            goes,
+            "integers: two launches"
         );
         let two = [(kib(64, 4), i32, sum); 2];
         assert_eq!(
