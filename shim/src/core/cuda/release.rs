@@ -17,7 +17,7 @@ pub fn release_later<T: Send + 'static>(resource: T) -> Result<(), T> {
             .name("ncclshim-release".into())
             .spawn(move || {
                 // Closing a mapping must not invalidate a capture another thread makes.
-                let _relaxed = super::driver_present().then(super::RelaxedCapture::new);
+                let _relaxed = super::RelaxedCapture::where_driver();
                 resources.into_iter().for_each(drop)
             })
             .ok()

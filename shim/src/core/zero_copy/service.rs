@@ -142,8 +142,7 @@ impl Service {
     fn serve(self: Arc<Self>) {
         // Mapping a peer's memory must not be refused because this process's program is
         // capturing a CUDA graph on another thread.
-        let _relaxed =
-            super::super::cuda::driver_present().then(super::super::cuda::RelaxedCapture::new);
+        let _relaxed = super::super::cuda::RelaxedCapture::where_driver();
         let mut buffer = [0u8; MESSAGE_BYTES + 1];
         let mut swept = Instant::now();
         loop {
