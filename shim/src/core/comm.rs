@@ -793,13 +793,15 @@ impl CoreComm {
                     "the core could not launch the all-reduce that asks every rank, as the core is suspended, whether CUDA graphs hold its kernels".to_string()
                 }
             };
-            let why = match whom {
-                GaveUp::NotLaunched => {
-                    "its peers' kernels of that all-reduce wait for it, and this rank's later calls would meet them"
-                }
-                _ => {
-                    "the ranks' calls on this communicator do not match (a rank skipped a call, passed other arguments, or died). Its results are wrong"
-                }
+            let (why, dumped) = match whom {
+                GaveUp::NotLaunched => (
+                    "its peers' kernels of that all-reduce wait for it, and this rank's later calls would meet them",
+                    "the core's all-reduce asking about graphs could not be launched",
+                ),
+                _ => (
+                    "the ranks' calls on this communicator do not match (a rank skipped a call, passed other arguments, or died). Its results are wrong",
+                    "a wait of the core gave up",
+                ),
             };
             log_warn!(
                 "comm {comm:p} rank {}/{} on GPU {}: {what}: {why}; ncclCommGetAsyncError reports ncclRemoteError and the calls its core takes fail with it: abort it",
@@ -807,12 +809,6 @@ impl CoreComm {
                 self.facts.nranks,
                 self.device.ordinal,
             );
-            let dumped = match whom {
-                GaveUp::NotLaunched => {
-                    "the core's all-reduce asking about graphs could not be launched"
-                }
-                _ => "a wait of the core gave up",
-            };
             super::observer::observer().dump(comm, dumped);
         }
         true
