@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::comm::{CoreComm, Launched};
-use super::cuda::{Cuda, PER_THREAD_STREAM, Stream, capturing};
+use super::cuda::{Cuda, CudaError, PER_THREAD_STREAM, Stream, capturing};
 use super::launcher::DeviceOp;
 use super::policy::{self, Fused, MAX_BATCH, MAX_FUSED, Plan};
 use super::types::Collective;
@@ -73,21 +73,19 @@ impl<'a> DeviceOp for Batch<'a> {
             stream: queued.stream(),
         };
         let first = &self.calls[0];
-        // On the stack: a batch holds at most MAX_FUSED calls (`joins`).
+        // On the stack: `joins` lets a batch hold at most MAX_FUSED calls, and no launch takes
+        // more (`CoreComm::launch_fused`).
         let mut on_stack = [launched_of(first); MAX_FUSED];
-        let spilled: Vec<Launched>;
-        let launched = match self.calls.len() <= MAX_FUSED {
-            true => {
-                for (slot, queued) in on_stack.iter_mut().zip(self.calls) {
-                    *slot = launched_of(queued);
-                }
-                &on_stack[..self.calls.len()]
-            }
-            false => {
-                spilled = self.calls.iter().map(launched_of).collect();
-                &spilled[..]
-            }
+        let n = self.calls.len();
+        let Some(launched) = on_stack.get_mut(..n) else {
+            return Err(CudaError {
+                call: "launch",
+                error: format!("{n} calls do not fit one launch"),
+            });
         };
+        for (slot, queued) in launched.iter_mut().zip(self.calls) {
+            *slot = launched_of(queued);
+        }
         first.core.launch_batch(launched, first.stream())?;
         if self.calls.len() > 1 {
             super::observer::observer().shared_launch(first.call.comm, self.calls.len());
