@@ -708,9 +708,11 @@ faults_suite() {
     >"$out/build-faults.log" 2>&1 || { verdict "faults" 1 "build failed: build-faults.log"; return; }
   local shim_env=(LD_LIBRARY_PATH="$shim_lib" NCCLSHIM_REAL_NCCL="$real" NCCLSHIM_CORE=force NCCLSHIM_TIMEOUT=600)
   local case
+  local once=(abort-while-waiting destroy-after-revoke two-streams kill-rank one-rank-launch-fails counts-differ)
+  local leaks=(leak-split-one-process leak-split-procs leak-one-process leak-procs leak-groups)
   # FAULTS_CASES: the cases to run (default all).
-  local chosen=" ${FAULTS_CASES:-abort-while-waiting destroy-after-revoke two-streams kill-rank one-rank-launch-fails counts-differ leak-split-one-process leak-split-procs leak-one-process leak-procs leak-groups} "
-  for case in abort-while-waiting destroy-after-revoke two-streams kill-rank one-rank-launch-fails counts-differ; do
+  local chosen=" ${FAULTS_CASES:-${once[*]} ${leaks[*]}} "
+  for case in "${once[@]}"; do
     [[ $chosen == *" $case "* ]] || continue
     local log=$dir/$case.log t1=$SECONDS limit=()
     # Here the wait limit is what ends the peer's wait for the rest of its call.
@@ -726,7 +728,7 @@ faults_suite() {
   # FAULTS_LEAK_BUDGET seconds, sharing the parent's NCCL resources (40 ms a cycle instead of
   # 0.6 s; FAULTS_SPLIT_SHARE=0: not); made by NCCL's whole init (0.6 s each) for a minute; and
   # groups of the core's all-reduces on two communicators for 20 s (millions of groups).
-  for case in leak-split-one-process leak-split-procs leak-one-process leak-procs leak-groups; do
+  for case in "${leaks[@]}"; do
     [[ $chosen == *" $case "* ]] || continue
     local log=$dir/$case.log t1=$SECONDS budget=${FAULTS_LEAK_BUDGET:-240}
     [[ $case == *split* ]] || budget=${FAULTS_INIT_LEAK_BUDGET:-60}
