@@ -342,7 +342,11 @@ fi
 # One process per GPU, also with the peers' buffers unmapped (-zc: NCCLSHIM_TUNE=zero_copy:0),
 # as memory no peer can map makes them (PyTorch's expandable segments, pools of
 # cudaMallocAsync): the staged paths, which the limits must hold for too.
-limit_sets=(":" "-r2:-R 2" "-g:-G 1" "-zc:")
+# NCCL_TESTS_LIMITS_GRAPHS: replays per graph in the -g set (default 1; with 1 each timing holds
+# the processes' skew at its replay); NCCL_TESTS_LIMITS_ITERS: "-w W -n N" for every set (default
+# -w 5 -n 20); NCCL_TESTS_LIMITS_STEP: the factor between sizes (default 2; more, for a quicker
+# look that may miss where a kernel changes).
+limit_sets=(":" "-r2:-R 2" "-g:-G ${NCCL_TESTS_LIMITS_GRAPHS:-1}" "-zc:")
 if wanted limits && [ -x "$dir/src-2.28.9/build/all_gather_perf" ]; then
   limit_names=() status=0 problems="" runs=0
   for mode in ${NCCL_TESTS_LIMITS_MODES:-mpi group}; do
@@ -359,7 +363,9 @@ if wanted limits && [ -x "$dir/src-2.28.9/build/all_gather_perf" ]; then
         fi
         name=limits-2.28.9-$mode-$binary$suffix
         limit_names+=("$name")
-        TURNS_MAX=${NCCL_TESTS_LIMITS_MAX:-256M} take_turns "$name" "$mode" "$binary" "${NCCL_TESTS_LIMITS_ROUNDS:-1}" 2 $args
+        # $args and the iterations unquoted: flags, one word each; the later win.
+        TURNS_MAX=${NCCL_TESTS_LIMITS_MAX:-256M} take_turns "$name" "$mode" "$binary" \
+          "${NCCL_TESTS_LIMITS_ROUNDS:-1}" "${NCCL_TESTS_LIMITS_STEP:-2}" ${NCCL_TESTS_LIMITS_ITERS:-} $args
       done
     done
   done

@@ -42,6 +42,7 @@ same in place.
 
 import glob
 import math
+import os
 import re
 import statistics
 import sys
@@ -356,8 +357,8 @@ def limits(gpu, nranks, directory, names):
     plain. Two rows: over every set (`any`: what holds in symmetric windows too), and over the
     sets of buffers in no symmetric window (`plain`: all but -r2)."""
     print(f"# Where each collective's core beats NCCL: {gpu}, {nranks} ranks\n")
-    print(f"Worst shim / NCCL time over modes (one process per GPU, one for all), sets (plain, -R 2, -G 1, "
-          f"unmapped -zc) "
+    print(f"Worst shim / NCCL time over modes (one process per GPU, one for all), sets (plain, -R 2, "
+          f"-G {os.environ.get('NCCL_TESTS_LIMITS_GRAPHS', '1')}, unmapped -zc) "
           f"and placements; a limit is the spans of sizes where every cell is at most {LIMIT_RATIO}; "
           f"`plain`: the same without -R 2 (calls whose buffers lie in no symmetric window).\n")
     any_row, plain_row, problems = [], [], []
@@ -391,7 +392,8 @@ def limits(gpu, nranks, directory, names):
 
 
 # The sets of the limits runs (nccl_tests.sh `limit_sets`): name suffix and heading.
-LIMIT_SETS = (("", "plain"), ("-r2", "-R 2"), ("-g", "-G 1"), ("-zc", "unmapped"))
+LIMIT_SETS = (("", "plain"), ("-r2", "-R 2"), ("-g", f"-G {os.environ.get('NCCL_TESTS_LIMITS_GRAPHS', '1')}"),
+              ("-zc", "unmapped"))
 LIMIT_MODES = (("mpi", "one process per GPU"), ("group", "one process for all"))
 
 
