@@ -96,7 +96,7 @@ pub const TUNE: &[Variable] = &[
     row(
         "sentinel_max",
         "by ranks",
-        "largest floating-point all-reduce done by the sentinel kernel (512 KiB for 2–4 ranks, none above; at most 512 KiB; `0`: none, for the low-latency kernel's exact bits where a NaN's sign matters)",
+        "largest floating-point all-reduce done by the sentinel kernel (512 KiB for 2–4 ranks, none above; at most 512 KiB; `0`: none, for the low-latency kernel's exact bits where a NaN's sign matters); where set, also the most a group's fused launch of them carries (by default 2 MiB on 2 ranks)",
     ),
     row(
         "sentinel_block",
@@ -141,7 +141,7 @@ pub const TUNE: &[Variable] = &[
     row(
         "group_core",
         "`384K-2M`",
-        "`LO-HI`: a group (`ncclGroupStart`/`ncclGroupEnd`) with several calls on one communicator that the core would take stays the core's where its calls are small calls of one packet kernel (all-reduces of one type and op; all-gathers, or broadcasts, or another collective that moves data, of any type; reduce-scatters, or reduces, of one type and op) that fit at most two fused launches (four for floating-point all-reduces on 2 ranks; each of up to eight calls whose data together is no more than one packet call's: for all-reduce 512 KiB of floating-point data on 2–4 ranks, 128 KiB of other types on 2, 32 KiB on more; for the others chunks of 1 MiB on 2 ranks, 256 KiB on 3–4, 32 KiB on more), or where they are at most four all-reduces and each is larger than `LO` and at most `HI` bytes (where they are two on 2 ranks, at most 128 MiB, or `HI` if larger), or on 2 ranks two all-gathers, reduce-scatters or all-to-alls, or up to four all-to-alls, each of chunks up to 4 MiB; otherwise all of them go to NCCL, which runs a group's calls in one kernel (all-reduces measured on 2 H100, the others on 2 H200; `0-0`: no such band, for two calls either)",
+        "`LO-HI`: a group (`ncclGroupStart`/`ncclGroupEnd`) with several calls on one communicator that the core would take stays the core's where its calls are small calls of one packet kernel (all-reduces of one type and op; all-gathers, or broadcasts, or another collective that moves data, of any type; reduce-scatters, or reduces, of one type and op) that fit at most two fused launches (four for floating-point all-reduces on 2 ranks; each of up to eight calls whose data together is no more than one packet call's, or for floating-point all-reduces on 2 ranks four calls': for all-reduce 2 MiB of floating-point data on 2 ranks (calls of up to 512 KiB), 512 KiB on 3–4, 128 KiB of other types on 2, 32 KiB on more; for the others chunks of 1 MiB on 2 ranks, 256 KiB on 3–4, 32 KiB on more), or where they are at most four all-reduces and each is larger than `LO` and at most `HI` bytes (where they are two on 2 ranks, at most 128 MiB, or `HI` if larger), or on 2 ranks two all-gathers, reduce-scatters or all-to-alls, or up to four all-to-alls, each of chunks up to 4 MiB; otherwise all of them go to NCCL, which runs a group's calls in one kernel (all-reduces measured on 2 H100, the others on 2 H200; `0-0`: no such band, for two calls either)",
     ),
     row(
         "batch",

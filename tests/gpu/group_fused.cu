@@ -1,6 +1,7 @@
 // Groups of several all-reduces on one communicator, checked value by value: the core fuses a
 // group's small all-reduces of one type and op into up to two launches, four of floats on 2 GPUs
-// (their data side by side in the inboxes), and sends other groups to NCCL whole. One process
+// (their data side by side in the inboxes; up to 2 MiB of floats a launch there), and sends other
+// groups to NCCL whole. One process
 // drives every GPU (as nccl-tests -g), through the library given (the shim, or NCCL alone as the
 // control).
 //   group_fused --lib DIR/libnccl.so.2 [--ngpus 2]
@@ -90,8 +91,10 @@ static std::vector<std::vector<CallSpec>> groups_of(ncclDataType_t t, ncclRedOp_
       calls(std::vector<size_t>(9, 100)),                    // more than a launch carries
       calls(std::vector<size_t>(17, 100)),                   // more than two launches carry
       calls(std::vector<size_t>(33, 100)),                   // more than four launches carry
-      calls(std::vector<size_t>(8, (64 << 10) / size)),      // 512 KiB: the sentinel inbox, full
-      calls(std::vector<size_t>(3, (200 << 10) / size)),     // past it (floats): two launches
+      calls(std::vector<size_t>(8, (64 << 10) / size)),      // 512 KiB: a lone sentinel call's most
+      calls(std::vector<size_t>(3, (200 << 10) / size)),     // past it (floats): one launch on 2 GPUs
+      calls(std::vector<size_t>(8, (256 << 10) / size)),     // 2 MiB: a sender's sentinel slot, full
+      calls({(512 << 10) / size, (512 << 10) / size, (512 << 10) / size, (512 << 10) / size, 3}),  // past it
       calls(std::vector<size_t>(3, (48 << 10) / size)),      // past the packets' (integers): two
       calls(std::vector<size_t>(5, (256 << 10) / size)),     // past two
       calls({(32 << 10) / size, (128 << 10) / size, 5}),     // the packets' inbox, and past it

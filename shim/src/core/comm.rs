@@ -14,8 +14,8 @@ use super::cuda::{
 use super::fnv::Fnv;
 use super::kernels::Kernels;
 use super::policy::{
-    self, CommFacts, FLAGS_BYTES, LL_MAX_BYTES, MAX_BATCH, MAX_FUSED, MAX_RANKS, Plan,
-    SENTINEL_MAX_BYTES, Staging, ll_capacity,
+    self, CommFacts, FLAGS_BYTES, LL_MAX_BYTES, MAX_BATCH, MAX_FUSED, MAX_RANKS, Plan, Staging,
+    ll_capacity, sentinel_capacity,
 };
 use super::types::{Algorithm, Collective};
 use super::zero_copy::{Uses, ZeroCopy};
@@ -605,7 +605,7 @@ impl CoreComm {
         let first = calls[0].plan;
         let bytes: usize = calls.iter().filter_map(|c| c.plan.fused_bytes()).sum();
         let inbox = match first.algorithm {
-            Algorithm::Sentinel => SENTINEL_MAX_BYTES,
+            Algorithm::Sentinel => sentinel_capacity(self.facts.nranks),
             Algorithm::LowLatency => LL_MAX_BYTES,
             _ => ll_capacity(self.facts.nranks),
         };

@@ -30,16 +30,28 @@ pub const INBOX_BYTES: usize = 2 * MAX_RANKS * 2 * LL_MAX_BYTES;
 /// The sentinel inboxes: 2 parities x MAX_RANKS senders x the payload.
 pub const SENTINEL_INBOX_BYTES: usize = 2 * MAX_RANKS * SENTINEL_MAX_BYTES;
 
-/// The most bytes one sender's packets carry to one receiver in a call on `nranks` ranks: the
-/// inboxes shared out among the senders of the kernels' rank bound (2, 4 or 8, the fewest that
-/// hold `nranks`), as `ll_capacity` in device/device.cuh does.
-pub const fn ll_capacity(nranks: usize) -> usize {
-    let bound = match nranks {
+/// The kernels' rank bound for `nranks` ranks: 2, 4 or 8, the fewest that hold them (`NR` in
+/// device/device.cuh).
+const fn rank_bound(nranks: usize) -> usize {
+    match nranks {
         ..=2 => 2,
         3..=4 => 4,
         _ => MAX_RANKS,
-    };
-    LL_MAX_BYTES * (MAX_RANKS / bound)
+    }
+}
+
+/// The most bytes one sender's packets carry to one receiver in a call on `nranks` ranks: the
+/// inboxes shared out among the senders of the kernels' rank bound, as `ll_capacity` in
+/// device/device.cuh does.
+pub const fn ll_capacity(nranks: usize) -> usize {
+    LL_MAX_BYTES * (MAX_RANKS / rank_bound(nranks))
+}
+
+/// The most bytes one sender's sentinel stores carry to one receiver in a launch on `nranks`
+/// ranks: the sentinel inboxes shared out alike (`sentinel_capacity` in device/device.cuh). A
+/// lone call is at most SENTINEL_MAX_BYTES; a fused launch's calls together may fill this.
+pub const fn sentinel_capacity(nranks: usize) -> usize {
+    SENTINEL_MAX_BYTES * (MAX_RANKS / rank_bound(nranks))
 }
 
 /// Where things lie in a rank's staging, in bytes from its start (`FLAGS_BYTES` into the
@@ -147,5 +159,21 @@ mod tests {
         assert_eq!(ll_capacity(2), 4 * LL_MAX_BYTES);
         assert_eq!(ll_capacity(3), 2 * LL_MAX_BYTES);
         assert_eq!(ll_capacity(8), LL_MAX_BYTES);
+    }
+
+    /// Likewise the senders' slots in the sentinel inboxes.
+    #[test]
+    fn the_sentinel_slots_of_any_number_of_ranks_fit_the_inboxes() {
+        for nranks in 2..=MAX_RANKS {
+            let bound = nranks.next_power_of_two();
+            assert!(
+                2 * bound * sentinel_capacity(nranks) <= SENTINEL_INBOX_BYTES,
+                "{nranks} ranks"
+            );
+            assert!(sentinel_capacity(nranks) >= SENTINEL_MAX_BYTES);
+        }
+        assert_eq!(sentinel_capacity(2), 4 * SENTINEL_MAX_BYTES);
+        assert_eq!(sentinel_capacity(4), 2 * SENTINEL_MAX_BYTES);
+        assert_eq!(sentinel_capacity(5), SENTINEL_MAX_BYTES);
     }
 }

@@ -13,8 +13,9 @@ pub use super::layout::*;
 pub use super::limits::*;
 pub use super::measured::{Buffers, Limit, Limits, Measured};
 pub use super::settings::{DEFAULT_WAIT_LIMIT_S, GROUP_CORE_BYTES, Settings, settings, switch};
-/// The sentinel kernel's largest grid: a 16-byte pack per thread, 64 threads per block.
-const SENTINEL_BLOCKS: u32 = (SENTINEL_MAX_BYTES / 16 / 64) as u32;
+/// The sentinel kernel's largest grid: a 16-byte pack per thread, 64 threads per block, for the
+/// most a launch carries (a fused launch on 2 ranks, `sentinel_capacity`).
+const SENTINEL_BLOCKS: u32 = (sentinel_capacity(2) / 16 / 64) as u32;
 
 /// The most calls of a communicator in a group that stay the core's, one after the other, in
 /// the band (`GROUP_CORE_BYTES`): nccl-tests `-m 8` on 2 H100, eight calls of 2 MiB took 1.29 –
@@ -88,8 +89,9 @@ pub const MAX_FUSED_LAUNCHES: usize = 2;
 
 /// The most fused launches of a group's floating-point all-reduces (the sentinel kernel) on 2
 /// ranks. On 2 H200 (nccl-tests, one process per GPU), eight all-reduces of 256 KiB in four
-/// launches took 0.47 of NCCL's time per operation eager and 0.50 in CUDA graphs, six 0.84 and
-/// 0.91; in NCCL's one kernel, 1.01. The other collectives' packet kernels lose there: eight
+/// launches of 512 KiB took 0.47 of NCCL's time per operation eager and 0.50 in CUDA graphs, six
+/// 0.84 and 0.91; in NCCL's one kernel, 1.01. (Launches now carry up to 2 MiB there,
+/// `Settings::sentinel_fused_max`.) The other collectives' packet kernels lose there: eight
 /// reduce-scatters of 1 MiB in four launches took 1.16 of NCCL's time. Not measured on more
 /// ranks, nor for the other types' low-latency kernel.
 pub const MAX_FUSED_ALL_REDUCE_LAUNCHES: usize = 4;
@@ -189,9 +191,10 @@ impl Settings {
     /// Whether a call planned as `next` joins a fused launch (device.cuh, "fused launches") of
     /// `calls` calls so far, led by `first`, whose data takes `bytes` of the inboxes: the same
     /// packet kernel, at most MAX_FUSED calls, and all their data no more than one call of that
-    /// kernel may have (`sentinel_max`, `ll_max`, `ll_move_max`: what the inboxes hold, or less),
-    /// in a grid of at most `max_blocks` (`CommFacts::max_blocks`). From the calls' plans, the
-    /// settings and the communicator's facts alone: every rank fuses the same calls of its group.
+    /// kernel may have (`ll_max`, `ll_move_max`: what the inboxes hold, or less; for the sentinel
+    /// kernel `sentinel_fused_max`), in a grid of at most `max_blocks` (`CommFacts::max_blocks`).
+    /// From the calls' plans, the settings and the communicator's facts alone: every rank fuses
+    /// the same calls of its group.
     pub fn fuses_with(
         &self,
         first: &Plan,
@@ -202,7 +205,7 @@ impl Settings {
         max_blocks: u32,
     ) -> bool {
         let most = match first.algorithm {
-            Algorithm::Sentinel => self.sentinel_max(nranks),
+            Algorithm::Sentinel => self.sentinel_fused_max(nranks),
             Algorithm::LowLatency => self.ll_max(nranks),
             packets if packets.is_packet_kernel() => self.ll_move_max(nranks),
             _ => 0,
@@ -726,17 +729,22 @@ mod tests {
             goes,
             "past the calls"
         );
-        let quarter = kib(128, 4);
+        // On 2 ranks a launch carries four lone calls' most (`sentinel_fused_max`).
+        let largest = kib(512, 4);
         assert_eq!(
-            fused_group(&s, 2, &launches(16, quarter)),
+            fused_group(&s, 2, &launches(16, largest)),
             stays,
             "four full inboxes"
         );
         assert_eq!(
-            fused_group(&s, 2, &launches(17, quarter)),
+            fused_group(&s, 2, &launches(17, largest)),
             goes,
             "past them"
         );
+        // On 4 ranks one lone call's most, in two launches.
+        let quarter = kib(256, 4);
+        assert_eq!(fused_group(&s, 4, &launches(4, quarter)), stays, "on 4");
+        assert_eq!(fused_group(&s, 4, &launches(5, quarter)), goes, "on 4");
         let integers = [(kib(128, 4), i32, sum); MAX_FUSED_LAUNCHES + 1];
         assert_eq!(
             fused_group(&s, 2, &integers[1..]),
@@ -777,17 +785,11 @@ mod tests {
             (false, false),
             "band"
         );
-        let alone = [(kib(300, 4), f32, sum); MAX_FUSED_ALL_REDUCE_LAUNCHES];
-        assert_eq!(fused_group(&s, 2, &alone), stays, "a launch each");
-        assert_eq!(
-            fused_group(
-                &s,
-                2,
-                &[(kib(300, 4), f32, sum); MAX_FUSED_ALL_REDUCE_LAUNCHES + 1]
-            ),
-            goes,
-            "past the launches"
-        );
+        // Six calls of 300 KiB a launch (1,800 of its 2,048 KiB).
+        let six = launches(6 * MAX_FUSED_ALL_REDUCE_LAUNCHES, kib(300, 4));
+        assert_eq!(fused_group(&s, 2, &six), stays, "six a launch");
+        let more = launches(6 * MAX_FUSED_ALL_REDUCE_LAUNCHES + 1, kib(300, 4));
+        assert_eq!(fused_group(&s, 2, &more), goes, "past the launches");
         let unbatched = with(&[("NCCLSHIM_TUNE", "batch:0")]);
         assert_eq!(fused_group(&unbatched, 2, &[(2, f32, sum); 4]), goes);
         let small = with(&[("NCCLSHIM_TUNE", "sentinel_max:4096")]);

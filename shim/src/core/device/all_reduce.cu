@@ -308,7 +308,7 @@ __device__ void sentinel_of(const FusedArgs& args) {
     for (int i = 1; i < NR; i++) {
       if (i < nranks) {
         const int p = rank_after(rank, i, nranks);
-        sentinel_store<W>(sentinel_slot(args.peers.staging[p], inbox, parity, rank) + j, own);
+        sentinel_store<W>(sentinel_slot<NR>(args.peers.staging[p], inbox, parity, rank) + j, own);
       }
     }
     typename PackOf<T>::U from[NR];
@@ -317,7 +317,7 @@ __device__ void sentinel_of(const FusedArgs& args) {
       if (p == rank) {
         from[p].pack = own;
       } else if (p < nranks) {
-        from[p].pack = sentinel_take<W>(sentinel_slot(args.peers.staging[rank], inbox, parity, p) + j, args.abort, p);
+        from[p].pack = sentinel_take<W>(sentinel_slot<NR>(args.peers.staging[rank], inbox, parity, p) + j, args.abort, p);
       }
     }
     typename PackOf<T>::U result;

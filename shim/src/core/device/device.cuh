@@ -323,13 +323,13 @@ __device__ __forceinline__ u64 global_ns() {
 }
 // The host's control block is in host memory: each read of it crosses PCIe, and such reads
 // queue. A wait may hold every thread of a grid (the low-latency and sentinel kernels wait
-// with one thread per packet, up to 32K), so if each waiting thread read the block itself, a
-// peer late by a few hundred microseconds would set tens of thousands of reads going at once.
-// So a block reads it through one thread at a time, at most once per WATCH_INTERVAL_NS and
-// never in its first interval of waiting, and its waiting threads look at what that read
-// found, in shared memory (`BlockWatch`), and at the GPU's own clock: the largest grid (512
-// blocks) reads it at most 5 million times a second, and only once a wait has lasted that
-// long. An abort is seen within about the interval.
+// with one thread per packet, up to 128K in a fused sentinel launch), so if each waiting thread
+// read the block itself, a peer late by a few hundred microseconds would set that many reads
+// going at once. So a block reads it through one thread at a time, at most once per
+// WATCH_INTERVAL_NS and never in its first interval of waiting, and its waiting threads look at
+// what that read found, in shared memory (`BlockWatch`), and at the GPU's own clock: the
+// largest grid (2048 blocks) reads it at most 20 million times a second, and only once a wait
+// has lasted that long. An abort is seen within about the interval.
 #define WATCH_INTERVAL_NS 100000ull
 
 struct BlockWatch {
@@ -380,7 +380,7 @@ __device__ __noinline__ bool give_up(const volatile int* abort, u64& since, int 
 }
 
 // A thread that waits for its own packet (the low-latency and sentinel kernels: one thread per
-// packet, up to 32K of them) polls back to back for its first 32 polls, where a peer in step
+// packet, up to 128K of them) polls back to back for its first 32 polls, where a peer in step
 // delivers, then pauses between polls (100 ns, from the 128th 1 us). Without the pauses, a peer
 // a few tens of microseconds late kept every one of those threads loading from the inbox its
 // stores were arriving into, and the call took 0.9 ms at 384 KiB and 1.4 ms at 512 KiB instead
@@ -877,10 +877,10 @@ __device__ void copy_out(T* out, const T* src, u64 count, u64 begin, u64 end) {
 // slots would not fit twice `window` bytes (staged_window). The low-latency inboxes are 2
 // parities x MAX_RANKS senders x packets of twice LL_MAX_BYTES, shared out among fewer senders in
 // larger slots where there are fewer ranks (ll_capacity); the sentinel inboxes 2 parities x
-// MAX_RANKS senders x SENTINEL_MAX_BYTES. A rank writes into an area (or inbox) of a peer in call
-// E+2 only once it has passed a barrier of (or received packets of) call E+1 with that peer,
-// whose kernel of call E+1 is then running, so its kernel of call E, which read the same area, is
-// done.
+// MAX_RANKS senders x SENTINEL_MAX_BYTES, shared out alike (sentinel_capacity). A rank writes
+// into an area (or inbox) of a peer in call E+2 only once it has passed a barrier of (or
+// received packets of) call E+1 with that peer, whose kernel of call E+1 is then running, so its
+// kernel of call E, which read the same area, is done.
 __device__ __forceinline__ u64 area_offset(const Staging& staging, u32 epoch) { return (epoch & 1) * staging.area; }
 // The most bytes of a chunk one slot of the other families' staged paths holds, where `senders`
 // slots share an area (twice two-shot's window: GATHER_SCATTER_LIMIT_BYTES in layout.rs): whole
@@ -903,9 +903,18 @@ template <int NR>
 __device__ __forceinline__ u64* ll_slot(char* staging, u64 inbox, u64 parity, int from) {
   return (u64*)(staging + inbox) + (parity * NR + from) * (ll_capacity<NR>() / 4);
 }
+// The most bytes one sender's sentinel stores carry to one receiver in a call on NR ranks: the
+// sentinel inboxes, laid out for MAX_RANKS senders of SENTINEL_MAX_BYTES, in NR slots per parity
+// (`sentinel_capacity` in layout.rs). A lone call takes at most SENTINEL_MAX_BYTES; a fused
+// launch's calls together may take the slot.
+template <int NR> __device__ __forceinline__ constexpr u64 sentinel_capacity() {
+  static_assert(NR <= MAX_RANKS && MAX_RANKS % NR == 0, "NR divides MAX_RANKS");
+  return (u64)SENTINEL_MAX_BYTES * (MAX_RANKS / NR);
+}
 // As ll_slot, in the sentinel inbox.
+template <int NR>
 __device__ __forceinline__ Pack* sentinel_slot(char* staging, u64 inbox, u64 parity, int from) {
-  return (Pack*)(staging + inbox + (parity * MAX_RANKS + from) * SENTINEL_MAX_BYTES);
+  return (Pack*)(staging + inbox + (parity * NR + from) * sentinel_capacity<NR>());
 }
 
 // Elements in a rank's share of `count` (two-shot's chunk, reduce's): whole packs, so that every

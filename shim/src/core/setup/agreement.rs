@@ -13,9 +13,10 @@ pub(super) const MAGIC: u64 = 0x6e63_636c_7368_696d; // "ncclshim"
 // that meet on their parent; 11: measured limits as spans of sizes; 12: measured limits for
 // buffers in no symmetric window; 13: whether the rank's communicator is blocking; 14: the
 // bound its user set on NCCL's CTAs; 15: whether its user asked for NCCL's copy engines; 16: a
-// direct call's end met by one block of each rank, in slots of their own): other versions never
-// pair up.
-pub(super) const LAYOUT: u32 = 16;
+// direct call's end met by one block of each rank, in slots of their own; 17: sentinel inboxes
+// shared out by the kernels' rank bound, and fused sentinel launches of up to 2 MiB on 2
+// ranks): other versions never pair up.
+pub(super) const LAYOUT: u32 = 17;
 /// Room for the settings every rank must have alike (`Settings::agreed`), one word each.
 pub(super) const AGREED_SLOTS: usize = 32;
 
