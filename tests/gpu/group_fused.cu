@@ -1,9 +1,8 @@
 // Groups of several all-reduces on one communicator, checked value by value: the core fuses a
 // group's small all-reduces of one type and op into up to two launches, four of floats on 2 GPUs
 // (their data side by side in the inboxes; up to 2 MiB of floats a launch there), and sends other
-// groups to NCCL whole. One process
-// drives every GPU (as nccl-tests -g), through the library given (the shim, or NCCL alone as the
-// control).
+// groups to NCCL whole. One process drives every GPU (as nccl-tests -g), through the library
+// given (the shim, or NCCL alone as the control).
 //   group_fused --lib DIR/libnccl.so.2 [--ngpus 2]
 // Each group: calls of every size class (one element, odd counts, whole inboxes, past one and
 // past two, more calls than two or four launches carry, mixed types and ops), every other call in

@@ -358,7 +358,7 @@ def limits(gpu, nranks, directory, names):
     sets of buffers in no symmetric window (`plain`: all but -r2)."""
     print(f"# Where each collective's core beats NCCL: {gpu}, {nranks} ranks\n")
     print(f"Worst shim / NCCL time over modes (one process per GPU, one for all), sets (plain, -R 2, "
-          f"-G {os.environ.get('NCCL_TESTS_LIMITS_GRAPHS', '1')}, unmapped -zc) "
+          f"{LIMIT_GRAPHS}, unmapped -zc) "
           f"and placements; a limit is the spans of sizes where every cell is at most {LIMIT_RATIO}; "
           f"`plain`: the same without -R 2 (calls whose buffers lie in no symmetric window).\n")
     any_row, plain_row, problems = [], [], []
@@ -391,9 +391,10 @@ def limits(gpu, nranks, directory, names):
     return 1 if problems else 0
 
 
-# The sets of the limits runs (nccl_tests.sh `limit_sets`): name suffix and heading.
-LIMIT_SETS = (("", "plain"), ("-r2", "-R 2"), ("-g", f"-G {os.environ.get('NCCL_TESTS_LIMITS_GRAPHS', '1')}"),
-              ("-zc", "unmapped"))
+# The sets of the limits runs (nccl_tests.sh `limit_sets`): name suffix and heading; the graph
+# set replays each graph NCCL_TESTS_LIMITS_GRAPHS times.
+LIMIT_GRAPHS = f"-G {os.environ.get('NCCL_TESTS_LIMITS_GRAPHS', '1')}"
+LIMIT_SETS = (("", "plain"), ("-r2", "-R 2"), ("-g", LIMIT_GRAPHS), ("-zc", "unmapped"))
 LIMIT_MODES = (("mpi", "one process per GPU"), ("group", "one process for all"))
 
 
