@@ -8,7 +8,9 @@
 // call: seen at 0.6 - 1.2 ms a call).
 //   late_peer --shim DIR/libnccl.so.2 --real DIR/libnccl.so.2 [--ngpus 2] [--colls AllReduce,...]
 //             [--sizes 8K,64K,...] [--types bf16,i32] [--runs 3] [--calls 200] [--graph-calls 10]
-//             [--replays 20] [--max-delay-us 50] [--limit 1.5]
+//             [--replays 20] [--max-delay-us 50] [--limit 1.5] [--group 1]
+// --group K: each all-reduce becomes a group of K all-reduces of that size on K slices of the
+// buffers (as PyTorch's coalescing manager issues them); times are per group.
 // Prints one line per (collective, type, size, placement, mode, run): NCCL's and the shim's
 // microseconds per call and their ratio; then FAIL lines, and exits 1 if any ratio passed the
 // limit. Inputs are checked after every turn (any wrong element fails the run too).
@@ -41,7 +43,7 @@ static const Type TYPES[] = {{"bf16", ncclBfloat16, 2}, {"f32", ncclFloat32, 4},
 
 static struct {
   const char *shim = NULL, *real = NULL;
-  int ngpus = 2, runs = 3, calls = 200, graph_calls = 10, replays = 20, max_delay_us = 50;
+  int ngpus = 2, runs = 3, calls = 200, graph_calls = 10, replays = 20, max_delay_us = 50, group = 1;
   double limit = 1.5;
   std::vector<int> colls{C_ALLREDUCE};
   std::vector<const Type*> types{&TYPES[0]};
@@ -163,10 +165,20 @@ static size_t recv_elems(int coll, size_t count) {
   return coll == C_ALLGATHER || coll == C_ALLTOALL ? count * nranks : count;
 }
 
+// All-reduces per issue (--group); the other collectives go one at a time.
+static int calls_per_issue(int coll) { return coll == C_ALLREDUCE ? opt.group : 1; }
+
 static void issue(const Lib* L, ncclComm_t comm, int coll, const Type* t, size_t count, const void* send,
                   void* recv, cudaStream_t s) {
   switch (coll) {
-    case C_ALLREDUCE: NCCL_CALL(L, AllReduce(send, recv, count, t->nccl, ncclSum, comm, s)); break;
+    case C_ALLREDUCE:
+      if (opt.group > 1) NCCL_CALL(L, GroupStart());
+      for (int k = 0; k < opt.group; k++) {
+        size_t at = k * count * t->size;
+        NCCL_CALL(L, AllReduce((const char*)send + at, (char*)recv + at, count, t->nccl, ncclSum, comm, s));
+      }
+      if (opt.group > 1) NCCL_CALL(L, GroupEnd());
+      break;
     case C_ALLGATHER: NCCL_CALL(L, AllGather(send, recv, count, t->nccl, comm, s)); break;
     case C_REDUCESCATTER: NCCL_CALL(L, ReduceScatter(send, recv, count, t->nccl, ncclSum, comm, s)); break;
     case C_BROADCAST: NCCL_CALL(L, Broadcast(send, recv, count, t->nccl, 0, comm, s)); break;
@@ -183,7 +195,8 @@ static bool checked(int coll) { return coll != C_REDUCE || rank == 0; }
 static double turn(const Lib* L, ncclComm_t comm, Buffers& b, int coll, const Type* t, size_t count,
                    bool in_place, bool graph, unsigned seed, int salt) {
   int type = (int)(t - TYPES);
-  size_t sends = send_elems(coll, count), recvs = recv_elems(coll, count);
+  int group = calls_per_issue(coll);
+  size_t sends = send_elems(coll, count) * group, recvs = recv_elems(coll, count) * group;
   // In place: the output buffer holds the input where NCCL puts it (this rank's chunk of an
   // all-gather, the whole of a reduce-scatter's input).
   unsigned char* recv = b.recv;
@@ -201,7 +214,7 @@ static double turn(const Lib* L, ncclComm_t comm, Buffers& b, int coll, const Ty
   // The calls' inputs never change between calls out of place. In place, a reduction would
   // grow from call to call: the input is filled again before each call (a copy from b.send).
   bool refill = in_place && send != b.send;
-  size_t fill_bytes = coll == C_REDUCESCATTER ? sends * t->size : count * t->size;
+  size_t fill_bytes = coll == C_REDUCESCATTER ? sends * t->size : count * group * t->size;
   fill<<<256, 256, 0, b.stream>>>(b.send, sends, type, rank, salt);
   CUDA_CHECK(cudaMemsetAsync(b.recv, 0xee, recvs * t->size + (coll == C_REDUCESCATTER ? sends * t->size : 0),
                              b.stream));
@@ -251,7 +264,7 @@ static double turn(const Lib* L, ncclComm_t comm, Buffers& b, int coll, const Ty
     CUDA_CHECK(cudaGraphDestroy(g));
   }
   if (checked(coll)) {
-    size_t elems = coll == C_BROADCAST || coll == C_ALLREDUCE || coll == C_REDUCE ? count : recvs;
+    size_t elems = coll == C_BROADCAST || coll == C_ALLREDUCE || coll == C_REDUCE ? count * group : recvs;
     check<<<256, 256, 0, b.stream>>>(recv, elems, count, coll, type, rank, nranks, salt, b.bad);
   }
   CUDA_CHECK(cudaStreamSynchronize(b.stream));
@@ -283,6 +296,7 @@ static void parse_args(int argc, char** argv) {
     else if (a == "--replays") opt.replays = atoi(v), i++;
     else if (a == "--max-delay-us") opt.max_delay_us = atoi(v), i++;
     else if (a == "--limit") opt.limit = atof(v), i++;
+    else if (a == "--group") opt.group = atoi(v), i++;
     else if (a == "--sizes") {
       opt.sizes.clear();
       list([](const std::string& s) { opt.sizes.push_back(parse_bytes(s.c_str())); });
@@ -307,7 +321,7 @@ static void parse_args(int argc, char** argv) {
       exit(2);
     }
   }
-  if (!opt.shim || !opt.real || opt.ngpus < 2 || opt.ngpus > 64) {
+  if (!opt.shim || !opt.real || opt.ngpus < 2 || opt.ngpus > 64 || opt.group < 1) {
     fprintf(stderr, "usage: late_peer --shim PATH --real PATH [--ngpus N] ...\n");
     exit(2);
   }
@@ -331,9 +345,11 @@ static int run_rank() {
   size_t largest = 0;
   for (size_t s : opt.sizes) largest = s > largest ? s : largest;
   Buffers b;
-  // Room for an all-to-all's and a reduce-scatter's in-place input (nranks chunks) and more.
-  CUDA_CHECK(cudaMalloc(&b.send, 2 * largest + 256));
-  CUDA_CHECK(cudaMalloc(&b.recv, 2 * largest + 256));
+  // Room for an all-to-all's and a reduce-scatter's in-place input (nranks chunks) and more,
+  // and for a group's all-reduces side by side.
+  size_t room = (opt.group > 2 ? opt.group : 2) * largest + 256;
+  CUDA_CHECK(cudaMalloc(&b.send, room));
+  CUDA_CHECK(cudaMalloc(&b.recv, room));
   CUDA_CHECK(cudaMalloc(&b.bad, sizeof(unsigned long long)));
   CUDA_CHECK(cudaMalloc(&b.counter, sizeof(unsigned long long)));
   CUDA_CHECK(cudaMemset(b.bad, 0, sizeof(unsigned long long)));

@@ -406,7 +406,8 @@ bench_suite() {
 # before every call, one process per GPU, eager and in graphs, in place and apart, sizes across
 # every kernel's range; through the shim and NCCL alternately in one run. Fails where a size
 # takes more than LATE_PEER_LIMIT (1.5) x NCCL's time: a kernel that waits badly for a late
-# peer stalls call after call. With every collective on the core too (LATE_PEER_EVERY=0: not) ---
+# peer stalls call after call. With every collective on the core too (LATE_PEER_EVERY=0: not),
+# and groups of LATE_PEER_GROUP (8) all-reduces (0: not) ---
 late_peer_suite() {
   local n=$1 dir=$out/late-peer-$n t=$SECONDS status=0 limit=${LATE_PEER_LIMIT:-1.5} round
   rm -rf "$dir" && mkdir -p "$dir"
@@ -423,6 +424,13 @@ late_peer_suite() {
       --colls AllGather,ReduceScatter,Broadcast,Reduce,AlltoAll --sizes 8K,128K,512K,2M,8M \
       >"$dir/every.log" 2>&1 || s2=1
     verdict "late peer $n GPUs every collective (C)" $s2 "$(grep -h '^# ' "$dir/every.log" | tail -1); $((SECONDS - t2)) s; late-peer-$n/every.log"
+  fi
+  # Groups of all-reduces (LATE_PEER_GROUP calls each, 0: none), several to a launch on the core.
+  if [ "${LATE_PEER_GROUP:-8}" -gt 1 ]; then
+    local s4=0 t4=$SECONDS
+    NCCL_DEBUG=WARN timeout "$step_timeout" "$out/bin/late_peer" "${args[@]}" --runs 2 --group "${LATE_PEER_GROUP:-8}" \
+      --types bf16,f32 --sizes 8K,256K,512K,1M >"$dir/groups.log" 2>&1 || s4=1
+    verdict "late peer $n GPUs groups of ${LATE_PEER_GROUP:-8} all-reduces (C)" $s4 "$(grep -h '^# ' "$dir/groups.log" | tail -1); $((SECONDS - t4)) s; late-peer-$n/groups.log"
   fi
   local s3=0 t3=$SECONDS pairs=()
   local launch=($python -m torch.distributed.run --standalone --nproc_per_node "$n" "$here/torch_late_peer.py")

@@ -158,6 +158,38 @@ class Run:
             self.record(f"new_group_reversed_all_reduce_{i}", t, sum(self.data(k, f) for k in range(w)))
         dist.barrier()
 
+    def first_nccl_in_graph(self):
+        """NCCL's first work on a communicator captured in a CUDA graph (global capture mode, as
+        torch.cuda.graph's default): lone all-reduces on a new group first (the core's, so that
+        NCCL has run nothing there yet), then a coalesced group of four 1 MiB broadcasts that
+        goes to NCCL whole, which connects its channels inside the capture. Replayed with new
+        values."""
+        from torch.distributed.distributed_c10d import _coalescing_manager
+
+        w, r, f, n = self.world, self.rank, torch.float32, 1 << 18
+        group = dist.new_group(list(range(w)))
+        for i in range(3):
+            t = self.data(r, f, n=n)
+            dist.all_reduce(t, group=group)
+            self.record(f"first_nccl_in_graph_all_reduce_{i}", t, sum(self.data(k, f, n=n) for k in range(w)))
+        torch.cuda.synchronize()
+        bufs = [torch.empty(n, device=self.dev) for _ in range(4)]
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            with _coalescing_manager(group=group, device=self.dev):
+                for i, b in enumerate(bufs):
+                    dist.broadcast(b, src=i % w, group=group)
+        for replay in range(2):
+            for i, b in enumerate(bufs):
+                b.copy_(self.data(r, f, n=n) + 100 * replay + i)
+            graph.replay()
+            torch.cuda.synchronize()
+            for i, b in enumerate(bufs):
+                want = self.data(i % w, f, n=n) + 100 * replay + i
+                self.record(f"first_nccl_in_graph_broadcast_{replay}_{i}", b, want)
+        del graph
+        dist.barrier()
+
     def ddp(self):
         torch.manual_seed(0)  # the same initial weights on every rank
         model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 8)).to(self.dev)
@@ -188,7 +220,7 @@ def main():
     run = Run(out)
     skip = set(filter(None, os.environ.get("TORCH_COLLECTIVES_SKIP", "").split(",")))
     for step in (run.all_reduce, run.gather_scatter, run.all_to_all, run.send_recv, run.groups,
-                 run.ddp):
+                 run.first_nccl_in_graph, run.ddp):
         if step.__name__ not in skip:
             step()
     torch.cuda.synchronize()
