@@ -16,8 +16,8 @@ fails:
   - NCCL logged a WARN in the case and the shim's run logged none (neither its own, "[ncclshim]",
     nor the real NCCL's, where the shim forwarded the call).
 The other way round (NCCL crashed, its stream failed, its communicator broke or its sums were
-wrong, and the shim's did not) is noted, not failed; so is a group end that saw a fault of the group's own kernels in one run
-only (timing), with NCCL's WARN of it. Exit status 2: a log without cases.
+wrong, and the shim's did not) is noted, not failed; so is a group end that saw a fault of the
+group's own kernels in one run only (timing), with NCCL's WARN of it. Exit status 2: a log without cases.
 """
 import re
 import sys

@@ -426,11 +426,12 @@ late_peer_suite() {
     verdict "late peer $n GPUs every collective (C)" $s2 "$(grep -h '^# ' "$dir/every.log" | tail -1); $((SECONDS - t2)) s; late-peer-$n/every.log"
   fi
   # Groups of all-reduces (LATE_PEER_GROUP calls each, 0: none), several to a launch on the core.
-  if [ "${LATE_PEER_GROUP:-8}" -gt 1 ]; then
+  local group=${LATE_PEER_GROUP:-8}
+  if [ "$group" -gt 1 ]; then
     local s4=0 t4=$SECONDS
-    NCCL_DEBUG=WARN timeout "$step_timeout" "$out/bin/late_peer" "${args[@]}" --runs 2 --group "${LATE_PEER_GROUP:-8}" \
+    NCCL_DEBUG=WARN timeout "$step_timeout" "$out/bin/late_peer" "${args[@]}" --runs 2 --group "$group" \
       --types bf16,f32 --sizes 8K,256K,512K,1M >"$dir/groups.log" 2>&1 || s4=1
-    verdict "late peer $n GPUs groups of ${LATE_PEER_GROUP:-8} all-reduces (C)" $s4 "$(grep -h '^# ' "$dir/groups.log" | tail -1); $((SECONDS - t4)) s; late-peer-$n/groups.log"
+    verdict "late peer $n GPUs groups of $group all-reduces (C)" $s4 "$(grep -h '^# ' "$dir/groups.log" | tail -1); $((SECONDS - t4)) s; late-peer-$n/groups.log"
   fi
   local s3=0 t3=$SECONDS pairs=()
   local launch=($python -m torch.distributed.run --standalone --nproc_per_node "$n" "$here/torch_late_peer.py")
