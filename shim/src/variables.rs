@@ -114,6 +114,11 @@ pub const TUNE: &[Variable] = &[
         "largest chunk (what one rank sends another) of the other collectives' packet calls run in one block of one thread per 8 bytes (4 KiB for 2 ranks, none for others; at most 4 KiB, 512 threads); larger ones run in blocks of 128 threads",
     ),
     row(
+        "sentinel_move_from",
+        "`32K`",
+        "on 2 ranks, a lone call of all-gather, broadcast, all-to-all, gather or scatter whose chunk (what one rank sends another) is larger than this and at most 2 MiB sends it as sentinel stores (every byte on NVLink data) rather than as packets or through the buffers; `0`: from the smallest, `2M`: never",
+    ),
+    row(
         "one_shot_max",
         "by ranks",
         "largest all-reduce done one-shot (2 MiB for 2 ranks, 512 KiB for 3–4, 256 KiB above; at most 4 MiB)",

@@ -142,6 +142,34 @@ static void special_values(void) {
   EXPECT(!is_nan_bits(T_FLOAT, 0x7F800000) && is_nan_bits(T_FLOAT, 0x7FFFFFFF), "float");
 }
 
+// Copies' special inputs hold whole words of all bits set (what the core's sentinel stores flag),
+// and the matrix copies them in chunks the sentinel stores take on 2 ranks (past 1 MiB, at most
+// 2 MiB) for every copying collective.
+static void special_copies(void) {
+  for (uint64_t i = 0; i < 12; i++) {
+    uint64_t r0 = special_copy_bits(T_UINT32, 2, 0, 7, i);
+    uint64_t r1 = special_copy_bits(T_UINT32, 2, 1, 7, i);
+    unsigned long long at = i;
+    EXPECT(i >= 4 || (r0 == 0xffffffffull && r1 == r0), "special copy %llu: all ones", at);
+    EXPECT(i < 4 || i >= 8 || (r0 == 0 && r1 == 0), "special copy %llu: zero", at);
+  }
+  int differ = 0;
+  for (uint64_t i = 8; i < 512; i += 12)
+    differ += special_copy_bits(T_UINT32, 2, 0, 7, i) != special_copy_bits(T_UINT32, 2, 1, 7, i);
+  EXPECT(differ > 0, "special copies: the arbitrary runs differ by rank");
+  TestList list = build_matrix(MATRIX_QUICK, 2, 0, 0);
+  int covered[C_COUNT] = {0};
+  for (size_t k = 0; k < list.n; k++) {
+    const Test* t = &list.tests[k];
+    size_t chunk = t->count * (size_t)TYPES[t->type].size;
+    if (t->special && !coll_reduces(t->coll) && chunk > (1u << 20) && chunk <= (2u << 20))
+      covered[t->coll]++;
+  }
+  for (int c = C_BROADCAST; c < C_SENDRECV_RING; c++)
+    EXPECT(covered[c] > 0, "%s: no special copy of a chunk past 1 MiB", COLL_NAMES[c]);
+  free(list.tests);
+}
+
 // All-to-all in place only where asked for (NCCL's is undefined), then every rank in place and
 // only the first: that rank's input is where its output is, the others' apart.
 static void alltoall_in_place(void) {
@@ -168,6 +196,7 @@ static void alltoall_in_place(void) {
 int main(void) {
   known_encodings();
   special_values();
+  special_copies();
   orders_agree();
   inputs_vary();
   alltoall_in_place();

@@ -36,7 +36,8 @@ typedef struct {
   int inplace;      // 1: every rank in place; INPLACE_FIRST_RANK: only rank 0
   int misaligned;   // buffers start 1 and 3 elements past an allocation's start
   uint64_t seed;
-  int special;      // AllReduce sums of floats: NaN and -0.0 among the inputs (values.h)
+  int special;      // AllReduce sums of floats: NaN and -0.0 among the inputs; copies: words of
+                    // all bits set among them (values.h)
 } Test;
 
 // Test::inplace: the first rank in place, the others apart (a call's ranks need not agree).
@@ -92,6 +93,7 @@ static inline Layout test_layout(const Test* t, int rank, int nranks) {
 
 // Element `i` of rank `rank`'s input.
 static inline uint64_t test_input(const Test* t, int nranks, int rank, uint64_t i) {
+  if (t->special && !coll_reduces(t->coll)) return special_copy_bits(t->type, nranks, rank, t->seed, i);
   if (t->special) return special_input_bits(t->type, nranks, rank, t->seed, i);
   return input_bits(t->type, t->op, nranks, rank, t->seed, i);
 }
@@ -100,7 +102,7 @@ static inline uint64_t test_input(const Test* t, int nranks, int rank, uint64_t 
 static inline uint64_t test_expected(const Test* t, int nranks, int rank, uint64_t j) {
   uint64_t c = t->count, n = (uint64_t)nranks, root = (uint64_t)test_root(nranks);
   uint64_t in[64];  // one input per rank: the matrix runs on at most 64 ranks
-  if (t->special) return special_sum_bits(t->type, nranks, t->seed, j);
+  if (t->special && coll_reduces(t->coll)) return special_sum_bits(t->type, nranks, t->seed, j);
   switch (t->coll) {
     case C_ALLREDUCE:
     case C_REDUCE:
@@ -194,6 +196,21 @@ static inline TestList build_matrix(int matrix, int nranks, size_t max_bytes, in
             test_list_push(&list, special);
           }
         }
+      }
+    }
+    // Copies of words of all bits set (values.h), 32-bit: chunks of 1.5 MiB and one element
+    // (the core's sentinel stores on 2 ranks), and of 4099 elements (where a setting sends
+    // every chunk so), in and out of place, also misaligned.
+    for (int big = 0; !coll_reduces(coll) && coll < C_SENDRECV_RING && big < 2; big++) {
+      for (int inplace = 0; inplace < 2; inplace++) {
+        if (inplace ? !coll_inplace_ok(coll, alltoall_in_place) : coll == C_BCAST) continue;
+        // 1.5 MiB a chunk: nranks of them in the per-rank collectives' buffers, one in broadcast's.
+        size_t bytes = (coll == C_BROADCAST || coll == C_BCAST ? 1 : (size_t)nranks) * (3 << 19);
+        size_t count = big ? count_for_bytes(coll, T_UINT32, nranks, bytes) | 1 : 4099;
+        Test special = {coll, T_UINT32, OP_NONE, count, inplace, 0, 0, 1};
+        test_list_push(&list, special);
+        special.misaligned = 1;
+        test_list_push(&list, special);
       }
     }
     if (max_bytes > 0) {  // the largest: float sums and copies

@@ -103,6 +103,8 @@ collectives() {
   local direct="NCCLSHIM_CORE=force NCCLSHIM_TUNE=sentinel_max:0,ll_max:0,one_shot_max:0"
   # Every collective on the core (the others by default only up to their measured limits) at every size it takes.
   local every=" NCCLSHIM_MAX_BYTES=all_gather:32M,reduce_scatter:32M,broadcast:32M,reduce:32M,all_to_all:32M,gather:32M,scatter:32M"
+  # With every lone call of the collectives that move bytes sent as sentinel stores (on 2 ranks;
+  # by default only chunks past 32 KiB), the matrix's words of all bits set included.
   # All-to-all in place, which only the core gets right (NCCL's is undefined): where it takes them all.
   local a2a_in_place=--alltoall-in-place
   mkdir -p "$dir"
@@ -122,6 +124,9 @@ collectives() {
     "group-quick-everycore|shim|$every|--launch group --matrix quick --max-bytes 32M $a2a_in_place"
     "procs-graph-everycore|shim|$every|--launch procs --matrix quick --graph --max-bytes 32M $a2a_in_place"
     "procs-quick-everycore-staged|shim|$every NCCLSHIM_TUNE=zero_copy:0|--launch procs --matrix quick --max-bytes 32M $a2a_in_place"
+    "procs-quick-sentinelmoves|shim|$every NCCLSHIM_TUNE=sentinel_move_from:0|--launch procs --matrix quick --max-bytes 32M $a2a_in_place"
+    "group-quick-sentinelmoves|shim|$every NCCLSHIM_TUNE=sentinel_move_from:0|--launch group --matrix quick --max-bytes 32M $a2a_in_place"
+    "procs-graph-sentinelmoves|shim|$every NCCLSHIM_TUNE=sentinel_move_from:0|--launch procs --matrix quick --graph --max-bytes 32M $a2a_in_place"
     "group-split|shim||--launch group --matrix quick --split --max-bytes 0"
     "group-graph-memalloc|shim||--launch group --matrix quick --graph --memalloc --max-bytes 0"
     "threads-split|shim||--launch threads --matrix quick --split --max-bytes 0"

@@ -244,6 +244,17 @@ static inline uint64_t special_sum_bits(int type, int nranks, uint64_t seed, uin
   }
 }
 
+// Special values for a copy, in runs of 4 elements, by run: all bits set (whole 4-byte words in
+// 32-bit types, which the core's sentinel stores cannot tell from no data: such packs take their
+// flagged path), zero, and arbitrary bits.
+static inline uint64_t special_copy_bits(int type, int nranks, int rank, uint64_t seed, uint64_t i) {
+  switch (i / 4 % 3) {
+    case 0: return width_mask(TYPES[type].size);
+    case 1: return 0;
+    default: return input_bits(type, OP_NONE, nranks, rank, seed, i);
+  }
+}
+
 // Whether the matrix can check `op` on `type` over `nranks` exactly.
 static inline int op_checkable(int type, int op, int nranks) {
   // A float average divides by nranks: exact only for a power of two.

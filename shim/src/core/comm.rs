@@ -129,6 +129,8 @@ struct PacketKernelCall {
     output: u64,
     count: u64,
     root: i32,
+    /// A lone call's chunks go as sentinel stores (`policy::moves_by_sentinel`).
+    sentinel: i32,
 }
 
 /// What the packet kernels of the other collectives take: `struct PacketArgs` in
@@ -604,10 +606,14 @@ impl CoreComm {
     ) -> Cuda<()> {
         let first = calls[0].plan;
         let bytes: usize = calls.iter().filter_map(|c| c.plan.fused_bytes()).sum();
+        let nranks = self.facts.nranks;
+        let by_sentinel =
+            calls.len() == 1 && policy::moves_by_sentinel(policy::settings(), first, nranks);
         let inbox = match first.algorithm {
-            Algorithm::Sentinel => sentinel_capacity(self.facts.nranks),
+            Algorithm::Sentinel => sentinel_capacity(nranks),
             Algorithm::LowLatency => LL_MAX_BYTES,
-            _ => ll_capacity(self.facts.nranks),
+            _ if by_sentinel => sentinel_capacity(nranks),
+            _ => ll_capacity(nranks),
         };
         // Past the inbox, the kernel would write into the next sender's: never launched.
         if calls.len() > MAX_FUSED || bytes > inbox {
@@ -643,6 +649,7 @@ impl CoreComm {
                 output: call.recv as u64,
                 count: call.plan.count as u64,
                 root: call.plan.root,
+                sentinel: by_sentinel as i32,
             });
             // SAFETY: `PacketArgs`, the kernel's one parameter.
             unsafe { self.launch_with(function, blocks, threads, stream, &mut args) }?;

@@ -357,6 +357,22 @@ fn packet_shape(settings: &Settings, chunk: usize, nranks: usize) -> (u32, u32) 
     (blocks_for(chunk, 8, threads, max_blocks), threads)
 }
 
+/// The blocks and threads per block of a lone packet call whose chunks of `chunk` bytes go as
+/// sentinel stores (`moves_by_sentinel`): as the sentinel all-reduce's, a 16-byte pack per
+/// thread.
+fn sentinel_move_shape(settings: &Settings, chunk: usize, nranks: usize) -> (u32, u32) {
+    let (threads, max_blocks) = launch_shape(settings, Algorithm::Sentinel, chunk, nranks);
+    (blocks_for(chunk, 16, threads, max_blocks), threads)
+}
+
+/// Whether a lone call planned as `plan` sends its chunks as sentinel stores
+/// (`Settings::moves_by_sentinel`): a packet call of a collective that moves bytes.
+pub fn moves_by_sentinel(settings: &Settings, plan: &Plan, nranks: usize) -> bool {
+    plan.algorithm.is_packet_kernel()
+        && !plan.algorithm.reduces()
+        && settings.moves_by_sentinel(plan.count * plan.dtype.size(), nranks)
+}
+
 /// The core's plan for an all-reduce of `count` elements, or `None` to leave it to NCCL.
 pub fn plan_all_reduce(
     settings: &Settings,
@@ -533,11 +549,16 @@ fn planned(
         true => (dtype, count),
         false => (DataType::Uint8, chunk),
     };
-    // Small chunks go as packets, as the low-latency all-reduce's: 8 bytes per thread.
+    // Small chunks go as packets, as the low-latency all-reduce's: 8 bytes per thread; larger
+    // ones of a lone call as sentinel stores, where they go so (16 bytes per thread).
+    let by_sentinel = !collective.reduces() && settings.moves_by_sentinel(chunk, nranks);
     if let Some(low_latency) = Algorithm::low_latency_of(collective)
-        && chunk <= settings.ll_move_max(nranks)
+        && (chunk <= settings.ll_move_max(nranks) || by_sentinel)
     {
-        let (blocks, threads) = packet_shape(settings, chunk, nranks);
+        let (blocks, threads) = match by_sentinel {
+            true => sentinel_move_shape(settings, chunk, nranks),
+            false => packet_shape(settings, chunk, nranks),
+        };
         return Some(Plan {
             algorithm: low_latency,
             dtype,
@@ -1569,6 +1590,70 @@ mod tests {
     }
 
     #[test]
+    fn moves_by_sentinel_on_2_ranks() {
+        let on = with(&[(
+            "NCCLSHIM_MAX_BYTES",
+            "all_gather:64M,broadcast:64M,gather:64M,reduce_scatter:64M",
+        )]);
+        let facts = procs(2);
+        let planned = |collective, bytes: usize, root| {
+            plan(&on, collective, bytes, 1, 0, root, &facts).unwrap()
+        };
+        // Packets up to `sentinel_move_from`, then sentinel stores up to what the sentinel slots
+        // hold (2 MiB, past the packets' 1 MiB), in a grid of a pack per thread; then the direct
+        // kernel.
+        let from = on.sentinel_move_from();
+        assert_eq!(from, super::super::settings::SENTINEL_MOVE_FROM_BYTES);
+        let packets = planned(Collective::Broadcast, from, 0);
+        assert_eq!(packets.algorithm, Algorithm::LlBroadcast);
+        assert!(!moves_by_sentinel(&on, &packets, 2));
+        for bytes in [ll_capacity(2) + 1, 1536 << 10, sentinel_capacity(2)] {
+            let p = planned(Collective::Broadcast, bytes, 0);
+            assert_eq!(p.algorithm, Algorithm::LlBroadcast, "{bytes}");
+            assert!(moves_by_sentinel(&on, &p, 2), "{bytes}");
+            assert_eq!(p.threads, 64);
+            assert_eq!(p.blocks as usize, bytes.div_ceil(16 * 64), "{bytes}");
+        }
+        let past = planned(Collective::Broadcast, sentinel_capacity(2) + 1, 0);
+        assert_eq!(past.algorithm, Algorithm::Broadcast);
+        assert!(!moves_by_sentinel(&on, &past, 2));
+        // Chunks count: a gather of 3 MiB on 2 ranks sends 1.5 MiB a pair.
+        let gather = planned(Collective::Gather, 1536 << 10, 1);
+        assert_eq!(gather.algorithm, Algorithm::LlGather);
+        assert!(moves_by_sentinel(&on, &gather, 2));
+        // Never a collective that reduces, nor more ranks than 2 (not measured).
+        let scatter = planned(Collective::ReduceScatter, 1536 << 10, -1);
+        assert_eq!(scatter.algorithm, Algorithm::ReduceScatter);
+        let four = plan(&on, Collective::Broadcast, 512 << 10, 1, 0, 0, &procs(4)).unwrap();
+        assert_eq!(four.algorithm, Algorithm::Broadcast);
+        assert!(!on.moves_by_sentinel(512 << 10, 4));
+        // From a setting's size on, smaller chunks too (in one block where they are small, as
+        // the sentinel all-reduce's).
+        let early = with(&[
+            ("NCCLSHIM_MAX_BYTES", "all_gather:64M"),
+            ("NCCLSHIM_TUNE", "sentinel_move_from:0"),
+        ]);
+        let small = plan(&early, Collective::AllGather, 100, 1, 0, -1, &facts).unwrap();
+        assert_eq!(
+            (small.algorithm, small.blocks, small.threads),
+            (Algorithm::LlAllGather, 1, 64)
+        );
+        assert!(moves_by_sentinel(&early, &small, 2));
+        let at = with(&[("NCCLSHIM_TUNE", "sentinel_move_from:256K")]);
+        assert!(!at.moves_by_sentinel(256 << 10, 2) && at.moves_by_sentinel((256 << 10) + 1, 2));
+        let (past, never) = (
+            from + 1,
+            with(&[
+                ("NCCLSHIM_MAX_BYTES", "broadcast:64M"),
+                ("NCCLSHIM_TUNE", "sentinel_move_from:2M"),
+            ]),
+        );
+        assert!(on.moves_by_sentinel(past, 2) && !never.moves_by_sentinel(past, 2));
+        let packets = plan(&never, Collective::Broadcast, past, 1, 0, 0, &facts);
+        assert!(!moves_by_sentinel(&never, &packets.unwrap(), 2));
+    }
+
+    #[test]
     fn all_gather_and_reduce_scatter_only_where_set_and_within_the_staging() {
         let s = with(&[]);
         assert!(s.may_take(Collective::AllReduce, false));
@@ -1592,7 +1677,7 @@ mod tests {
             (Algorithm::LlAllGather, DataType::Uint8, 2000, Op::Sum)
         );
         // Past the packets' limit (what the inboxes hold for that many ranks), the direct
-        // kernel.
+        // kernel; on 2 ranks past the sentinel stores' (moves_by_sentinel_on_2_ranks).
         let gather = |count, nranks| {
             plan(&on, Collective::AllGather, count, 9, 0, -1, &procs(nranks))
                 .unwrap()
@@ -1601,8 +1686,12 @@ mod tests {
         for nranks in [2, 4] {
             let most = on.ll_move_max(nranks) / 2;
             assert_eq!(gather(most, nranks), Algorithm::LlAllGather);
-            assert_eq!(gather(most + 1, nranks), Algorithm::AllGather);
         }
+        assert_eq!(gather(on.ll_move_max(4) / 2 + 1, 4), Algorithm::AllGather);
+        assert_eq!(
+            gather(sentinel_capacity(2) / 2 + 1, 2),
+            Algorithm::AllGather
+        );
         // Reduce-scatter keeps its type and op, as packets up to the same limit.
         let scatter = plan(&on, Collective::ReduceScatter, 1000, 9, 3, -1, &procs(4)).unwrap();
         assert_eq!(

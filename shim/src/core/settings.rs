@@ -28,6 +28,10 @@ pub const GROUP_CORE_BYTES: (usize, usize) = (384 << 10, 2 << 20);
 /// reason (PyTorch's own collective timeout is 10 minutes).
 pub const DEFAULT_WAIT_LIMIT_S: u32 = 1800;
 
+/// Chunks past which a lone call of a collective that moves bytes goes as sentinel stores on 2
+/// ranks (`Settings::sentinel_move_from`).
+pub const SENTINEL_MOVE_FROM_BYTES: usize = 32 << 10;
+
 /// Calls from this size on take at most 64 blocks (`two_shot_blocks`): a collective that large
 /// is the kind a program runs beside its compute.
 pub const BESIDE_COMPUTE_BYTES: usize = 8 << 20;
@@ -45,6 +49,9 @@ pub struct Settings {
     /// The other collectives' packet calls of chunks up to this many bytes run in one block
     /// (`None`: see `ll_block`).
     pub ll_block_bytes: Option<usize>,
+    /// Lone packet calls of the collectives that move bytes go as sentinel stores past chunks of
+    /// this many bytes (`None`: see `sentinel_move_from`).
+    pub sentinel_move_from_bytes: Option<usize>,
     /// `None`: by the number of ranks (see `one_shot_max`).
     pub one_shot_max_bytes: Option<usize>,
     /// `None`: by the number of ranks and processes (see `all_reduce_max`).
@@ -84,6 +91,7 @@ impl Settings {
             sentinel_block_bytes: None,
             ll_max_bytes: None,
             ll_block_bytes: None,
+            sentinel_move_from_bytes: None,
             one_shot_max_bytes: None,
             all_reduce_max_bytes: None,
             direct: true,
@@ -162,6 +170,7 @@ impl Settings {
             sentinel_block_bytes,
             ll_max_bytes,
             ll_block_bytes,
+            sentinel_move_from_bytes,
             one_shot_max_bytes,
             all_reduce_max_bytes,
             direct,
@@ -209,6 +218,10 @@ impl Settings {
                 given(sentinel_block_bytes),
             ),
             ("NCCLSHIM_TUNE (ll_block)", given(ll_block_bytes)),
+            (
+                "NCCLSHIM_TUNE (sentinel_move_from)",
+                given(sentinel_move_from_bytes),
+            ),
             (
                 "NCCLSHIM_TUNE (max_blocks)",
                 given(max_blocks.map(|n| n as usize)),
@@ -313,6 +326,26 @@ impl Settings {
         let most = super::limits::MAX_THREADS as usize * 8;
         let by_ranks = if nranks == 2 { most } else { 0 };
         self.ll_block_bytes.unwrap_or(by_ranks).min(most)
+    }
+
+    /// Whether a lone packet call of a collective that moves bytes (not reduce-scatter's or
+    /// reduce's), of chunks of `chunk` bytes, goes as sentinel stores (device/packets.cu,
+    /// "sentinel moves"): past `sentinel_move_from` and up to what the sentinel slots hold, on 2
+    /// ranks (others not measured).
+    pub fn moves_by_sentinel(&self, chunk: usize, nranks: usize) -> bool {
+        nranks == 2 && chunk > self.sentinel_move_from() && chunk <= sentinel_capacity(nranks)
+    }
+
+    /// The chunks past which lone packet calls of the collectives that move bytes go as sentinel
+    /// stores (`moves_by_sentinel`). On 2 H200 (nccl-tests, one process per GPU) they took
+    /// chunks of 1 MiB in 5.1 – 6.2 us where packets took 7.9 – 9.5 (broadcast of 1 MiB;
+    /// gather, scatter, all-gather and all-to-all of 2 MiB), chunks of 64 – 256 KiB in CUDA graphs 2.4 –
+    /// 3.2 us against 2.4 – 3.8 as packets (broadcast, gather and all-gather), and chunks of
+    /// 2 MiB, past the packets' inboxes, in 7.9 – 9.1 us where the kernels that meet their peers
+    /// took 13.2 – 13.5.
+    pub fn sentinel_move_from(&self) -> usize {
+        self.sentinel_move_from_bytes
+            .unwrap_or(SENTINEL_MOVE_FROM_BYTES)
     }
 
     /// One-shot sends every rank's whole message to every rank: worth it longer with fewer
@@ -431,6 +464,7 @@ impl Settings {
             "sentinel_block" => put(&mut self.sentinel_block_bytes, bytes()),
             "ll_max" => put(&mut self.ll_max_bytes, bytes()),
             "ll_block" => put(&mut self.ll_block_bytes, bytes()),
+            "sentinel_move_from" => put(&mut self.sentinel_move_from_bytes, bytes()),
             "one_shot_max" => put(&mut self.one_shot_max_bytes, bytes()),
             "two_shot_blocks" => put(&mut self.two_shot_blocks, blocks()),
             "max_blocks" => put(&mut self.max_blocks, blocks()),

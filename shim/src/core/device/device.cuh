@@ -96,12 +96,14 @@ struct FusedCall {
 };
 
 // One call of a packet kernel of a collective other than all-reduce (`PacketKernelCall` in
-// comm.rs): a Call without the views, which those kernels never read.
+// comm.rs): a Call without the views, which those kernels never read. `sentinel`: a lone call
+// of a collective that moves bytes goes as sentinel stores (packets.cu, "sentinel moves").
 struct PacketCall {
   const void* in;
   void* out;
   u64 count;
   int root;
+  int sentinel;
 };
 
 // Where things lie in a rank's staging (see "staging"), as the host lays it out and hands it to

@@ -76,7 +76,7 @@ FOR_EACH_MOVE(MOVE_ALGORITHMS, , )
     if (args.ncalls != 1) return SYMBOL##_calls(args);                                                \
     const PacketCall& c = args.calls[0];                                                              \
     ALGORITHM<T, OP>(args.peers, args.rank, args.nranks, (const T*)c.in, (T*)c.out, c.count,          \
-                     args.staging, args.abort, c.root);                                               \
+                     args.staging, args.abort, c.root, c.sentinel);                                   \
   }
 
 // Runs the launch's calls as one (the packet kernels of all-reduce, see "fused launches").

@@ -171,6 +171,142 @@ __device__ void ll_move(const Peers& peers, int rank, int nranks, const unsigned
   BY_RANKS(nranks, (ll_move_of<KIND, NR>(peers, rank, nranks, in, out, count, staging, abort, root)));
 }
 
+// ---- sentinel moves: the packet kernels' larger chunks -------------------------------------------
+//
+// As ll_move_of, one trip and no barrier, but each 16 bytes of a chunk go whole into the
+// receiver's sentinel inbox (all_reduce.cu, "Sentinel"), so that every byte on NVLink is data:
+// the receiver takes a pack once no 4-byte word of it is the sentinel (every bit set), puts the
+// sentinel back and copies the pack out. Bytes cannot be changed as all-reduce's NaNs are, so a
+// pack that holds a word of every bit set (which its receiver cannot tell from one not yet
+// there) is flagged instead: its sender, once it has stored it, fences and writes a packet of the
+// call's epoch at the pack's unit of its low-latency slot in the receiver's inbox (`send_pack`),
+// and a receiver still waiting on a pack looks there between its polls (`take_pack`): once the
+// flag is there, the pack as it reads it then is the sender's. A pair that carries no chunk
+// sends the empty packet at unit 0 of that slot instead, which no flag of that pair then takes.
+// Epoch parities, and the sentinel left in every slot a call read, as the sentinel all-reduce's.
+// The host sends a lone call's chunks this way past a size (PacketCall::sentinel), up to the
+// sentinel slots (2 MiB a pair on 2 ranks); a fused launch's go as packets.
+
+// Whether a word of `p` is the sentinel.
+__device__ __forceinline__ bool holds_sentinel(const Pack& p) {
+  return p.w[0] == SENTINEL || p.w[1] == SENTINEL || p.w[2] == SENTINEL || p.w[3] == SENTINEL;
+}
+
+// Sends pack j of this rank's chunk for receiver d; flags it where it holds the sentinel.
+template <int NR>
+__device__ __forceinline__ void send_pack(const Peers& peers, int rank, int d, const Staging& staging, u32 epoch,
+                                          u64 j, Pack p) {
+  sentinel_store<u32>(sentinel_slot<NR>(peers.staging[d], staging.sentinel_inbox, epoch & 1, rank) + j, p);
+  if (holds_sentinel(p)) {
+    // The pack before its flag, wherever the receiver reads them.
+    __threadfence_system();
+    ll_store(ll_slot<NR>(peers.staging[d], staging.ll_inbox, epoch & 1, rank) + 2 * j, 0, 0, epoch);
+  }
+}
+
+// Takes pack j of sender s's chunk: once no word of it is the sentinel, or its flag is there;
+// puts the sentinel back.
+template <int NR>
+__device__ __forceinline__ Pack take_pack(const Peers& peers, int rank, int s, const Staging& staging, u32 epoch,
+                                          u64 j, const volatile int* abort) {
+  Pack* at = sentinel_slot<NR>(peers.staging[rank], staging.sentinel_inbox, epoch & 1, s) + j;
+  Pack p;
+  bool arrived = false;
+#pragma unroll 1
+  for (int i = 0; i < FAST_POLLS && !arrived; i++) arrived = sentinel_poll<u32>(at, p);
+  if (!arrived) {
+    const u64* flag = ll_slot<NR>(peers.staging[rank], staging.ll_inbox, epoch & 1, s) + 2 * j;
+    unsigned spins = FAST_POLLS;
+    u64 since = 0;
+    while (!sentinel_poll<u32>(at, p)) {
+      u32 none[2];
+      if (ll_poll(flag, epoch, none)) {
+        // The flag before the pack: what the sender stored before it.
+        __threadfence_system();
+        sentinel_poll<u32>(at, p);
+        break;
+      }
+      if ((++spins & 1023u) == 0 && give_up(abort, since, s)) break;
+      poll_pause(spins);
+    }
+  }
+  sentinel_store<u32>(at, Pack{{SENTINEL, SENTINEL, SENTINEL, SENTINEL}});
+  return p;
+}
+
+// Pack j of a chunk of `count` bytes into `out`, whatever its alignment.
+__device__ __forceinline__ void store_pack(unsigned char* out, u64 count, u64 j, Pack p) {
+  if (aligned16(out) && (j + 1) * 16 <= count) {
+    ((Pack*)out)[j] = p;
+    return;
+  }
+  PackOf<unsigned char>::U u;
+  u.pack = p;
+#pragma unroll
+  for (int e = 0; e < 16; e++) {
+    if (j * 16 + e < count) out[j * 16 + e] = u.v[e];
+  }
+}
+
+// Pack j of a chunk of `count` bytes at `in` (zeros past its end).
+__device__ __forceinline__ Pack chunk_pack(const unsigned char* in, u64 count, u64 j) {
+  return load_padded_pack(in, count, j, aligned16(in));
+}
+
+template <int KIND, int NR>
+__device__ void sentinel_move_of(const Peers& peers, int rank, int nranks, const unsigned char* in,
+                                 unsigned char* out, u64 count, const Staging& staging, const volatile int* abort,
+                                 int root) {
+  static_assert(sentinel_capacity<NR>() / 16 <= ll_capacity<NR>() / 8, "a flag's unit for every pack");
+  const u64 packs = (count + 15) / 16;
+  const Route own = route<KIND>(rank, rank, root);
+  const unsigned char* own_from = in + own.from * count;
+  unsigned char* own_to = out + own.to * count;
+  const bool copies_own = own.carries && own_from != own_to;
+  const u32 epoch = begin_call(peers, rank);
+  send_empty<KIND, NR>(peers, rank, nranks, staging.ll_inbox, epoch, CarriesOne<KIND>{root});
+  for (u64 j = thread_index(); j < packs; j += grid_threads()) {
+    if constexpr (same_chunk_to_all<KIND>()) {
+      // A rank that sends nothing (a broadcast's non-root) may give no input.
+      if (!own.carries) continue;
+      const Pack p = chunk_pack(in, count, j);
+#pragma unroll
+      for (int i = 1; i < NR; i++) {
+        if (i < nranks) send_pack<NR>(peers, rank, rank_after(rank, i, nranks), staging, epoch, j, p);
+      }
+      if (copies_own) store_pack(own_to, count, j, p);
+    } else {
+#pragma unroll
+      for (int i = 1; i < NR; i++) {
+        if (i < nranks) {
+          const int d = rank_after(rank, i, nranks);
+          const Route r = route<KIND>(rank, d, root);
+          if (r.carries) send_pack<NR>(peers, rank, d, staging, epoch, j, chunk_pack(in + r.from * count, count, j));
+        }
+      }
+      if (copies_own) store_pack(own_to, count, j, chunk_pack(own_from, count, j));
+    }
+  }
+  wait_empty<KIND, NR>(peers, rank, nranks, staging.ll_inbox, epoch, abort, CarriesOne<KIND>{root});
+  for (u64 j = thread_index(); j < packs; j += grid_threads()) {
+#pragma unroll
+    for (int i = 1; i < NR; i++) {
+      if (i < nranks) {
+        const int s = rank_after(rank, i, nranks);
+        const Route r = route<KIND>(s, rank, root);
+        if (r.carries) store_pack(out + r.to * count, count, j, take_pack<NR>(peers, rank, s, staging, epoch, j, abort));
+      }
+    }
+  }
+  end_call(peers, staging, rank, epoch, epoch);
+}
+
+template <int KIND>
+__device__ void sentinel_move(const Peers& peers, int rank, int nranks, const unsigned char* in, unsigned char* out,
+                              u64 count, const Staging& staging, const volatile int* abort, int root) {
+  BY_RANKS(nranks, (sentinel_move_of<KIND, NR>(peers, rank, nranks, in, out, count, staging, abort, root)));
+}
+
 // As ll_move_of, for a launch of several calls as one (see "fused launches"): one epoch, and unit
 // j of the launch (unit p.unit of call p.call) at unit j of every sender's slot. The calls' roots
 // may differ: a pair gets the empty packet where it carries a chunk in none of them.
@@ -296,9 +432,10 @@ __device__ void ll_reduce_fused(const PacketArgs& args) {
   }
 }
 
+// `sentinel`: for the moves' kernels only (the host never sets it for these).
 template <typename T, int OP>
 __device__ void ll_reduce(const Peers& peers, int rank, int nranks, const T* in, T* out, u64 count,
-                          const Staging& staging, const volatile int* abort, int root) {
+                          const Staging& staging, const volatile int* abort, int root, int sentinel) {
   if (root < 0) {
     BY_RANKS(nranks, (ll_reduce_of<T, OP, MOVE_ALL_TO_ALL, NR>(peers, rank, nranks, in, out, count, staging, abort,
                                                                root)));
@@ -313,9 +450,11 @@ __device__ void ll_reduce(const Peers& peers, int rank, int nranks, const T* in,
 #define LL_MOVE(NAME, KIND)                                                                              \
   template <typename T, int OP>                                                                          \
   __device__ void ll_##NAME(const Peers& peers, int rank, int nranks, const T* in, T* out, u64 count,    \
-                            const Staging& staging, const volatile int* abort, int root) {               \
-    ll_move<KIND>(peers, rank, nranks, (const unsigned char*)in, (unsigned char*)out, count * sizeof(T), \
-                  staging, abort, root);                                                                 \
+                            const Staging& staging, const volatile int* abort, int root, int sentinel) { \
+    const unsigned char* from = (const unsigned char*)in;                                                 \
+    unsigned char* to = (unsigned char*)out;                                                             \
+    if (sentinel) return sentinel_move<KIND>(peers, rank, nranks, from, to, count * sizeof(T), staging, abort, root); \
+    ll_move<KIND>(peers, rank, nranks, from, to, count * sizeof(T), staging, abort, root);               \
   }                                                                                                      \
   template <typename T, int OP>                                                                          \
   __device__ void ll_##NAME##_fused(const PacketArgs& args) {                                            \
