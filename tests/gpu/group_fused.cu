@@ -258,10 +258,7 @@ int main(int argc, char** argv) {
       for (ncclRedOp_t op : ops) {
         size_t wrong = 0;
         for (const auto& group : groups_of(t, op)) {
-          if (group.size() > (size_t)MAX_CALLS) {
-            fprintf(stderr, "a group of %zu calls: buffers for %d only\n", group.size(), MAX_CALLS);
-            return 2;
-          }
+          if (!group_fits(group.size(), MAX_CALLS)) return 2;
           wrong += run_group(&lib, g, group, (Mode)mode);
           groups++;
         }

@@ -388,10 +388,7 @@ int main(int argc, char** argv) {
           const ncclRedOp_t op = kind.second;
           size_t wrong = 0, shown = 0;
           for (const auto& group : groups_of(coll, t, op, ngpus)) {
-            if (group.size() > (size_t)MAX_CALLS) {
-              fprintf(stderr, "a group of %zu calls: buffers for %d only\n", group.size(), MAX_CALLS);
-              return 2;
-            }
+            if (!group_fits(group.size(), MAX_CALLS)) return 2;
             wrong += run_group(&lib, g, group, (Mode)mode, shown);
             groups++;
           }

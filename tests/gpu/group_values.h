@@ -1,9 +1,10 @@
 // What the group checks (group_fused.cu, group_moves.cu) share: NCCL's types as host values,
-// and a kernel that holds a stream.
+// a kernel that holds a stream, and the check that a group fits the buffers made for it.
 #pragma once
 #include <cuda_fp16.h>
 #include <nccl.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <string.h>
 
 static size_t type_size(ncclDataType_t t) {
@@ -64,4 +65,11 @@ __global__ void hold(long long ns) {
   long long start = clock64(), cycles = ns * 2;  // about 2 GHz
   while (clock64() - start < cycles) {
   }
+}
+
+// Whether a group of `calls` calls fits the buffers made for `most`; says so where it does not.
+static bool group_fits(size_t calls, int most) {
+  if (calls <= (size_t)most) return true;
+  fprintf(stderr, "a group of %zu calls: buffers for %d only\n", calls, most);
+  return false;
 }
