@@ -368,9 +368,21 @@ fn sentinel_move_shape(settings: &Settings, chunk: usize, nranks: usize) -> (u32
 /// Whether a lone call planned as `plan` sends its chunks as sentinel stores
 /// (`Settings::moves_by_sentinel`): a packet call of a collective that moves bytes.
 pub fn moves_by_sentinel(settings: &Settings, plan: &Plan, nranks: usize) -> bool {
-    plan.algorithm.is_packet_kernel()
-        && !plan.algorithm.reduces()
-        && settings.moves_by_sentinel(plan.count * plan.dtype.size(), nranks)
+    let chunk = plan.count * plan.dtype.size();
+    sends_by_sentinel(settings, plan.algorithm, chunk, nranks)
+}
+
+/// Whether a lone call of `algorithm`, of chunks of `chunk` bytes, sends them as sentinel
+/// stores: a packet kernel that moves bytes, where the settings send such chunks so.
+fn sends_by_sentinel(
+    settings: &Settings,
+    algorithm: Algorithm,
+    chunk: usize,
+    nranks: usize,
+) -> bool {
+    algorithm.is_packet_kernel()
+        && !algorithm.reduces()
+        && settings.moves_by_sentinel(chunk, nranks)
 }
 
 /// The core's plan for an all-reduce of `count` elements, or `None` to leave it to NCCL.
@@ -551,23 +563,23 @@ fn planned(
     };
     // Small chunks go as packets, as the low-latency all-reduce's: 8 bytes per thread; larger
     // ones of a lone call as sentinel stores, where they go so (16 bytes per thread).
-    let by_sentinel = !collective.reduces() && settings.moves_by_sentinel(chunk, nranks);
-    if let Some(low_latency) = Algorithm::low_latency_of(collective)
-        && (chunk <= settings.ll_move_max(nranks) || by_sentinel)
-    {
-        let (blocks, threads) = match by_sentinel {
-            true => sentinel_move_shape(settings, chunk, nranks),
-            false => packet_shape(settings, chunk, nranks),
-        };
-        return Some(Plan {
-            algorithm: low_latency,
-            dtype,
-            count,
-            op,
-            root,
-            blocks,
-            threads,
-        });
+    if let Some(low_latency) = Algorithm::low_latency_of(collective) {
+        let by_sentinel = sends_by_sentinel(settings, low_latency, chunk, nranks);
+        if chunk <= settings.ll_move_max(nranks) || by_sentinel {
+            let (blocks, threads) = match by_sentinel {
+                true => sentinel_move_shape(settings, chunk, nranks),
+                false => packet_shape(settings, chunk, nranks),
+            };
+            return Some(Plan {
+                algorithm: low_latency,
+                dtype,
+                count,
+                op,
+                root,
+                blocks,
+                threads,
+            });
+        }
     }
     // As two-shot's, which moves as much: 16 bytes per thread, grids the GPU holds at once.
     let threads = if size <= 4 << 20 { 256 } else { MAX_THREADS };

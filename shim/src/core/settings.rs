@@ -339,10 +339,10 @@ impl Settings {
     /// The chunks past which lone packet calls of the collectives that move bytes go as sentinel
     /// stores (`moves_by_sentinel`). On 2 H200 (nccl-tests, one process per GPU) they took
     /// chunks of 1 MiB in 5.1 – 6.2 us where packets took 7.9 – 9.5 (broadcast of 1 MiB;
-    /// gather, scatter, all-gather and all-to-all of 2 MiB), chunks of 64 – 256 KiB in CUDA graphs 2.4 –
-    /// 3.2 us against 2.4 – 3.8 as packets (broadcast, gather and all-gather), and chunks of
-    /// 2 MiB, past the packets' inboxes, in 7.9 – 9.1 us where the kernels that meet their peers
-    /// took 13.2 – 13.5.
+    /// gather, scatter, all-gather and all-to-all of 2 MiB), chunks of 64 – 256 KiB in CUDA
+    /// graphs 2.4 – 3.2 us against 2.4 – 3.8 as packets (broadcast, gather and all-gather), and
+    /// chunks of 2 MiB, past the packets' inboxes, in 7.9 – 9.1 us where the kernels that meet
+    /// their peers took 13.2 – 13.5.
     pub fn sentinel_move_from(&self) -> usize {
         self.sentinel_move_from_bytes
             .unwrap_or(SENTINEL_MOVE_FROM_BYTES)
