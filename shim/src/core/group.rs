@@ -52,6 +52,7 @@ impl Queued {
 /// Queued calls launched together (`CoreComm::launch_batch`): consecutive calls of one device
 /// in the group, on one communicator, of one kernel: on one stream and of one grid, or fused
 /// (`joins`).
+#[derive(Clone, Copy)]
 pub struct Batch<'a> {
     calls: &'a [Queued],
 }
@@ -133,38 +134,61 @@ fn joins(batch: &[Queued], call: &Queued) -> bool {
         && call.core.may_batch(&call.plan)
 }
 
-/// The batches of `queued` (each device's calls together, each communicator's together, as
-/// `drain_queued` hands them): consecutive calls that `joins` allows in one launch (each alone
+/// Launches the batches of `queued` (each device's calls together, each communicator's together,
+/// as `drain_queued` hands them): consecutive calls that `joins` allows in one launch (each alone
 /// with NCCLSHIM_TUNE=batch:0). Batching calls that run one after the other is a local choice: such a
 /// launch runs them as launches of one each would. Fusing is not (every rank fuses the same
 /// calls: the layout of the inboxes depends on it), and comes from each communicator's calls in
-/// their order and the settings alone.
-pub fn batches(queued: &[Queued]) -> Vec<Batch<'_>> {
+/// their order and the settings alone. The batches of most groups are listed on the stack.
+fn launch_batches(queued: &[Queued]) -> Result<(), launcher::LaunchError> {
+    const ON_STACK: usize = 16;
     let batching = policy::settings().batch;
-    runs(queued, |run, call| batching && joins(run, call))
-        .into_iter()
-        .map(|range| Batch {
+    let mut on_stack = [Batch {
+        calls: &queued[..0],
+    }; ON_STACK];
+    let (mut listed, mut spilled) = (0, Vec::new());
+    let joined = |run: &[Queued], call: &Queued| batching && joins(run, call);
+    each_run(queued, joined, |range| {
+        let batch = Batch {
             calls: &queued[range],
-        })
-        .collect()
+        };
+        match on_stack.get_mut(listed) {
+            Some(slot) if spilled.is_empty() => {
+                *slot = batch;
+                listed += 1;
+            }
+            _ => {
+                if spilled.is_empty() {
+                    spilled.extend_from_slice(&on_stack);
+                }
+                spilled.push(batch);
+            }
+        }
+    });
+    match spilled.is_empty() {
+        true => launcher::launch_group(&on_stack[..listed]),
+        false => launcher::launch_group(&spilled),
+    }
 }
 
 /// Splits `items` into runs of consecutive items of one device, each item joining the run before
-/// it where `joins(run, item)` allows.
-fn runs<T: OnDevice>(items: &[T], joins: impl Fn(&[T], &T) -> bool) -> Vec<Range<usize>> {
-    let mut runs: Vec<Range<usize>> = Vec::new();
-    for (i, item) in items.iter().enumerate() {
-        match runs.last_mut() {
-            Some(last)
-                if items[last.start].device() == item.device()
-                    && joins(&items[last.clone()], item) =>
-            {
-                last.end = i + 1
-            }
-            _ => runs.push(i..i + 1),
+/// it where `joins(run, item)` allows; hands each run to `run_of` in their order.
+fn each_run<T: OnDevice>(
+    items: &[T],
+    joins: impl Fn(&[T], &T) -> bool,
+    mut run_of: impl FnMut(Range<usize>),
+) {
+    let mut start = 0;
+    for (i, item) in items.iter().enumerate().skip(1) {
+        let run = &items[start..i];
+        if run[0].device() != item.device() || !joins(run, item) {
+            run_of(start..i);
+            start = i;
         }
     }
-    runs
+    if !items.is_empty() {
+        run_of(start..items.len());
+    }
 }
 
 /// Puts each device's items together, and within a device each communicator's: devices and
@@ -254,6 +278,7 @@ impl PendingWindow {
 
 /// What the outermost group's end hands back: communicators to set up, and children and windows
 /// whose handles are to be read once the real ncclGroupEnd has returned.
+#[derive(Default)]
 pub struct Ended {
     pub new_comms: Vec<Deferred>,
     pub children: Vec<Child>,
@@ -264,19 +289,56 @@ pub struct Ended {
     pub suspended: Vec<ncclComm_t>,
 }
 
-thread_local! {
-    static LEVEL: Cell<Level> = const { Cell::new(Level { depth: 0, opened: 0, touched: false }) };
-    static NEW_COMMS: RefCell<Vec<Deferred>> = const { RefCell::new(Vec::new()) };
-    static CHILDREN: RefCell<Vec<Child>> = const { RefCell::new(Vec::new()) };
-    static WINDOWS: RefCell<Vec<PendingWindow>> = const { RefCell::new(Vec::new()) };
-    static SUSPENDED: RefCell<Vec<ncclComm_t>> = const { RefCell::new(Vec::new()) };
-    static QUEUED: RefCell<Vec<Queued>> = const { RefCell::new(Vec::new()) };
+/// This thread's group, all of it in one thread-local: in a shared library each lookup of
+/// thread-local storage is a call into the dynamic loader, and a group's calls ask often.
+struct ThreadGroup {
+    level: Cell<Level>,
+    new_comms: RefCell<Vec<Deferred>>,
+    children: RefCell<Vec<Child>>,
+    windows: RefCell<Vec<PendingWindow>>,
+    suspended: RefCell<Vec<ncclComm_t>>,
+    queued: RefCell<Vec<Queued>>,
     /// A call of the group was refused (see `queue`): nothing of it is launched.
-    static FAILED: Cell<bool> = const { Cell::new(false) };
+    failed: Cell<bool>,
     /// The group's communicators with calls the core would take, and how they weigh (`weigh`).
-    static SEEN: RefCell<Vec<Seen>> = const { RefCell::new(Vec::new()) };
+    seen: RefCell<Vec<Seen>>,
     /// The first error of a queued call sent to NCCL (`send_queued_to_nccl`).
-    static SENT_ERROR: Cell<ncclResult_t> = const { Cell::new(ncclSuccess) };
+    sent_error: Cell<ncclResult_t>,
+}
+
+impl ThreadGroup {
+    /// The group holds something of the core's: its end has work to do.
+    fn touch(&self) {
+        self.level.set(Level {
+            touched: true,
+            ..self.level.get()
+        });
+    }
+}
+
+thread_local! {
+    static GROUP: ThreadGroup = const {
+        ThreadGroup {
+            level: Cell::new(Level { depth: 0, opened: 0, touched: false }),
+            new_comms: RefCell::new(Vec::new()),
+            children: RefCell::new(Vec::new()),
+            windows: RefCell::new(Vec::new()),
+            suspended: RefCell::new(Vec::new()),
+            queued: RefCell::new(Vec::new()),
+            failed: Cell::new(false),
+            seen: RefCell::new(Vec::new()),
+            sent_error: Cell::new(ncclSuccess),
+        }
+    };
+}
+
+/// This thread's level of groups.
+fn level() -> Level {
+    GROUP.with(|g| g.level.get())
+}
+
+fn set_level(level: Level) {
+    GROUP.with(|g| g.level.set(level));
 }
 
 /// What the group has seen of one communicator's calls that the core would take.
@@ -288,17 +350,9 @@ struct Seen {
     /// While every one so far fits at most `policy::max_fused_launches` fused launches
     /// (`Settings::fused_with`): how.
     fused: Option<Fused>,
-}
-
-impl Seen {
-    /// They go to NCCL: the ones queued before the deciding call, it, and every later one.
-    fn to_nccl(&self) -> bool {
-        policy::settings().group_goes_to_nccl(
-            &self.so_far,
-            self.core.facts.nranks,
-            self.fused.is_some(),
-        )
-    }
+    /// They go to NCCL (`Settings::group_goes_to_nccl` of the calls so far): the ones queued
+    /// before the deciding call, it, and every later one.
+    to_nccl: bool,
 }
 
 /// How deep in groups this thread is, how many of those levels it has opened in the real NCCL
@@ -318,40 +372,22 @@ struct Level {
 static THREADS_IN_GROUPS: AtomicUsize = AtomicUsize::new(0);
 
 pub fn inside() -> bool {
-    THREADS_IN_GROUPS.load(Ordering::Relaxed) > 0 && LEVEL.with(Cell::get).depth > 0
+    THREADS_IN_GROUPS.load(Ordering::Relaxed) > 0 && level().depth > 0
 }
 
 /// Whether the next `end` leaves the outermost group.
 pub fn ending_outermost() -> bool {
-    LEVEL.with(Cell::get).depth == 1
-}
-
-/// Whether the next `end` leaves an outermost group that holds nothing of the core's.
-fn ending_untouched() -> bool {
-    let level = LEVEL.with(Cell::get);
-    level.depth == 1 && !level.touched
-}
-
-/// The group holds something of the core's: its end has work to do.
-fn touch() {
-    LEVEL.with(|l| {
-        l.set(Level {
-            touched: true,
-            ..l.get()
-        })
-    });
+    level().depth == 1
 }
 
 pub fn start() {
-    LEVEL.with(|l| {
-        let level = l.get();
-        if level.depth == 0 {
-            THREADS_IN_GROUPS.fetch_add(1, Ordering::Relaxed);
-        }
-        l.set(Level {
-            depth: level.depth + 1,
-            ..level
-        });
+    let level = level();
+    if level.depth == 0 {
+        THREADS_IN_GROUPS.fetch_add(1, Ordering::Relaxed);
+    }
+    set_level(Level {
+        depth: level.depth + 1,
+        ..level
     });
 }
 
@@ -363,7 +399,7 @@ pub fn open_real() {
     if THREADS_IN_GROUPS.load(Ordering::Relaxed) == 0 {
         return;
     }
-    let level = LEVEL.with(Cell::get);
+    let level = level();
     if level.opened < level.depth {
         open_real_levels(level);
     }
@@ -379,19 +415,17 @@ fn open_real_levels(level: Level) {
         }
         opened += 1;
     }
-    LEVEL.with(|l| l.set(Level { opened, ..level }));
+    set_level(Level { opened, ..level });
 }
 
 /// As `open_real` leaves a group where a call of it went to NCCL, without calling NCCL: for
 /// tests that stand in for the real NCCL.
 #[cfg(test)]
 pub fn opened_in_nccl() {
-    LEVEL.with(|l| {
-        let level = l.get();
-        l.set(Level {
-            opened: level.depth,
-            ..level
-        })
+    let level = level();
+    set_level(Level {
+        opened: level.depth,
+        ..level
     });
 }
 
@@ -399,16 +433,14 @@ pub fn opened_in_nccl() {
 /// it there; a level that never reached NCCL ends without it. Outside every group, NCCL's own
 /// answer (it refuses an end without a start).
 fn end_real(real_end: impl FnOnce() -> ncclResult_t) -> ncclResult_t {
-    let level = LEVEL.with(Cell::get);
+    let level = level();
     if level.depth > 0 && level.opened < level.depth {
         return ncclSuccess;
     }
     if level.opened > 0 {
-        LEVEL.with(|l| {
-            l.set(Level {
-                opened: level.opened - 1,
-                ..level
-            })
+        set_level(Level {
+            opened: level.opened - 1,
+            ..level
         });
     }
     real_end()
@@ -417,50 +449,44 @@ fn end_real(real_end: impl FnOnce() -> ncclResult_t) -> ncclResult_t {
 /// Leaves one group level; at the outermost, hands back the communicators to set up (their
 /// queued operations wait for `drain_queued`).
 pub fn end() -> Option<Ended> {
-    let left = LEVEL.with(|l| {
-        let level = l.get();
+    GROUP.with(|g| {
+        let level = g.level.get();
         let depth = level.depth.saturating_sub(1);
         if level.depth == 1 {
             THREADS_IN_GROUPS.fetch_sub(1, Ordering::Relaxed);
         }
-        l.set(Level {
+        g.level.set(Level {
             depth,
             opened: level.opened.min(depth),
             touched: level.touched && depth > 0,
         });
-        (depth == 0).then_some(level.touched)
-    });
-    let touched = left?;
-    // An untouched group left nothing behind to hand back or clear.
-    if !touched {
-        return Some(Ended {
-            new_comms: Vec::new(),
-            children: Vec::new(),
-            windows: Vec::new(),
-            suspended: Vec::new(),
-        });
-    }
-    // A communicator the group has calls of that the core would take keeps its core: they may
-    // be queued for it (each rank's group holds the same calls, and decides alike).
-    let mut suspended = SUSPENDED.with(|s| s.take());
-    SEEN.with(|seen| {
-        let seen = seen.borrow();
+        if depth > 0 {
+            return None;
+        }
+        // An untouched group left nothing behind to hand back or clear.
+        if !level.touched {
+            return Some(Ended::default());
+        }
+        // A communicator the group has calls of that the core would take keeps its core: they
+        // may be queued for it (each rank's group holds the same calls, and decides alike).
+        let mut suspended = g.suspended.take();
+        let mut seen = g.seen.borrow_mut();
         suspended.retain(|&comm| !seen.iter().any(|s| s.comm == comm as usize));
-    });
-    SEEN.with(|seen| seen.borrow_mut().clear());
-    Some(Ended {
-        new_comms: NEW_COMMS.with(|c| c.take()),
-        children: CHILDREN.with(|c| c.take()),
-        windows: WINDOWS.with(|w| w.take()),
-        suspended,
+        seen.clear();
+        Some(Ended {
+            new_comms: g.new_comms.take(),
+            children: g.children.take(),
+            windows: g.windows.take(),
+            suspended,
+        })
     })
 }
 
 /// Hands the operations queued in the group to `f`, each device's together (`by_device`), and
 /// empties the queue (keeping its memory for the next group).
 pub fn drain_queued<T>(f: impl FnOnce(&[Queued]) -> T) -> T {
-    QUEUED.with(|q| {
-        let mut queued = q.borrow_mut();
+    GROUP.with(|g| {
+        let mut queued = g.queued.borrow_mut();
         by_device(&mut queued);
         // Emptied even where `f` panics, or the next group would launch these calls again.
         let result = std::panic::catch_unwind(AssertUnwindSafe(|| f(&queued)));
@@ -474,7 +500,7 @@ pub fn drain_queued<T>(f: impl FnOnce(&[Queued]) -> T) -> T {
 fn launch_queued() -> Result<(), launcher::LaunchError> {
     drain_queued(|queued| {
         queued.iter().for_each(log_taken);
-        launcher::launch_group(&batches(queued))
+        launch_batches(queued)
     })
 }
 
@@ -496,10 +522,10 @@ pub enum Known {
 }
 
 pub fn known(comm: ncclComm_t) -> Known {
-    SEEN.with(
-        |seen| match seen.borrow().iter().find(|s| s.comm == comm as usize) {
+    GROUP.with(
+        |g| match g.seen.borrow().iter().find(|s| s.comm == comm as usize) {
             None => Known::New,
-            Some(s) if s.to_nccl() => Known::ToNccl,
+            Some(s) if s.to_nccl => Known::ToNccl,
             // Destroyed or revoked since (by another thread): look again.
             Some(s) if s.core.released() => Known::New,
             Some(s) => Known::Core(s.core.clone()),
@@ -515,10 +541,10 @@ pub fn known(comm: ncclComm_t) -> Known {
 /// weighed. Each rank's group holds the same calls, and each call's plan is the same on every
 /// rank: every rank decides alike, at the same call.
 pub fn weigh(comm: ncclComm_t, core: &Arc<CoreComm>, collective: Collective, plan: &Plan) -> bool {
-    touch();
     let settings = policy::settings();
-    let decided = SEEN.with(|seen| {
-        let mut seen = seen.borrow_mut();
+    let decided = GROUP.with(|g| {
+        g.touch();
+        let mut seen = g.seen.borrow_mut();
         let at = match seen.iter().position(|s| s.comm == comm as usize) {
             Some(at) => at,
             None => {
@@ -527,6 +553,7 @@ pub fn weigh(comm: ncclComm_t, core: &Arc<CoreComm>, collective: Collective, pla
                     core: core.clone(),
                     so_far: policy::GroupSoFar::NONE,
                     fused: None,
+                    to_nccl: false,
                 });
                 seen.len() - 1
             }
@@ -541,7 +568,8 @@ pub fn weigh(comm: ncclComm_t, core: &Arc<CoreComm>, collective: Collective, pla
             facts.max_blocks,
         );
         s.so_far = s.so_far.and(collective, plan);
-        s.to_nccl()
+        s.to_nccl = settings.group_goes_to_nccl(&s.so_far, facts.nranks, s.fused.is_some());
+        s.to_nccl
     });
     if decided {
         let _ = send_queued_to_nccl(comm);
@@ -560,7 +588,7 @@ fn send_queued_to_nccl(comm: ncclComm_t) -> ncclResult_t {
 fn send_queued_where(mut which: impl FnMut(&Queued) -> bool) -> ncclResult_t {
     let mut last = ncclSuccess;
     // Out of the queue while the real NCCL runs: nothing of ours is borrowed if it calls back.
-    let mut queued = QUEUED.with(|q| std::mem::take(&mut *q.borrow_mut()));
+    let mut queued = GROUP.with(|g| g.queued.take());
     for op in queued.extract_if(.., |op| which(op)) {
         super::observer::observer().sent_with_group(op.call.comm);
         let sent = match op.forward {
@@ -572,27 +600,21 @@ fn send_queued_where(mut which: impl FnMut(&Queued) -> bool) -> ncclResult_t {
             }
         };
         if sent != ncclSuccess && sent != ncclInProgress {
-            SENT_ERROR.with(|e| {
-                if e.get() == ncclSuccess {
-                    e.set(sent);
+            GROUP.with(|g| {
+                if g.sent_error.get() == ncclSuccess {
+                    g.sent_error.set(sent);
                 }
             });
         }
         last = sent;
     }
     // The others stay queued, in their order, with the queue's memory.
-    QUEUED.with(|q| {
-        let mut q = q.borrow_mut();
+    GROUP.with(|g| {
+        let mut q = g.queued.borrow_mut();
         let newer = std::mem::replace(&mut *q, queued);
         q.extend(newer);
     });
     last
-}
-
-/// The first error a call sent to NCCL from the queue returned in the outermost group, if any;
-/// the group is clean again after.
-pub fn take_sent_error() -> ncclResult_t {
-    SENT_ERROR.with(|e| e.replace(ncclSuccess))
 }
 
 /// Forgets the operations queued in the group (it failed: none of them is launched). Logged
@@ -610,15 +632,10 @@ pub fn discard_queued() {
     })
 }
 
-/// Whether a call of the outermost group was refused; the group is clean again after.
-pub fn take_failed() -> bool {
-    FAILED.with(|f| f.replace(false))
-}
-
 /// Whether an operation queued in the group is on a nonblocking communicator (NCCL allows no
 /// group of both kinds).
 pub fn queued_nonblocking() -> bool {
-    QUEUED.with(|q| q.borrow().iter().any(|op| !op.core.blocking))
+    GROUP.with(|g| g.queued.borrow().iter().any(|op| !op.core.blocking))
 }
 
 /// Whether `call` (communicator, captured) joins calls of its communicator, among `earlier`,
@@ -628,20 +645,24 @@ fn mixes_capture(mut earlier: impl Iterator<Item = (usize, bool)>, call: (usize,
 }
 
 pub fn defer_setup(comm: ncclComm_t, blocking: bool) {
-    touch();
-    NEW_COMMS.with(|c| c.borrow_mut().push(Deferred { comm, blocking }));
+    GROUP.with(|g| {
+        g.touch();
+        g.new_comms.borrow_mut().push(Deferred { comm, blocking });
+    });
 }
 
 pub fn defer_child(child: Child) {
-    touch();
-    CHILDREN.with(|c| c.borrow_mut().push(child));
+    GROUP.with(|g| {
+        g.touch();
+        g.children.borrow_mut().push(child);
+    });
 }
 
 /// `comm`'s memory is suspended at the group's end (core::suspending).
 pub fn defer_suspension(comm: ncclComm_t) {
-    touch();
-    SUSPENDED.with(|s| {
-        let mut suspended = s.borrow_mut();
+    GROUP.with(|g| {
+        g.touch();
+        let mut suspended = g.suspended.borrow_mut();
         // Suspended twice: NCCL refuses the second, and there is one core to let go.
         if !suspended.contains(&comm) {
             suspended.push(comm);
@@ -650,8 +671,10 @@ pub fn defer_suspension(comm: ncclComm_t) {
 }
 
 pub fn defer_window(window: PendingWindow) {
-    touch();
-    WINDOWS.with(|w| w.borrow_mut().push(window));
+    GROUP.with(|g| {
+        g.touch();
+        g.windows.borrow_mut().push(window);
+    });
 }
 
 /// Queues `op` for the group's end, unless its communicator's operations queued before are on
@@ -660,9 +683,9 @@ pub fn defer_window(window: PendingWindow) {
 /// As NCCL, it asks the driver only where a call comes on a stream its communicator has not
 /// used in the group: calls on one stream are captured alike.
 pub fn queue(mut op: Queued) -> Result<(), Queued> {
-    touch();
-    QUEUED.with(|q| {
-        let mut queued = q.borrow_mut();
+    GROUP.with(|g| {
+        g.touch();
+        let mut queued = g.queued.borrow_mut();
         let comm = Arc::as_ptr(&op.core) as usize;
         let stream = op.stream();
         let mut other_streams = queued
@@ -692,10 +715,10 @@ pub fn queue(mut op: Queued) -> Result<(), Queued> {
 /// nothing, as without the shim. Nothing of the core's is launched either.
 pub fn send_refused_to_nccl(op: Queued) -> ncclResult_t {
     let comm = op.call.comm;
-    QUEUED.with(|q| q.borrow_mut().push(op));
+    GROUP.with(|g| g.queued.borrow_mut().push(op));
     let answer = send_queued_to_nccl(comm);
     if answer != ncclSuccess && answer != ncclInProgress {
-        FAILED.with(|f| f.set(true));
+        GROUP.with(|g| g.failed.set(true));
     }
     answer
 }
@@ -718,27 +741,27 @@ pub fn simulate_end_group(real_end: impl FnOnce() -> ncclResult_t) -> ncclResult
 /// communicators that wait for the group's end and launches the core operations queued in it.
 pub fn end_group(real_end: impl FnOnce() -> ncclResult_t) -> ncclResult_t {
     let real_end = || end_real(real_end);
+    let level = level();
     // A group none of whose calls the core took (all went to NCCL): NCCL's end alone.
-    if ending_untouched() {
+    if level.depth == 1 && !level.touched {
         let result = real_end();
         end();
         return result;
     }
+    let outermost = level.depth == 1;
     // A nonblocking group's operations are launched by a thread of the real NCCL's after
     // ncclGroupEnd returns, so ours go first: the same order on every rank's streams. A blocking
     // group's are launched before it returns, so ours go after them.
-    // A group one of whose calls was refused launches nothing of ours, and fails (as NCCL's).
-    let failed = ending_outermost() && take_failed();
+    // A group one of whose calls was refused launches nothing of ours, and fails (as NCCL's);
+    // `sent`: a call the core had queued that went to NCCL with its group and failed there.
+    let (failed, sent) = match outermost {
+        true => GROUP.with(|g| (g.failed.replace(false), g.sent_error.replace(ncclSuccess))),
+        false => (false, ncclSuccess),
+    };
     if failed {
         discard_queued();
     }
-    // A call the core had queued that went to NCCL with its group and failed there.
-    let sent = if ending_outermost() {
-        take_sent_error()
-    } else {
-        ncclSuccess
-    };
-    let first = (ending_outermost() && queued_nonblocking()).then(launch_queued);
+    let first = (outermost && queued_nonblocking()).then(launch_queued);
     let real = real_end();
     let result = match real {
         result if result == ncclSuccess && failed => ncclInvalidUsage,
@@ -748,7 +771,44 @@ pub fn end_group(real_end: impl FnOnce() -> ncclResult_t) -> ncclResult_t {
     let Some(ended) = end() else {
         return result;
     };
-    let mut deferred = ended.new_comms;
+    let launched = match first {
+        Some(launched) => launched,
+        None if result == ncclSuccess => Ok(()),
+        // Nothing of a failed group is launched.
+        None => {
+            discard_queued();
+            Ok(())
+        }
+    };
+    let suspended = set_up_made(ended, real);
+    // What is still queued (a blocking group's) goes after the set-ups.
+    let launched = launched.and_then(|()| launch_queued());
+    if !suspended.is_empty() {
+        super::suspension::suspend(&suspended);
+    }
+    match launched {
+        Ok(()) => result,
+        Err((ordinal, e)) => {
+            log_warn!("a core call on GPU {ordinal} could not be launched: {e}");
+            ncclUnhandledCudaError
+        }
+    }
+}
+
+/// Sets up what the outermost group made (`ended`), NCCL's end having answered `real`: its
+/// communicators, children and windows. Hands back the communicators whose memory the group
+/// suspends, for after its launches.
+fn set_up_made(ended: Ended, real: ncclResult_t) -> Vec<ncclComm_t> {
+    let Ended {
+        new_comms: mut deferred,
+        children,
+        windows,
+        suspended,
+    } = ended;
+    // Most groups make nothing.
+    if deferred.is_empty() && children.is_empty() && windows.is_empty() {
+        return suspended;
+    }
     // A blocking group's end has made its children. A nonblocking group's (ncclInProgress) are
     // made later by a thread of NCCL's: ranks could see their handles written or not yet, so
     // they are not read here (all_reduce meets them at their first all-reduce).
@@ -758,16 +818,16 @@ pub fn end_group(real_end: impl FnOnce() -> ncclResult_t) -> ncclResult_t {
     let mut splits = Vec::new();
     if real == ncclInProgress {
         // NCCL took the group as a nonblocking one's: it writes the handles later (windows.rs).
-        for w in &ended.windows {
+        for w in &windows {
             super::windows::registering(w.comm, w.begin, w.size, w.flags);
         }
     }
     if real == ncclSuccess {
-        for window in &ended.windows {
+        for window in &windows {
             // SAFETY: kept by the caller until its group's end, where NCCL wrote it.
             unsafe { window.register() };
         }
-        for child in ended.children {
+        for child in children {
             // SAFETY: kept by the caller until its group's end, where NCCL wrote it.
             let comm = unsafe { *child.slot };
             super::configured(comm, child.config, Some(child.parent));
@@ -792,15 +852,6 @@ pub fn end_group(real_end: impl FnOnce() -> ncclResult_t) -> ncclResult_t {
             }
         }
     }
-    let launched = match first {
-        Some(launched) => launched,
-        None if result == ncclSuccess => Ok(()),
-        // Nothing of a failed group is launched.
-        None => {
-            discard_queued();
-            Ok(())
-        }
-    };
     let (blocking, nonblocking): (Vec<_>, Vec<_>) = deferred.into_iter().partition(|d| d.blocking);
     let comms_of = |d: Vec<Deferred>| d.into_iter().map(|d| d.comm).collect::<Vec<_>>();
     // Whatever is not set up says why.
@@ -841,16 +892,7 @@ pub fn end_group(real_end: impl FnOnce() -> ncclResult_t) -> ncclResult_t {
             );
         }
     }
-    // What is still queued (a blocking group's) goes after the set-ups.
-    let launched = launched.and_then(|()| launch_queued());
-    super::suspension::suspend(&ended.suspended);
-    match launched {
-        Ok(()) => result,
-        Err((ordinal, e)) => {
-            log_warn!("a core call on GPU {ordinal} could not be launched: {e}");
-            ncclUnhandledCudaError
-        }
-    }
+    suspended
 }
 
 #[cfg(test)]
@@ -910,11 +952,16 @@ mod tests {
                 Item(0, 'a', 7),
             ]
         );
+        let runs = |items: &[Item], joins: &dyn Fn(&[Item], &Item) -> bool| {
+            let mut runs = Vec::new();
+            each_run(items, joins, |run| runs.push(run));
+            runs
+        };
         let at_most_two = |run: &[Item], item: &Item| run.len() < 2 && run[0].1 == item.1;
-        assert_eq!(runs(&items, at_most_two), [0..2, 2..3, 3..4, 4..6, 6..7]);
-        assert_eq!(runs(&items, |_, _| false).len(), items.len(), "each alone");
+        assert_eq!(runs(&items, &at_most_two), [0..2, 2..3, 3..4, 4..6, 6..7]);
+        assert_eq!(runs(&items, &|_, _| false).len(), items.len(), "each alone");
         assert_eq!(
-            runs(&items, |_, _| true),
+            runs(&items, &|_, _| true),
             [0..4, 4..7],
             "never across devices"
         );

@@ -328,7 +328,8 @@ pub fn operation(call: &Call, forward: impl FnOnce() -> ncclResult_t + 'static) 
     let comm = call.comm;
     // The group's calls on this communicator go to NCCL (group::weigh decided on an earlier one),
     // or its core is known from an earlier one.
-    let known = match group::inside() {
+    let in_group = group::inside();
+    let known = match in_group {
         true => group::known(comm),
         false => group::Known::New,
     };
@@ -341,7 +342,7 @@ pub fn operation(call: &Call, forward: impl FnOnce() -> ncclResult_t + 'static) 
             Err(result) => return result,
         },
     };
-    collective_of_core(collective, call, core, settings, forward)
+    collective_of_core(collective, call, core, settings, in_group, forward)
 }
 
 /// `comm`'s core (and `forward`, unused), or the result of its call where there is none to take
@@ -374,12 +375,14 @@ fn lookup<F: FnOnce() -> ncclResult_t>(
     })
 }
 
-/// A call on `comm`, whose core is `core`: the core's where it takes it, else `forward`.
+/// A call on `comm`, whose core is `core`: the core's where it takes it, else `forward`; queued
+/// for the end of the thread's group where it is in one (`in_group`).
 fn collective_of_core(
     collective: Collective,
     call: &Call,
     core: std::sync::Arc<comm::CoreComm>,
     settings: &policy::Settings,
+    in_group: bool,
     forward: impl FnOnce() -> ncclResult_t + 'static,
 ) -> ncclResult_t {
     let comm = call.comm;
@@ -399,7 +402,7 @@ fn collective_of_core(
         return forward();
     };
     let stream = call.stream as cuda::Stream;
-    if group::inside() {
+    if in_group {
         if group::weigh(comm, &core, collective, &plan) {
             return forward();
         }
