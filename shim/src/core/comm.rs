@@ -220,6 +220,11 @@ pub struct CoreComm {
     /// What every rank agreed on at set-up, for planning calls.
     pub facts: CommFacts,
     pub device: Device,
+    /// Small calls' kernels go through it (`launch_by_graph`), made at the first; before
+    /// `kernels`, so that it goes before the kernels it launches may. `graph_failed`: one could
+    /// not be made or launched, and none is tried again.
+    graph: Mutex<Option<cuda::KernelGraph>>,
+    graph_failed: AtomicBool,
     kernels: Arc<Kernels>,
     peers: Peers,
     staging: Staging,
@@ -287,6 +292,8 @@ impl CoreComm {
             blocking,
             facts,
             device: parts.device,
+            graph: Mutex::new(None),
+            graph_failed: AtomicBool::new(false),
             kernels: parts.kernels,
             peers: Peers::from_bases(&reach.bases),
             staging: parts.staging,
@@ -474,7 +481,8 @@ impl CoreComm {
 
     /// Launches `function` on `stream` with `args` as its one parameter, in the communicator's
     /// context, after the communicator's last kernel (`StreamOrder`), noting a launch into a
-    /// capture (`captured`); whether it was one.
+    /// capture (`captured`); whether it was one. Outside a capture, through the communicator's
+    /// graph where `by_graph` (`launch_by_graph`).
     ///
     /// # Safety
     /// `args` is laid out as `function`'s parameter.
@@ -485,6 +493,7 @@ impl CoreComm {
         threads: u32,
         stream: cuda::Stream,
         args: &mut LaunchArgs<C, N>,
+        by_graph: bool,
     ) -> Cuda<bool> {
         let capturing = cuda::capturing(stream);
         if capturing {
@@ -493,19 +502,81 @@ impl CoreComm {
         }
         self.order.before_launch(stream, capturing)?;
         let mut params: [*mut c_void; 1] = [(args as *mut LaunchArgs<C, N>).cast()];
-        // SAFETY: the caller's; the launch copies the parameter.
-        unsafe {
-            cuda::launch(
-                function,
-                blocks,
-                threads,
-                stream,
-                &mut params,
-                self.launch_mode,
-            )
-        }?;
+        // SAFETY: the caller's; both launches copy the parameter.
+        let graphed = by_graph
+            && !capturing
+            && unsafe { self.launch_by_graph(function, blocks, threads, stream, &mut params) };
+        if !graphed {
+            // SAFETY: as above.
+            unsafe {
+                cuda::launch(
+                    function,
+                    blocks,
+                    threads,
+                    stream,
+                    &mut params,
+                    self.launch_mode,
+                )
+            }?;
+        }
         self.order.after_launch(stream, capturing);
         Ok(capturing)
+    }
+
+    /// Launches `function` on `stream` (not being captured) through the communicator's graph
+    /// (`cuda::KernelGraph`; `Settings::graph_launch_max` says when), made at the first such
+    /// launch; whether it did. The graph's launches run in their order whatever their
+    /// streams, as the communicator's kernels must, and `StreamOrder` orders them with its other
+    /// launches as any. One that cannot be made or launched is said once, and the
+    /// communicator's kernels are launched as others from then on; so are those of two threads
+    /// launching on one communicator at once (NCCL forbids it).
+    ///
+    /// # Safety
+    /// As for `launch_with`, with `params` its parameter.
+    unsafe fn launch_by_graph(
+        &self,
+        function: cuda::Function,
+        blocks: u32,
+        threads: u32,
+        stream: cuda::Stream,
+        params: &mut [*mut c_void; 1],
+    ) -> bool {
+        if self.graph_failed.load(Ordering::Relaxed) {
+            return false;
+        }
+        let Ok(mut graph) = self.graph.try_lock() else {
+            return false;
+        };
+        let launched = match &mut *graph {
+            // SAFETY: the caller's.
+            Some(graph) => unsafe { graph.launch(function, blocks, threads, stream, params) },
+            // SAFETY: the caller's; the context is the device's (`try_launch_batch`).
+            None => unsafe {
+                cuda::KernelGraph::new(
+                    self.device,
+                    function,
+                    blocks,
+                    threads,
+                    params,
+                    self.launch_mode,
+                )
+            }
+            .and_then(|made| {
+                let made = graph.insert(made);
+                // SAFETY: as above.
+                unsafe { made.launch(function, blocks, threads, stream, params) }
+            }),
+        };
+        if let Err(e) = &launched {
+            self.graph_failed.store(true, Ordering::Relaxed);
+            *graph = None;
+            log_info!(
+                "core of rank {} on GPU {}: small calls' kernels are launched as others ({e})",
+                self.rank,
+                self.device.ordinal
+            );
+        }
+        launched.is_ok()
     }
 
     /// `launch_with`, for a grid that must be on the GPU at once where `whole_grid`: on a stream
@@ -532,12 +603,13 @@ impl CoreComm {
         };
         let Some(wide) = wide else {
             // SAFETY: the caller's.
-            let captured = unsafe { self.launch_with(function, blocks, threads, stream, args) }?;
+            let captured =
+                unsafe { self.launch_with(function, blocks, threads, stream, args, false) }?;
             return Ok((stream, captured));
         };
         self.order.join(wide, stream)?;
         // SAFETY: the caller's.
-        let launched = unsafe { self.launch_with(function, blocks, threads, wide, args) };
+        let launched = unsafe { self.launch_with(function, blocks, threads, wide, args, false) };
         // Joined back whatever happened: a capture that `wide` joined must end joined.
         let joined = self.wait_for_kernel(stream, wide);
         let captured = launched?;
@@ -625,6 +697,8 @@ impl CoreComm {
                 ),
             });
         }
+        // Small ones through the communicator's graph where the settings ask it.
+        let by_graph = bytes <= policy::settings().graph_launch_max();
         let (blocks, threads) = match calls.len() {
             1 => (first.blocks, first.threads),
             _ => policy::fused_shape(
@@ -652,7 +726,7 @@ impl CoreComm {
                 sentinel: by_sentinel as i32,
             });
             // SAFETY: `PacketArgs`, the kernel's one parameter.
-            unsafe { self.launch_with(function, blocks, threads, stream, &mut args) }?;
+            unsafe { self.launch_with(function, blocks, threads, stream, &mut args, by_graph) }?;
         } else {
             let mut args: FusedKernelArgs = self.fused_args(calls, |call| FusedKernelCall {
                 input: call.send as u64,
@@ -660,7 +734,7 @@ impl CoreComm {
                 count: call.plan.count as u64,
             });
             // SAFETY: `FusedArgs`, the kernel's one parameter.
-            unsafe { self.launch_with(function, blocks, threads, stream, &mut args) }?;
+            unsafe { self.launch_with(function, blocks, threads, stream, &mut args, by_graph) }?;
         }
         for &other in others.iter().flatten() {
             self.wait_for_kernel(other, stream);

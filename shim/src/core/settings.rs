@@ -32,6 +32,10 @@ pub const DEFAULT_WAIT_LIMIT_S: u32 = 1800;
 /// ranks (`Settings::sentinel_move_from`).
 pub const SENTINEL_MOVE_FROM_BYTES: usize = 32 << 10;
 
+/// Launches of small calls of up to this many bytes (a fused launch's calls together) go through
+/// the communicator's graph (`Settings::graph_launch_max`): none by default.
+pub const GRAPH_LAUNCH_MAX_BYTES: usize = 0;
+
 /// Calls from this size on take at most 64 blocks (`two_shot_blocks`): a collective that large
 /// is the kind a program runs beside its compute.
 pub const BESIDE_COMPUTE_BYTES: usize = 8 << 20;
@@ -52,6 +56,9 @@ pub struct Settings {
     /// Lone packet calls of the collectives that move bytes go as sentinel stores past chunks of
     /// this many bytes (`None`: see `sentinel_move_from`).
     pub sentinel_move_from_bytes: Option<usize>,
+    /// Launches of packet kernels of up to this many bytes go through a graph (`None`: see
+    /// `graph_launch_max`).
+    pub graph_launch_max_bytes: Option<usize>,
     /// `None`: by the number of ranks (see `one_shot_max`).
     pub one_shot_max_bytes: Option<usize>,
     /// `None`: by the number of ranks and processes (see `all_reduce_max`).
@@ -92,6 +99,7 @@ impl Settings {
             ll_max_bytes: None,
             ll_block_bytes: None,
             sentinel_move_from_bytes: None,
+            graph_launch_max_bytes: None,
             one_shot_max_bytes: None,
             all_reduce_max_bytes: None,
             direct: true,
@@ -171,6 +179,7 @@ impl Settings {
             ll_max_bytes,
             ll_block_bytes,
             sentinel_move_from_bytes,
+            graph_launch_max_bytes,
             one_shot_max_bytes,
             all_reduce_max_bytes,
             direct,
@@ -225,6 +234,10 @@ impl Settings {
             (
                 "NCCLSHIM_TUNE (max_blocks)",
                 given(max_blocks.map(|n| n as usize)),
+            ),
+            (
+                "NCCLSHIM_TUNE (graph_launch_max)",
+                given(graph_launch_max_bytes),
             ),
         ]
         .map(|(name, value)| (name.to_string(), value))
@@ -348,6 +361,21 @@ impl Settings {
             .unwrap_or(SENTINEL_MOVE_FROM_BYTES)
     }
 
+    /// The most bytes of a launch of a packet kernel (its calls' together) that goes through the
+    /// communicator's graph rather than as a kernel launch (comm.rs, `launch_by_graph`). A graph's
+    /// launch takes the host about 1.2 us less (1.3 - 2.6 us against 2.5 - 3.6 on H200,
+    /// tests/gpu/launch_cost.cu) but the GPU 0.8 us more (1.37 us a launch back to back against
+    /// 0.57: its kernel starts once the stream's work before it is done, where programmatic
+    /// stream serialization starts the next kernel while one ends). Groups of four small
+    /// all-reduces through it took 0.39 - 0.46 of NCCL's time where launches took 0.45 - 0.53
+    /// (`group_cost`, 2 H200), but nccl-tests' back-to-back calls, which keep the GPU busy, no
+    /// less or longer (lone all-reduces of 32 KiB 4.2 us against 3.1 - 4.4): none by default;
+    /// for programs whose host is the bottleneck.
+    pub fn graph_launch_max(&self) -> usize {
+        self.graph_launch_max_bytes
+            .unwrap_or(GRAPH_LAUNCH_MAX_BYTES)
+    }
+
     /// One-shot sends every rank's whole message to every rank: worth it longer with fewer
     /// ranks (on 2 H200 it beat two-shot up to 2 MiB, on 4 up to 512 KiB).
     pub fn one_shot_max(&self, nranks: usize) -> usize {
@@ -465,6 +493,7 @@ impl Settings {
             "ll_max" => put(&mut self.ll_max_bytes, bytes()),
             "ll_block" => put(&mut self.ll_block_bytes, bytes()),
             "sentinel_move_from" => put(&mut self.sentinel_move_from_bytes, bytes()),
+            "graph_launch_max" => put(&mut self.graph_launch_max_bytes, bytes()),
             "one_shot_max" => put(&mut self.one_shot_max_bytes, bytes()),
             "two_shot_blocks" => put(&mut self.two_shot_blocks, blocks()),
             "max_blocks" => put(&mut self.max_blocks, blocks()),
@@ -816,9 +845,13 @@ mod tests {
         let s = with(&[(
             "NCCLSHIM_TUNE",
             " direct:0 , ZERO_COPY:off,sentinel_max:0,ll_max:64K,one_shot_max:1M,two_shot_blocks:999,\
-             group_core:0-0,batch:no,launch_helpers:false,early_launch:0",
+             group_core:0-0,batch:no,launch_helpers:false,early_launch:0,graph_launch_max:0",
         )]);
         assert!(!s.direct && !s.zero_copy && !s.batch && !s.launch_helpers && !s.early_launch);
+        assert_eq!(s.graph_launch_max(), 0);
+        assert_eq!(with(&[]).graph_launch_max(), 0, "none by default");
+        let on = with(&[("NCCLSHIM_TUNE", "graph_launch_max:64K")]);
+        assert_eq!(on.graph_launch_max(), 64 << 10);
         assert_eq!(s.sentinel_max_bytes, Some(0));
         assert_eq!(s.ll_max_bytes, Some(64 << 10));
         assert_eq!(s.one_shot_max_bytes, Some(1 << 20));

@@ -1,13 +1,15 @@
 //! The CUDA driver calls the core makes, each wrapped into a `Result` with the call named in the
 //! error (`error`), by what they are about: a GPU and its contexts (`device`), memory
 //! (`memory`), memory shared between processes (`sharing`), the kernels' host control block
-//! (`host_control`), streams and events (`stream`), kernels (`module`), releasing resources
+//! (`host_control`), streams and events (`stream`), kernels (`module`), kernels launched through
+//! a graph (`graph`), releasing resources
 //! away from a thread that must not wait for the GPU (`release`). cudarc's `result` layer
 //! where it has the call; raw `sys` calls (IPC, peer access, host-mapped memory, context
 //! push/pop) only here.
 
 mod device;
 mod error;
+mod graph;
 mod handles;
 mod host_control;
 mod memory;
@@ -18,6 +20,7 @@ mod stream;
 
 pub use device::*;
 pub use error::{Cuda, CudaError};
+pub use graph::KernelGraph;
 pub use handles::*;
 pub use host_control::*;
 pub use memory::*;
