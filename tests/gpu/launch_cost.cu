@@ -8,7 +8,10 @@
 // - the real NCCL's ncclGroupStart + ncclGroupEnd with nothing inside;
 // - one launch on every GPU, per call: by the one thread in turn, and by the thread together
 //   with one spinning helper thread per other GPU (each launches on its own GPU at once);
-// - N threads launching on their own GPUs at the same time, per launch.
+// - N threads launching on their own GPUs at the same time, per launch;
+// - each driver call of the core's launch alone, then all of them together, one GPU;
+// - the same kernel through a graph of one kernel node, and the GPU's time per launch back to
+//   back, a kernel launch's (as the core's) against a graph's.
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <dlfcn.h>
@@ -42,7 +45,29 @@ struct CoreParams {  // the shape of the core's kernel parameters: 16 pointers, 
   unsigned long long peers[16];
 };
 
+// The size of the core's fused packet-kernel arguments (comm.rs, `FusedKernelArgs`).
+struct FusedParams {
+  unsigned long long words[49];
+};
+
 __global__ void empty() {}
+// Waits until the host sets *flag: the launches queued behind it then run back to back.
+__global__ void gate(const volatile int* flag) {
+  while (*flag == 0) {
+  }
+}
+
+// Busy on the GPU for p.words[2] ns: the launches behind it wait in the stream's queue.
+__global__ void busy(FusedParams p) {
+  unsigned long long start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < p.words[2]);
+}
+__global__ void with_fused_params(FusedParams p) {
+  if (p.words[0] == ~0ull) *(volatile unsigned long long*)p.words[1] = p.words[48];
+}
 __global__ void with_params(CoreParams peers, int rank, int nranks, const float* in, float* out,
                             unsigned long long count, unsigned long long half,
                             const volatile int* abort) {
@@ -75,6 +100,146 @@ static double per_call_us(F one) {
   }
   std::sort(batches.begin(), batches.end());
   return batches[BATCHES / 2];
+}
+
+// What the core asks the driver around each launch (comm.rs, `launch_with`), each call alone and
+// then together, and a graph's launch instead (`launch_by_graph`), on `stream` of the current GPU.
+static void core_launch_rows(cudaStream_t stream) {
+  CUfunction f;
+  CUDA_CHECK(cudaGetFuncBySymbol(&f, (const void*)with_fused_params));
+  FusedParams p = {};
+  void* params[] = {&p};
+  CUevent ended;
+  CU_CHECK(cuEventCreate(&ended, CU_EVENT_DISABLE_TIMING));
+  // As the core launches on sm_90 and later (cuda::launch): early, in the remote domain.
+  CUlaunchAttribute attributes[2] = {};
+  attributes[0].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+  attributes[0].value.programmaticStreamSerializationAllowed = 1;
+  attributes[1].id = CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN;
+  attributes[1].value.memSyncDomain = CU_LAUNCH_MEM_SYNC_DOMAIN_REMOTE;
+  CUlaunchConfig config = {};
+  config.gridDimX = 1;
+  config.gridDimY = config.gridDimZ = 1;
+  config.blockDimX = 512;
+  config.blockDimY = config.blockDimZ = 1;
+  config.hStream = stream;
+  config.attrs = attributes;
+  config.numAttrs = 2;
+  CUstream s = stream;
+  auto green = [&] {
+    CUgreenCtx g = NULL;
+    (void)cuStreamGetGreenCtx(s, &g);
+  };
+  auto capturing = [&] {
+    CUstreamCaptureStatus status;
+    CU_CHECK(cuStreamIsCapturing(s, &status));
+  };
+  auto current = [&] {
+    CUcontext c;
+    CU_CHECK(cuCtxGetCurrent(&c));
+  };
+  auto launch = [&] { CU_CHECK(cuLaunchKernelEx(&config, f, params, NULL)); };
+  printf("cuLaunchKernel, the core's fused arguments %6.3f\n", per_call_us([&](int) {
+           CU_CHECK(cuLaunchKernel(f, 1, 1, 1, 512, 1, 1, 0, s, params, NULL));
+         }));
+  auto launch_with = [&](CUlaunchAttribute* first, unsigned count) {
+    CUlaunchConfig c = config;
+    c.attrs = first;
+    c.numAttrs = count;
+    return per_call_us([&](int) { CU_CHECK(cuLaunchKernelEx(&c, f, params, NULL)); });
+  };
+  printf("cuLaunchKernelEx, the same, no attribute  %6.3f\n", launch_with(NULL, 0));
+  printf("cuLaunchKernelEx, early launch            %6.3f\n", launch_with(attributes, 1));
+  printf("cuLaunchKernelEx, remote domain           %6.3f\n", launch_with(attributes + 1, 1));
+  printf("cuLaunchKernelEx, early, remote (the core) %6.3f\n", launch_with(attributes, 2));
+  printf("cuEventRecord                             %6.3f\n", per_call_us([&](int) {
+           CU_CHECK(cuEventRecord(ended, s));
+         }));
+  printf("cuStreamIsCapturing                       %6.3f\n", per_call_us([&](int) { capturing(); }));
+  printf("cuStreamGetGreenCtx                       %6.3f\n", per_call_us([&](int) { green(); }));
+  printf("cuCtxGetCurrent                           %6.3f\n", per_call_us([&](int) { current(); }));
+  printf("cuLaunchKernelEx + cuEventRecord          %6.3f\n", per_call_us([&](int) {
+           launch();
+           CU_CHECK(cuEventRecord(ended, s));
+         }));
+  printf("the core's launch: all of the above       %6.3f\n", per_call_us([&](int) {
+           current();
+           green();
+           capturing();
+           launch();
+           CU_CHECK(cuEventRecord(ended, s));
+         }));
+  // The same kernel as a graph of one node, launched whole: as is, and with its arguments set
+  // before each launch (what replaying one graph for every call would cost).
+  {
+    CUgraph graph;
+    CU_CHECK(cuGraphCreate(&graph, 0));
+    CUDA_KERNEL_NODE_PARAMS node_params = {};
+    node_params.func = f;
+    node_params.gridDimX = node_params.gridDimY = node_params.gridDimZ = 1;
+    node_params.blockDimX = 512;
+    node_params.blockDimY = node_params.blockDimZ = 1;
+    node_params.kernelParams = params;
+    CUgraphNode node;
+    CU_CHECK(cuGraphAddKernelNode(&node, graph, NULL, 0, &node_params));
+    CUgraphExec exec;
+    CU_CHECK(cuGraphInstantiate(&exec, graph, 0));
+    printf("cuGraphLaunch, one kernel node            %6.3f\n", per_call_us([&](int) {
+             CU_CHECK(cuGraphLaunch(exec, s));
+           }));
+    printf("cuGraphExecKernelNodeSetParams + Launch   %6.3f\n", per_call_us([&](int i) {
+             p.words[3] = i;
+             CU_CHECK(cuGraphExecKernelNodeSetParams(exec, node, &node_params));
+             CU_CHECK(cuGraphLaunch(exec, s));
+           }));
+    // The GPU's time per launch when launches wait in the queue, each kind run back to back
+    // behind a gate the host opens once they are all queued.
+    int* flag;
+    CUDA_CHECK(cudaHostAlloc((void**)&flag, sizeof(int), cudaHostAllocMapped));
+    int* flag_on_gpu;
+    CUDA_CHECK(cudaHostGetDevicePointer((void**)&flag_on_gpu, flag, 0));
+    cudaEvent_t opened, drained;
+    CUDA_CHECK(cudaEventCreate(&opened));
+    CUDA_CHECK(cudaEventCreate(&drained));
+    auto gpu_us = [&](auto one) {
+      std::vector<double> runs;
+      for (int r = 0; r < 5; r++) {
+        *(volatile int*)flag = 0;
+        gate<<<1, 1, 0, stream>>>(flag_on_gpu);
+        CUDA_CHECK(cudaEventRecord(opened, stream));
+        for (int i = 0; i < BATCH; i++) one(i);
+        CUDA_CHECK(cudaEventRecord(drained, stream));
+        *(volatile int*)flag = 1;
+        CUDA_CHECK(cudaEventSynchronize(drained));
+        float ms = 0;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, opened, drained));
+        runs.push_back(ms * 1e3 / BATCH);
+      }
+      std::sort(runs.begin(), runs.end());
+      return runs[runs.size() / 2];
+    };
+    printf("GPU us per launch, back to back: kernel launch (the core's) %6.3f\n",
+           gpu_us([&](int) { launch(); }));
+    printf("GPU us per launch, back to back: graph launch              %6.3f\n",
+           gpu_us([&](int i) {
+             p.words[3] = i;
+             CU_CHECK(cuGraphExecKernelNodeSetParams(exec, node, &node_params));
+             CU_CHECK(cuGraphLaunch(exec, s));
+           }));
+    CUDA_CHECK(cudaEventDestroy(opened));
+    CUDA_CHECK(cudaEventDestroy(drained));
+    CUDA_CHECK(cudaFreeHost(flag));
+    CU_CHECK(cuGraphExecDestroy(exec));
+    CU_CHECK(cuGraphDestroy(graph));
+  }
+  CUfunction slow;
+  CUDA_CHECK(cudaGetFuncBySymbol(&slow, (const void*)busy));
+  p.words[2] = 4000;
+  printf("the core's launch, each kernel 4 us busy  %6.3f\n", per_call_us([&](int) {
+           CU_CHECK(cuLaunchKernelEx(&config, slow, params, NULL));
+           CU_CHECK(cuEventRecord(ended, s));
+         }));
+  CU_CHECK(cuEventDestroy(ended));
 }
 
 int main(int argc, char** argv) {
@@ -202,6 +367,8 @@ int main(int argc, char** argv) {
     printf("cuLaunchKernel, %d threads at once, per launch %6.3f (slowest thread)\n", n,
            *std::max_element(per_launch.begin(), per_launch.end()));
   }
+
+  core_launch_rows(streams[0]);
 
   void* h = dlopen(real, RTLD_NOW | RTLD_LOCAL);
   if (!h) {
