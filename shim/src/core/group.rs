@@ -139,35 +139,47 @@ fn joins(batch: &[Queued], call: &Queued) -> bool {
 /// with NCCLSHIM_TUNE=batch:0). Batching calls that run one after the other is a local choice: such a
 /// launch runs them as launches of one each would. Fusing is not (every rank fuses the same
 /// calls: the layout of the inboxes depends on it), and comes from each communicator's calls in
-/// their order and the settings alone. The batches of most groups are listed on the stack.
+/// their order and the settings alone.
 fn launch_batches(queued: &[Queued]) -> Result<(), launcher::LaunchError> {
-    const ON_STACK: usize = 16;
     let batching = policy::settings().batch;
-    let mut on_stack = [Batch {
-        calls: &queued[..0],
-    }; ON_STACK];
-    let (mut listed, mut spilled) = (0, Vec::new());
     let joined = |run: &[Queued], call: &Queued| batching && joins(run, call);
-    each_run(queued, joined, |range| {
-        let batch = Batch {
-            calls: &queued[range],
-        };
+    with_runs(
+        queued,
+        joined,
+        |calls| Batch { calls },
+        launcher::launch_group,
+    )
+}
+
+/// Hands `f` the runs of `items` (`each_run`), each as `make` makes it of its items: listed on
+/// the stack where they are few, as most groups' launches are.
+fn with_runs<'a, T: OnDevice, R: Copy, O>(
+    items: &'a [T],
+    joins: impl Fn(&[T], &T) -> bool,
+    make: impl Fn(&'a [T]) -> R,
+    f: impl FnOnce(&[R]) -> O,
+) -> O {
+    const ON_STACK: usize = 16;
+    let mut on_stack = [make(&items[..0]); ON_STACK];
+    let (mut listed, mut spilled) = (0, Vec::new());
+    each_run(items, joins, |range| {
+        let run = make(&items[range]);
         match on_stack.get_mut(listed) {
             Some(slot) if spilled.is_empty() => {
-                *slot = batch;
+                *slot = run;
                 listed += 1;
             }
             _ => {
                 if spilled.is_empty() {
                     spilled.extend_from_slice(&on_stack);
                 }
-                spilled.push(batch);
+                spilled.push(run);
             }
         }
     });
     match spilled.is_empty() {
-        true => launcher::launch_group(&on_stack[..listed]),
-        false => launcher::launch_group(&spilled),
+        true => f(&on_stack[..listed]),
+        false => f(&spilled),
     }
 }
 
@@ -965,6 +977,22 @@ mod tests {
             [0..4, 4..7],
             "never across devices"
         );
+    }
+
+    /// Every run reaches `f` whole and in order, as few as fit the stack and more than that.
+    #[test]
+    fn every_run_is_listed_in_order_past_the_stack_too() {
+        for count in [0usize, 1, 15, 16, 17, 40] {
+            // Pairs of one kernel: `count` items, in runs of two.
+            let items: Vec<Item> = (0..count)
+                .map(|i| Item(0, (b'a' + (i / 2 % 26) as u8) as char, 7))
+                .collect();
+            let same_kernel = |run: &[Item], item: &Item| run[0].1 == item.1;
+            let listed = with_runs(&items, same_kernel, |run| run, |runs| runs.to_vec());
+            assert_eq!(listed.len(), count.div_ceil(2), "{count} items");
+            assert_eq!(listed.concat(), items, "{count} items");
+            assert!(listed.iter().all(|run| run.iter().all(|i| i.1 == run[0].1)));
+        }
     }
 
     /// ncclGroupSimulateEnd leaves a group level as ncclGroupEnd does, and ends NCCL's level

@@ -363,14 +363,14 @@ impl Settings {
 
     /// The most bytes of a launch of a packet kernel (its calls' together) that goes through the
     /// communicator's graph rather than as a kernel launch (comm.rs, `launch_by_graph`). A graph's
-    /// launch takes the host about 1.2 us less (1.3 - 2.6 us against 2.5 - 3.6 on H200,
-    /// tests/gpu/launch_cost.cu) but the GPU 0.8 us more (1.37 us a launch back to back against
-    /// 0.57: its kernel starts once the stream's work before it is done, where programmatic
-    /// stream serialization starts the next kernel while one ends). Groups of four small
-    /// all-reduces through it took 0.39 - 0.46 of NCCL's time where launches took 0.45 - 0.53
-    /// (`group_cost`, 2 H200), but nccl-tests' back-to-back calls, which keep the GPU busy, no
-    /// less or longer (lone all-reduces of 32 KiB 4.2 us against 3.1 - 4.4): none by default;
-    /// for programs whose host is the bottleneck.
+    /// launch, its parameters set, takes the host about 1.2 us less (1.6 - 2.6 us against 2.5 -
+    /// 3.6 on H200, tests/gpu/launch_cost.cu) but the GPU 0.8 us more (1.37 us a launch back to
+    /// back against 0.57: its kernel starts once the stream's work before it is done, where
+    /// programmatic stream serialization starts the next kernel while one ends). Groups of four
+    /// small all-reduces through it took 0.39 - 0.46 of NCCL's time where the build before took
+    /// 0.45 - 0.53 (`group_cost`, 2 H200, same runs), but nccl-tests' back-to-back calls, which
+    /// keep the GPU busy, no less or longer (lone all-reduces of 32 KiB 4.2 us against 3.1 -
+    /// 4.4): none by default; for programs whose host is the bottleneck.
     pub fn graph_launch_max(&self) -> usize {
         self.graph_launch_max_bytes
             .unwrap_or(GRAPH_LAUNCH_MAX_BYTES)
