@@ -562,31 +562,17 @@ fn planned(
         false => (DataType::Uint8, chunk),
     };
     // Small chunks go as packets, as the low-latency all-reduce's: 8 bytes per thread; larger
-    // ones of a lone call as sentinel stores, where they go so (16 bytes per thread).
-    if let Some(low_latency) = Algorithm::low_latency_of(collective) {
-        let by_sentinel = sends_by_sentinel(settings, low_latency, chunk, nranks);
-        if chunk <= settings.ll_move_max(nranks) || by_sentinel {
-            let (blocks, threads) = match by_sentinel {
-                true => sentinel_move_shape(settings, chunk, nranks),
-                false => packet_shape(settings, chunk, nranks),
-            };
-            return Some(Plan {
-                algorithm: low_latency,
-                dtype,
-                count,
-                op,
-                root,
-                blocks,
-                threads,
-            });
+    // ones of a lone call as sentinel stores, where they go so (16 bytes per thread); the rest
+    // by the collective's larger kernel.
+    let (algorithm, (blocks, threads)) = match Algorithm::low_latency_of(collective) {
+        Some(low_latency) if sends_by_sentinel(settings, low_latency, chunk, nranks) => {
+            (low_latency, sentinel_move_shape(settings, chunk, nranks))
         }
-    }
-    // As two-shot's, which moves as much: 16 bytes per thread, grids the GPU holds at once.
-    let threads = if size <= 4 << 20 { 256 } else { MAX_THREADS };
-    let max_blocks = settings
-        .grid_within(settings.two_shot_blocks(nranks, size))
-        .min(comm.resident_blocks.max(1));
-    let blocks = blocks_for(chunk, 16, threads, max_blocks);
+        Some(low_latency) if chunk <= settings.ll_move_max(nranks) => {
+            (low_latency, packet_shape(settings, chunk, nranks))
+        }
+        _ => (algorithm, move_shape(settings, comm, chunk, size, nranks)),
+    };
     Some(Plan {
         algorithm,
         dtype,
@@ -596,6 +582,23 @@ fn planned(
         blocks,
         threads,
     })
+}
+
+/// The blocks and threads per block of a call of chunks of `chunk` bytes (`size` in all) by the
+/// other collectives' larger kernels: as two-shot's, which moves as much, 16 bytes per thread,
+/// in grids the GPU holds at once.
+fn move_shape(
+    settings: &Settings,
+    comm: &CommFacts,
+    chunk: usize,
+    size: usize,
+    nranks: usize,
+) -> (u32, u32) {
+    let threads = if size <= 4 << 20 { 256 } else { MAX_THREADS };
+    let max_blocks = settings
+        .grid_within(settings.two_shot_blocks(nranks, size))
+        .min(comm.resident_blocks.max(1));
+    (blocks_for(chunk, 16, threads, max_blocks), threads)
 }
 
 #[cfg(test)]
