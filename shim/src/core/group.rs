@@ -4,7 +4,7 @@
 //! (once the real NCCL has initialised them), and core calls issued inside a
 //! group are launched there, on every rank on the same side of the real NCCL's own operations
 //! (NCCL promises no order inside a group; see `core::group_end`), unless NCCL runs the group's
-//! calls of a communicator faster: then they join NCCL's group (`weigh`).
+//! calls of a communicator faster: then they join NCCL's group (`add`).
 //!
 //! NCCL's own group opens only when a call of the group goes to it (`open_real`): one whose
 //! calls all go to the core never reaches NCCL, whose ncclGroupEnd keeps about 176 bytes of
@@ -34,12 +34,12 @@ pub struct Queued {
     pub call: Call,
     pub core: Arc<CoreComm>,
     pub plan: Plan,
-    /// The call as the real NCCL's, should its group's calls go there (`weigh`): `None` where
+    /// The call as the real NCCL's, should its group's calls go there (`add`): `None` where
     /// `call` holds every argument of it (`real::forward_described`), so that a queued call
     /// allocates nothing.
     pub forward: Option<Box<dyn FnOnce() -> ncclResult_t>>,
     /// Whether `stream` was being captured into a CUDA graph when the call was made: asked only
-    /// where another call of the communicator in the group comes on another stream (`queue`).
+    /// where another call of the communicator in the group comes on another stream (`queue_in`).
     pub captured: Option<bool>,
 }
 
@@ -110,7 +110,7 @@ impl<'a> DeviceOp for Batch<'a> {
 /// Whether `call` may join `batch`, the last batch of its device so far. Calls of a kernel that
 /// fuses them (device.cuh, "fused launches") join while `Settings::fuses_with` allows, from
 /// their plans alone, whatever their streams (`CoreComm::launch_fused` joins those), as
-/// `Settings::fused_with` counted them in `weigh`; the others only on one stream and grid.
+/// `Settings::fused_with` counted them in `add`; the others only on one stream and grid.
 fn joins(batch: &[Queued], call: &Queued) -> bool {
     let first = &batch[0];
     if !Arc::ptr_eq(&first.core, &call.core) {
@@ -310,9 +310,9 @@ struct ThreadGroup {
     windows: RefCell<Vec<PendingWindow>>,
     suspended: RefCell<Vec<ncclComm_t>>,
     queued: RefCell<Vec<Queued>>,
-    /// A call of the group was refused (see `queue`): nothing of it is launched.
+    /// A call of the group was refused (see `queue_in`): nothing of it is launched.
     failed: Cell<bool>,
-    /// The group's communicators with calls the core would take, and how they weigh (`weigh`).
+    /// The group's communicators with calls the core would take, and how they weigh (`add`).
     seen: RefCell<Vec<Seen>>,
     /// The first error of a queued call sent to NCCL (`send_queued_to_nccl`).
     sent_error: Cell<ncclResult_t>,
@@ -523,70 +523,114 @@ fn log_taken(op: &Queued) {
     }
 }
 
-/// What the group knows of `comm` from its earlier calls (`weigh`).
+/// What this thread's group knows of `comm` from its earlier calls (`add`).
 pub enum Known {
+    /// The thread is in no group.
+    Outside,
     /// Nothing: none of its calls so far was one the core would take.
     New,
-    /// Its calls go to NCCL (`weigh` decided so on an earlier one).
+    /// Its calls go to NCCL (`add` decided so on an earlier one).
     ToNccl,
-    /// Its core, as looked up at its first call.
-    Core(Arc<CoreComm>),
+    /// Its core, as looked up at its first call, and where the group keeps what it saw of the
+    /// communicator's calls (`add`'s `at`).
+    Core(Arc<CoreComm>, usize),
 }
 
+/// Whether this thread is in a group, and what that group knows of `comm`: one look at the
+/// thread's group for both.
 pub fn known(comm: ncclComm_t) -> Known {
-    GROUP.with(
-        |g| match g.seen.borrow().iter().find(|s| s.comm == comm as usize) {
+    if THREADS_IN_GROUPS.load(Ordering::Relaxed) == 0 {
+        return Known::Outside;
+    }
+    GROUP.with(|g| {
+        if g.level.get().depth == 0 {
+            return Known::Outside;
+        }
+        let seen = g.seen.borrow();
+        match seen.iter().position(|s| s.comm == comm as usize) {
             None => Known::New,
-            Some(s) if s.to_nccl => Known::ToNccl,
+            Some(at) if seen[at].to_nccl => Known::ToNccl,
             // Destroyed or revoked since (by another thread): look again.
-            Some(s) if s.core.released() => Known::New,
-            Some(s) => Known::Core(s.core.clone()),
-        },
-    )
+            Some(at) if seen[at].core.released() => Known::New,
+            Some(at) => Known::Core(seen[at].core.clone(), at),
+        }
+    })
 }
 
-/// Weighs one more call of `comm`, of `collective`, planned as `plan`, that the core would take,
-/// with the group's calls of `comm` before it (`Settings::group_goes_to_nccl`): whether it goes
-/// to NCCL. Where
-/// this call decides so, the calls of `comm` queued before it go there now, in their order, and
-/// this one must follow them; so do the group's later calls of `comm` (`known`), without being
-/// weighed. Each rank's group holds the same calls, and each call's plan is the same on every
-/// rank: every rank decides alike, at the same call.
-pub fn weigh(comm: ncclComm_t, core: &Arc<CoreComm>, collective: Collective, plan: &Plan) -> bool {
+/// Where `add` sent a call.
+pub enum Added {
+    /// Queued for the core at the group's end.
+    Queued,
+    /// To NCCL, as the group's calls of its communicator from now on: the ones queued before it
+    /// went there first; it is for the caller to send (`forward`).
+    ToNccl(Queued),
+    /// Refused (`queue_in`'s capture rule): for `send_refused_to_nccl`.
+    Refused(Queued),
+}
+
+/// Weighs `op`, a call of `collective` that the core would take, with the group's calls of its
+/// communicator before it (`Settings::group_goes_to_nccl`), and queues it for the group's end
+/// where the core keeps them (`queue_in`'s rule allowing): one look at the thread's group. `at` is
+/// where `known` found the communicator's entry, if it did (looked for again where it is not).
+/// Where this call decides that they go to NCCL, the calls of the communicator queued before it
+/// go there now, in their order, and this one must follow them; so do the group's later calls of
+/// it (`known`), without being weighed. Each rank's group holds the same calls, and each call's
+/// plan is the same on every rank: every rank decides alike, at the same call.
+pub fn add(op: Queued, collective: Collective, at: Option<usize>) -> Added {
     let settings = policy::settings();
-    let decided = GROUP.with(|g| {
+    let comm = op.call.comm;
+    let added = GROUP.with(|g| {
         g.touch();
         let mut seen = g.seen.borrow_mut();
-        let at = match seen.iter().position(|s| s.comm == comm as usize) {
-            Some(at) => at,
-            None => {
-                seen.push(Seen {
-                    comm: comm as usize,
-                    core: core.clone(),
-                    so_far: policy::GroupSoFar::NONE,
-                    fused: None,
-                    to_nccl: false,
-                });
-                seen.len() - 1
-            }
-        };
+        let mine = |s: &Seen| s.comm == comm as usize;
+        let found = (at.filter(|&at| seen.get(at).is_some_and(mine)))
+            .or_else(|| seen.iter().position(mine));
+        let at = found.unwrap_or_else(|| {
+            seen.push(Seen {
+                comm: comm as usize,
+                core: op.core.clone(),
+                so_far: policy::GroupSoFar::NONE,
+                fused: None,
+                to_nccl: false,
+            });
+            seen.len() - 1
+        });
         let s = &mut seen[at];
-        let facts = &core.facts;
+        let facts = &op.core.facts;
         s.fused = settings.fused_with(
             s.fused,
             s.so_far.calls,
-            plan,
+            &op.plan,
             facts.nranks,
             facts.max_blocks,
         );
-        s.so_far = s.so_far.and(collective, plan);
+        s.so_far = s.so_far.and(collective, &op.plan);
         s.to_nccl = settings.group_goes_to_nccl(&s.so_far, facts.nranks, s.fused.is_some());
-        s.to_nccl
+        if s.to_nccl {
+            return Added::ToNccl(op);
+        }
+        drop(seen);
+        match queue_in(&mut g.queued.borrow_mut(), op) {
+            Ok(()) => Added::Queued,
+            Err(refused) => Added::Refused(refused),
+        }
     });
-    if decided {
+    if let Added::ToNccl(_) = added {
         let _ = send_queued_to_nccl(comm);
     }
-    decided
+    added
+}
+
+/// Sends `op`, which the core does not take, to the real NCCL, as its export received it.
+pub fn forward(op: Queued) -> ncclResult_t {
+    match op.forward {
+        Some(forward) => forward(),
+        None => {
+            open_real();
+            // SAFETY: `call` describes the call as its export received it.
+            unsafe { crate::real::forward_described(&op.call) }.unwrap_or(ncclInternalError)
+        }
+    }
 }
 
 /// Sends the queued calls of `comm` to the real NCCL, whose group is still open, in their order;
@@ -603,14 +647,7 @@ fn send_queued_where(mut which: impl FnMut(&Queued) -> bool) -> ncclResult_t {
     let mut queued = GROUP.with(|g| g.queued.take());
     for op in queued.extract_if(.., |op| which(op)) {
         super::observer::observer().sent_with_group(op.call.comm);
-        let sent = match op.forward {
-            Some(forward) => forward(),
-            None => {
-                open_real();
-                // SAFETY: `call` describes the call as its export received it.
-                unsafe { crate::real::forward_described(&op.call) }.unwrap_or(ncclInternalError)
-            }
-        };
+        let sent = forward(op);
         if sent != ncclSuccess && sent != ncclInProgress {
             GROUP.with(|g| {
                 if g.sent_error.get() == ncclSuccess {
@@ -689,39 +726,35 @@ pub fn defer_window(window: PendingWindow) {
     });
 }
 
-/// Queues `op` for the group's end, unless its communicator's operations queued before are on
+/// Queues `op` in `queued`, the group's, unless its communicator's operations queued before are on
 /// streams captured where its stream is not, or the other way round (then handed back, for
 /// `send_refused_to_nccl`): NCCL refuses that (all uncaptured or all captured).
 /// As NCCL, it asks the driver only where a call comes on a stream its communicator has not
 /// used in the group: calls on one stream are captured alike.
-pub fn queue(mut op: Queued) -> Result<(), Queued> {
-    GROUP.with(|g| {
-        g.touch();
-        let mut queued = g.queued.borrow_mut();
-        let comm = Arc::as_ptr(&op.core) as usize;
-        let stream = op.stream();
-        let mut other_streams = queued
-            .iter_mut()
-            .filter(|o| Arc::as_ptr(&o.core) as usize == comm && o.stream() != stream)
-            .peekable();
-        if other_streams.peek().is_some() {
-            let mine = *op.captured.get_or_insert_with(|| capturing(stream));
-            let earlier: Vec<(usize, bool)> = other_streams
-                .map(|o| {
-                    let stream = o.stream();
-                    (comm, *o.captured.get_or_insert_with(|| capturing(stream)))
-                })
-                .collect();
-            if mixes_capture(earlier.into_iter(), (comm, mine)) {
-                return Err(op);
-            }
+fn queue_in(queued: &mut Vec<Queued>, mut op: Queued) -> Result<(), Queued> {
+    let comm = Arc::as_ptr(&op.core) as usize;
+    let stream = op.stream();
+    let mut other_streams = queued
+        .iter_mut()
+        .filter(|o| Arc::as_ptr(&o.core) as usize == comm && o.stream() != stream)
+        .peekable();
+    if other_streams.peek().is_some() {
+        let mine = *op.captured.get_or_insert_with(|| capturing(stream));
+        let earlier: Vec<(usize, bool)> = other_streams
+            .map(|o| {
+                let stream = o.stream();
+                (comm, *o.captured.get_or_insert_with(|| capturing(stream)))
+            })
+            .collect();
+        if mixes_capture(earlier.into_iter(), (comm, mine)) {
+            return Err(op);
         }
-        queued.push(op);
-        Ok(())
-    })
+    }
+    queued.push(op);
+    Ok(())
 }
 
-/// Sends a call `queue` refused to the real NCCL, after its communicator's calls queued before
+/// Sends a call `queue_in` refused to the real NCCL, after its communicator's calls queued before
 /// it, in their order, and answers as NCCL does: NCCL sees the streams of both kinds, refuses
 /// the call (ncclInvalidUsage, with its WARN) and fails its whole group, which then launches
 /// nothing, as without the shim. Nothing of the core's is launched either.

@@ -326,18 +326,19 @@ pub fn operation(call: &Call, forward: impl FnOnce() -> ncclResult_t + 'static) 
     // then leaves to NCCL (`known`, `lookup`, `failed`, `lacks_buffer` change nothing): a rank
     // whose flags (`measured::in_use`) let it look may then forward alike with its peers.
     let comm = call.comm;
-    // The group's calls on this communicator go to NCCL (group::weigh decided on an earlier one),
-    // or its core is known from an earlier one.
-    let in_group = group::inside();
-    let known = match in_group {
-        true => group::known(comm),
-        false => group::Known::New,
+    // In a group, its calls on this communicator go to NCCL (group::add decided on an earlier
+    // one), or its core is known from an earlier one.
+    let known = group::known(comm);
+    let in_group = match known {
+        group::Known::Outside => None,
+        group::Known::Core(_, at) => Some(Some(at)),
+        _ => Some(None),
     };
     let all_reduce = collective == Collective::AllReduce;
     let (core, forward) = match known {
         group::Known::ToNccl => return forward(),
-        group::Known::Core(core) => (core, forward),
-        group::Known::New => match lookup(comm, all_reduce, forward) {
+        group::Known::Core(core, _) => (core, forward),
+        group::Known::New | group::Known::Outside => match lookup(comm, all_reduce, forward) {
             Ok(found) => found,
             Err(result) => return result,
         },
@@ -376,13 +377,14 @@ fn lookup<F: FnOnce() -> ncclResult_t>(
 }
 
 /// A call on `comm`, whose core is `core`: the core's where it takes it, else `forward`; queued
-/// for the end of the thread's group where it is in one (`in_group`).
+/// for the end of the thread's group where it is in one (`in_group`: `Some`, with where the group
+/// keeps the communicator's entry if `group::known` found it).
 fn collective_of_core(
     collective: Collective,
     call: &Call,
     core: std::sync::Arc<comm::CoreComm>,
     settings: &policy::Settings,
-    in_group: bool,
+    in_group: Option<Option<usize>>,
     forward: impl FnOnce() -> ncclResult_t + 'static,
 ) -> ncclResult_t {
     let comm = call.comm;
@@ -402,29 +404,27 @@ fn collective_of_core(
         return forward();
     };
     let stream = call.stream as cuda::Stream;
-    if in_group {
-        if group::weigh(comm, &core, collective, &plan) {
-            return forward();
-        }
-        // Asked of the driver only where the trace wants it, or `queue` needs it.
+    if let Some(at) = in_group {
+        // Asked of the driver only where the trace wants it, or `group::add` needs it.
         let captured = observer()
             .wants_capture_state()
             .then(|| cuda::capturing(stream));
         let algorithm = plan.algorithm;
-        let queued = group::queue(group::Queued {
+        let op = group::Queued {
             call: *call,
             core,
             plan,
             forward: (!crate::real::forwards_described(call.kind))
                 .then(|| Box::new(forward) as Box<dyn FnOnce() -> ncclResult_t>),
             captured,
-        });
-        return match queued {
-            Ok(()) => {
+        };
+        return match group::add(op, collective, at) {
+            group::Added::Queued => {
                 observer().ran_on_core(algorithm, captured);
                 ncclSuccess
             }
-            Err(refused) => group::send_refused_to_nccl(refused),
+            group::Added::ToNccl(op) => group::forward(op),
+            group::Added::Refused(op) => group::send_refused_to_nccl(op),
         };
     }
     let captured = observer()

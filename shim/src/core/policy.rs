@@ -40,7 +40,7 @@ pub const GROUP_PAIR_MAX_BYTES: usize = 128 << 20;
 pub const GROUP_MOVES_MAX_BYTES: usize = 4 << 20;
 
 /// What a group's calls of one communicator that the core would take have been so far
-/// (`group::weigh` adds them as they come).
+/// (`group::add` adds them as they come).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GroupSoFar {
     pub calls: usize,
@@ -912,7 +912,7 @@ mod tests {
         );
     }
 
-    /// `fused_with` (what `group::weigh` decides on) counts the launches that `fuses_with` (what
+    /// `fused_with` (what `group::add` decides on) counts the launches that `fuses_with` (what
     /// `group::joins` cuts by) makes, call by call, for any sequence of small calls of one
     /// packet kernel.
     #[test]
