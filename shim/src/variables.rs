@@ -165,8 +165,8 @@ pub const TUNE: &[Variable] = &[
     ),
     row(
         "graph_launch_max",
-        "`0`",
-        "a launch of small calls (a lone call, or a group's calls run as one) of at most this many bytes goes through a graph of the communicator's, which takes the host about 1.2 µs less than a kernel launch and the GPU about 0.8 µs more (its kernel starts once the work before it is done, not while it ends): for programs whose host is the bottleneck, such as groups of small calls from C (`64K`); `0`: none",
+        "`64K`",
+        "a launch of two or more of a group's small calls run as one, of at most this many bytes together, goes through a graph of the communicator's, which takes the host about 1.2 µs less than a kernel launch and the GPU about 0.8 µs more (its kernel starts once the work before it is done, not while it ends); a lone call's launch never does; `0`: none",
     ),
 ];
 

@@ -105,7 +105,7 @@ collectives() {
   local every=" NCCLSHIM_MAX_BYTES=all_gather:32M,reduce_scatter:32M,broadcast:32M,reduce:32M,all_to_all:32M,gather:32M,scatter:32M"
   # With every lone call of the collectives that move bytes sent as sentinel stores (on 2 ranks;
   # by default only chunks past 32 KiB), the matrix's words of all bits set included.
-  # With small calls' kernels launched through the communicator's graph (off by default).
+  # With a group's small calls launched as kernels, not through the communicator's graph.
   # All-to-all in place, which only the core gets right (NCCL's is undefined): where it takes them all.
   local a2a_in_place=--alltoall-in-place
   mkdir -p "$dir"
@@ -128,8 +128,8 @@ collectives() {
     "procs-quick-sentinelmoves|shim|$every NCCLSHIM_TUNE=sentinel_move_from:0|--launch procs --matrix quick --max-bytes 32M $a2a_in_place"
     "group-quick-sentinelmoves|shim|$every NCCLSHIM_TUNE=sentinel_move_from:0|--launch group --matrix quick --max-bytes 32M $a2a_in_place"
     "procs-graph-sentinelmoves|shim|$every NCCLSHIM_TUNE=sentinel_move_from:0|--launch procs --matrix quick --graph --max-bytes 32M $a2a_in_place"
-    "procs-quick-graphlaunch|shim|$every NCCLSHIM_TUNE=graph_launch_max:64K|--launch procs --matrix quick --max-bytes 32M $a2a_in_place"
-    "group-quick-graphlaunch|shim|$every NCCLSHIM_TUNE=graph_launch_max:64K|--launch group --matrix quick --max-bytes 32M $a2a_in_place"
+    "procs-quick-kernellaunch|shim|$every NCCLSHIM_TUNE=graph_launch_max:0|--launch procs --matrix quick --max-bytes 32M $a2a_in_place"
+    "group-quick-kernellaunch|shim|$every NCCLSHIM_TUNE=graph_launch_max:0|--launch group --matrix quick --max-bytes 32M $a2a_in_place"
     "group-split|shim||--launch group --matrix quick --split --max-bytes 0"
     "group-graph-memalloc|shim||--launch group --matrix quick --graph --memalloc --max-bytes 0"
     "threads-split|shim||--launch threads --matrix quick --split --max-bytes 0"

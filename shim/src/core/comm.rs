@@ -571,7 +571,7 @@ impl CoreComm {
             self.graph_failed.store(true, Ordering::Relaxed);
             *graph = None;
             log_info!(
-                "core of rank {} on GPU {}: small calls' kernels are launched as others ({e})",
+                "core of rank {} on GPU {}: a group's small calls are launched as kernels, not through a graph ({e})",
                 self.rank,
                 self.device.ordinal
             );
@@ -697,8 +697,9 @@ impl CoreComm {
                 ),
             });
         }
-        // Small ones through the communicator's graph where the settings ask it.
-        let by_graph = bytes <= policy::settings().graph_launch_max();
+        // A group's small calls through the communicator's graph: their host time is the
+        // group's, past the kernel's (`Settings::graph_launch_max`).
+        let by_graph = calls.len() > 1 && bytes <= policy::settings().graph_launch_max();
         let (blocks, threads) = match calls.len() {
             1 => (first.blocks, first.threads),
             _ => policy::fused_shape(

@@ -32,9 +32,9 @@ pub const DEFAULT_WAIT_LIMIT_S: u32 = 1800;
 /// ranks (`Settings::sentinel_move_from`).
 pub const SENTINEL_MOVE_FROM_BYTES: usize = 32 << 10;
 
-/// Launches of small calls of up to this many bytes (a fused launch's calls together) go through
-/// the communicator's graph (`Settings::graph_launch_max`): none by default.
-pub const GRAPH_LAUNCH_MAX_BYTES: usize = 0;
+/// Launches of a group's small calls run as one, of up to this many bytes together, go through
+/// the communicator's graph (`Settings::graph_launch_max`).
+pub const GRAPH_LAUNCH_MAX_BYTES: usize = 64 << 10;
 
 /// Calls from this size on take at most 64 blocks (`two_shot_blocks`): a collective that large
 /// is the kind a program runs beside its compute.
@@ -56,8 +56,8 @@ pub struct Settings {
     /// Lone packet calls of the collectives that move bytes go as sentinel stores past chunks of
     /// this many bytes (`None`: see `sentinel_move_from`).
     pub sentinel_move_from_bytes: Option<usize>,
-    /// Launches of packet kernels of up to this many bytes go through a graph (`None`: see
-    /// `graph_launch_max`).
+    /// Launches of a group's packet calls run as one, of up to this many bytes, go through a
+    /// graph (`None`: see `graph_launch_max`).
     pub graph_launch_max_bytes: Option<usize>,
     /// `None`: by the number of ranks (see `one_shot_max`).
     pub one_shot_max_bytes: Option<usize>,
@@ -361,16 +361,19 @@ impl Settings {
             .unwrap_or(SENTINEL_MOVE_FROM_BYTES)
     }
 
-    /// The most bytes of a launch of a packet kernel (its calls' together) that goes through the
-    /// communicator's graph rather than as a kernel launch (comm.rs, `launch_by_graph`). A graph's
-    /// launch, its parameters set, takes the host about 1.2 us less (1.6 - 2.6 us against 2.5 -
-    /// 3.6 on H200, tests/gpu/launch_cost.cu) but the GPU 0.8 us more (1.37 us a launch back to
-    /// back against 0.57: its kernel starts once the stream's work before it is done, where
-    /// programmatic stream serialization starts the next kernel while one ends). Groups of four
-    /// small all-reduces through it took 0.39 - 0.46 of NCCL's time where the build before took
-    /// 0.45 - 0.53 (`group_cost`, 2 H200, same runs), but nccl-tests' back-to-back calls, which
-    /// keep the GPU busy, no less or longer (lone all-reduces of 32 KiB 4.2 us against 3.1 -
-    /// 4.4): none by default; for programs whose host is the bottleneck.
+    /// The most bytes of a launch of two or more of a group's packet calls (a fused launch) that
+    /// goes through the communicator's graph rather than as a kernel launch (comm.rs,
+    /// `launch_by_graph`). A graph's launch, its parameters set, takes the host about 1.2 us less
+    /// (1.6 - 2.6 us against 2.5 - 3.6 on H200, tests/gpu/launch_cost.cu) but the GPU 0.8 us more
+    /// (1.37 us a launch back to back against 0.57: its kernel starts once the stream's work
+    /// before it is done, where programmatic stream serialization starts the next kernel while
+    /// one ends). A group's host time (each call's step, the end, the launch) is more than its
+    /// kernel's on the GPU, so the saving is the group's: on 2 H200, groups of four all-reduces
+    /// of 8 B and 2 KiB took 0.39 - 0.44 of NCCL's time per operation against 0.48 - 0.53 as
+    /// kernel launches (`group_cost`, runs taking turns), and in nccl-tests (one process per GPU,
+    /// three rounds) groups of four of 16 KiB 1.04 - 1.24 us an operation against 1.35 - 1.39,
+    /// other sizes and groups of two to eight up to 64 KiB no slower. A lone call's launch keeps
+    /// the kernel launch: back-to-back lone calls are the GPU's to wait for.
     pub fn graph_launch_max(&self) -> usize {
         self.graph_launch_max_bytes
             .unwrap_or(GRAPH_LAUNCH_MAX_BYTES)
@@ -849,9 +852,9 @@ mod tests {
         )]);
         assert!(!s.direct && !s.zero_copy && !s.batch && !s.launch_helpers && !s.early_launch);
         assert_eq!(s.graph_launch_max(), 0);
-        assert_eq!(with(&[]).graph_launch_max(), 0, "none by default");
-        let on = with(&[("NCCLSHIM_TUNE", "graph_launch_max:64K")]);
-        assert_eq!(on.graph_launch_max(), 64 << 10);
+        assert_eq!(with(&[]).graph_launch_max(), 64 << 10, "64 KiB by default");
+        let on = with(&[("NCCLSHIM_TUNE", "graph_launch_max:1M")]);
+        assert_eq!(on.graph_launch_max(), 1 << 20);
         assert_eq!(s.sentinel_max_bytes, Some(0));
         assert_eq!(s.ll_max_bytes, Some(64 << 10));
         assert_eq!(s.one_shot_max_bytes, Some(1 << 20));
