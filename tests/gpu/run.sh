@@ -105,7 +105,6 @@ collectives() {
   local every=" NCCLSHIM_MAX_BYTES=all_gather:32M,reduce_scatter:32M,broadcast:32M,reduce:32M,all_to_all:32M,gather:32M,scatter:32M"
   # With every lone call of the collectives that move bytes sent as sentinel stores (on 2 ranks;
   # by default only chunks past 32 KiB), the matrix's words of all bits set included.
-  # With a group's small calls launched as kernels, not through the communicator's graph.
   # All-to-all in place, which only the core gets right (NCCL's is undefined): where it takes them all.
   local a2a_in_place=--alltoall-in-place
   mkdir -p "$dir"
@@ -128,8 +127,6 @@ collectives() {
     "procs-quick-sentinelmoves|shim|$every NCCLSHIM_TUNE=sentinel_move_from:0|--launch procs --matrix quick --max-bytes 32M $a2a_in_place"
     "group-quick-sentinelmoves|shim|$every NCCLSHIM_TUNE=sentinel_move_from:0|--launch group --matrix quick --max-bytes 32M $a2a_in_place"
     "procs-graph-sentinelmoves|shim|$every NCCLSHIM_TUNE=sentinel_move_from:0|--launch procs --matrix quick --graph --max-bytes 32M $a2a_in_place"
-    "procs-quick-kernellaunch|shim|$every NCCLSHIM_TUNE=graph_launch_max:0|--launch procs --matrix quick --max-bytes 32M $a2a_in_place"
-    "group-quick-kernellaunch|shim|$every NCCLSHIM_TUNE=graph_launch_max:0|--launch group --matrix quick --max-bytes 32M $a2a_in_place"
     "group-split|shim||--launch group --matrix quick --split --max-bytes 0"
     "group-graph-memalloc|shim||--launch group --matrix quick --graph --memalloc --max-bytes 0"
     "threads-split|shim||--launch threads --matrix quick --split --max-bytes 0"
@@ -490,36 +487,43 @@ graph_launch_suite() {
 }
 
 # --- Groups of several calls on one communicator, checked value by value by group_KIND.cu: built,
-# run through the shim (under the settings given, VAR=VALUE each) and through NCCL alone as the
-# control; the shim's exit summary must show fused launches ---
+# run through the shim (under the settings given, VAR=VALUE each, after TAG, which names a run
+# under other settings than the default's, "" for none) and through NCCL alone as the control;
+# the shim's exit summary must show fused launches ---
 group_check() {
-  local kind=$1 n=$2 dir=$out/group-$1-$2 t=$SECONDS status=0
-  shift 2
+  local kind=$1 n=$2 tag=${3:+-$3} t=$SECONDS status=0
+  local dir=$out/group-$kind-$n$tag name="group $kind $n GPUs${3:+ $3}"
+  shift 3
   rm -rf "$dir" && mkdir -p "$dir"
   $nvcc "${flags[@]}" "$here/group_$kind.cu" -o "$out/bin/group_$kind" -ldl >"$out/build-group_$kind.log" 2>&1 ||
-    { verdict "group $kind $n GPUs" 1 "build failed: build-group_$kind.log"; return; }
+    { verdict "$name" 1 "build failed: build-group_$kind.log"; return; }
   env "$@" NCCLSHIM_REAL_NCCL="$real" NCCLSHIM_SUMMARY=1 NCCL_DEBUG=WARN timeout "$step_timeout" \
     "$out/bin/group_$kind" --lib "$(readlink -f "$shim")" --ngpus "$n" >"$dir/shim.log" 2>&1 || status=1
   NCCL_DEBUG=WARN timeout "$step_timeout" "$out/bin/group_$kind" --lib "$real" --ngpus "$n" >"$dir/nccl.log" 2>&1 || status=1
   local shared
   shared=$(grep -ho '[0-9]* in launches shared' "$dir/shim.log" | awk '{s += $1} END {print s + 0}')
   [ "$shared" -gt 0 ] || status=1
-  verdict "group $kind $n GPUs" $status "shim: $(grep -h '^# ' "$dir/shim.log" | tail -1), $shared calls in shared launches; NCCL: $(grep -h '^# ' "$dir/nccl.log" | tail -1); $((SECONDS - t)) s; group-$kind-$n/"
+  verdict "$name" $status "shim: $(grep -h '^# ' "$dir/shim.log" | tail -1), $shared calls in shared launches; NCCL: $(grep -h '^# ' "$dir/nccl.log" | tail -1); $((SECONDS - t)) s; group-$kind-$n$tag/"
   grep -h 'wrong$' "$dir/shim.log" | grep -v ' 0 wrong$' | head -10 | sed 's/^/  /' | tee -a "$summary"
 }
 
 # Groups of all-reduces (group_fused.cu): the core fuses a group's small all-reduces of one type
 # and op into one or two launches, and sends other groups to NCCL; every type and op, eager, over
-# two streams and in graphs.
-group_fused_suite() { group_check fused "$1"; }
+# two streams and in graphs. Twice: as built (a group's small launches through the
+# communicator's graph), and with kernel launches only.
+group_fused_suite() {
+  group_check fused "$1" ""
+  group_check fused "$1" kernellaunch NCCLSHIM_TUNE=graph_launch_max:0
+}
 
 # Groups of the other collectives (group_moves.cu): the core fuses a group's small calls of one
 # packet kernel into one or two launches (the roots free to differ), and sends other groups to
 # NCCL; every collective, type (and op), eager, over two streams and in graphs, each collective on
-# the core at these sizes whatever this GPU's measured limits.
+# the core at these sizes whatever this GPU's measured limits. Twice, as group_fused_suite.
 group_moves_suite() {
-  group_check moves "$1" \
-    NCCLSHIM_MAX_BYTES=all_gather:32M,reduce_scatter:32M,broadcast:32M,reduce:32M,all_to_all:32M,gather:32M,scatter:32M
+  local every=NCCLSHIM_MAX_BYTES=all_gather:32M,reduce_scatter:32M,broadcast:32M,reduce:32M,all_to_all:32M,gather:32M,scatter:32M
+  group_check moves "$1" "" "$every"
+  group_check moves "$1" kernellaunch "$every" NCCLSHIM_TUNE=graph_launch_max:0
 }
 
 # --- PyTorch's coalescing manager timed (torch_coalesced.py): eight small bf16 all-reduces,
