@@ -220,9 +220,9 @@ pub struct CoreComm {
     /// What every rank agreed on at set-up, for planning calls.
     pub facts: CommFacts,
     pub device: Device,
-    /// Small calls' kernels go through it (`launch_by_graph`), made at the first; before
-    /// `kernels`, so that it goes before the kernels it launches may. `graph_failed`: one could
-    /// not be made or launched, and none is tried again.
+    /// A group's small calls launched as one go through it (`launch_by_graph`), made at the
+    /// first such launch; before `kernels`, so that it goes before the kernels it launches may.
+    /// `graph_failed`: one could not be made or launched, and none is tried again.
     graph: Mutex<Option<cuda::KernelGraph>>,
     graph_failed: AtomicBool,
     kernels: Arc<Kernels>,
