@@ -169,8 +169,8 @@ static void core_launch_rows(cudaStream_t stream) {
            launch();
            CU_CHECK(cuEventRecord(ended, s));
          }));
-  // The same kernel as a graph of one node, launched whole: as is, and with its arguments set
-  // before each launch (what replaying one graph for every call would cost).
+  // The same kernel as a graph of one node, launched whole: as is (the core's launch of the
+  // same calls as the graph's last), and with its arguments set before each launch.
   {
     CUgraph graph;
     CU_CHECK(cuGraphCreate(&graph, 0));
@@ -184,14 +184,15 @@ static void core_launch_rows(cudaStream_t stream) {
     CU_CHECK(cuGraphAddKernelNode(&node, graph, NULL, 0, &node_params));
     CUgraphExec exec;
     CU_CHECK(cuGraphInstantiate(&exec, graph, 0));
-    printf("cuGraphLaunch, one kernel node            %6.3f\n", per_call_us([&](int) {
-             CU_CHECK(cuGraphLaunch(exec, s));
-           }));
-    printf("cuGraphExecKernelNodeSetParams + Launch   %6.3f\n", per_call_us([&](int i) {
-             p.words[3] = i;
-             CU_CHECK(cuGraphExecKernelNodeSetParams(exec, node, &node_params));
-             CU_CHECK(cuGraphLaunch(exec, s));
-           }));
+    auto launch_as_is = [&](int) { CU_CHECK(cuGraphLaunch(exec, s)); };
+    // New arguments each time, as a group on other buffers than the last one's.
+    auto set_and_launch = [&](int i) {
+      p.words[3] = i;
+      CU_CHECK(cuGraphExecKernelNodeSetParams(exec, node, &node_params));
+      CU_CHECK(cuGraphLaunch(exec, s));
+    };
+    printf("cuGraphLaunch, one kernel node            %6.3f\n", per_call_us(launch_as_is));
+    printf("cuGraphExecKernelNodeSetParams + Launch   %6.3f\n", per_call_us(set_and_launch));
     // The GPU's time per launch when launches wait in the queue, each kind run back to back
     // behind a gate the host opens once they are all queued.
     int* flag;
@@ -221,11 +222,9 @@ static void core_launch_rows(cudaStream_t stream) {
     printf("GPU us per launch, back to back: kernel launch (the core's) %6.3f\n",
            gpu_us([&](int) { launch(); }));
     printf("GPU us per launch, back to back: graph launch              %6.3f\n",
-           gpu_us([&](int i) {
-             p.words[3] = i;
-             CU_CHECK(cuGraphExecKernelNodeSetParams(exec, node, &node_params));
-             CU_CHECK(cuGraphLaunch(exec, s));
-           }));
+           gpu_us(set_and_launch));
+    printf("GPU us per launch, back to back: graph launch as is        %6.3f\n",
+           gpu_us(launch_as_is));
     CUDA_CHECK(cudaEventDestroy(opened));
     CUDA_CHECK(cudaEventDestroy(drained));
     CUDA_CHECK(cudaFreeHost(flag));

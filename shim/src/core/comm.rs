@@ -110,7 +110,7 @@ type KernelArgs = LaunchArgs<KernelCall, MAX_BATCH>;
 
 /// One call of a fused launch: `struct FusedCall` in device/device.cuh.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 struct FusedKernelCall {
     input: u64,
     output: u64,
@@ -123,7 +123,7 @@ type FusedKernelArgs = LaunchArgs<FusedKernelCall, MAX_FUSED>;
 /// One call of a packet kernel of a collective other than all-reduce: `struct PacketCall` in
 /// device/device.cuh (a `KernelCall` without the views those kernels never read).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 struct PacketKernelCall {
     input: u64,
     output: u64,
@@ -137,6 +137,32 @@ struct PacketKernelCall {
 /// device/device.cuh, about half of `KernelArgs` with twice its calls (a launch's cost grows with
 /// its arguments).
 type PacketKernelArgs = LaunchArgs<PacketKernelCall, MAX_FUSED>;
+
+/// The calls of a fused launch through the communicator's graph, as its kernel takes them: with
+/// the kernel and grid, all that differs between two such launches (the rest of the arguments
+/// is the communicator's own).
+#[derive(Clone, Copy, PartialEq)]
+enum GraphCalls {
+    AllReduce(i32, [FusedKernelCall; MAX_FUSED]),
+    Packets(i32, [PacketKernelCall; MAX_FUSED]),
+}
+
+/// What the node of the communicator's graph launches, as last set.
+#[derive(Clone, Copy, PartialEq)]
+struct GraphNode {
+    function: usize,
+    blocks: u32,
+    threads: u32,
+    calls: GraphCalls,
+}
+
+/// The communicator's graph (`CoreComm::launch_by_graph`) and what its node was last set to: a
+/// launch of the same (a program calling the same group on the same buffers again) launches the
+/// graph as it is, without setting the node again.
+struct ByGraph {
+    graph: cuda::KernelGraph,
+    node: GraphNode,
+}
 
 /// One call of a launch: its plan, buffers and the stream the program gave it.
 #[derive(Clone, Copy)]
@@ -223,7 +249,7 @@ pub struct CoreComm {
     /// A group's small calls launched as one go through it (`launch_by_graph`), made at the
     /// first such launch; before `kernels`, so that it goes before the kernels it launches may.
     /// `graph_failed`: one could not be made or launched, and none is tried again.
-    graph: Mutex<Option<cuda::KernelGraph>>,
+    graph: Mutex<Option<ByGraph>>,
     graph_failed: AtomicBool,
     kernels: Arc<Kernels>,
     peers: Peers,
@@ -482,7 +508,7 @@ impl CoreComm {
     /// Launches `function` on `stream` with `args` as its one parameter, in the communicator's
     /// context, after the communicator's last kernel (`StreamOrder`), noting a launch into a
     /// capture (`captured`); whether it was one. Outside a capture, through the communicator's
-    /// graph where `by_graph` (`launch_by_graph`).
+    /// graph where `by_graph` holds the launch's calls (`launch_by_graph`).
     ///
     /// # Safety
     /// `args` is laid out as `function`'s parameter.
@@ -493,7 +519,7 @@ impl CoreComm {
         threads: u32,
         stream: cuda::Stream,
         args: &mut LaunchArgs<C, N>,
-        by_graph: bool,
+        by_graph: Option<GraphCalls>,
     ) -> Cuda<bool> {
         let capturing = cuda::capturing(stream);
         if capturing {
@@ -502,10 +528,13 @@ impl CoreComm {
         }
         self.order.before_launch(stream, capturing)?;
         let mut params: [*mut c_void; 1] = [(args as *mut LaunchArgs<C, N>).cast()];
-        // SAFETY: the caller's; both launches copy the parameter.
-        let graphed = by_graph
-            && !capturing
-            && unsafe { self.launch_by_graph(function, blocks, threads, stream, &mut params) };
+        let graphed = !capturing
+            && by_graph.is_some_and(|calls| {
+                // SAFETY: the caller's; both launches copy the parameter.
+                unsafe {
+                    self.launch_by_graph(function, blocks, threads, stream, &mut params, calls)
+                }
+            });
         if !graphed {
             // SAFETY: as above.
             unsafe {
@@ -525,11 +554,12 @@ impl CoreComm {
 
     /// Launches `function` on `stream` (not being captured) through the communicator's graph
     /// (`cuda::KernelGraph`; `Settings::graph_launch_max` says when), made at the first such
-    /// launch; whether it did. The graph's launches run in their order whatever their
-    /// streams, as the communicator's kernels must, and `StreamOrder` orders them with its other
-    /// launches as any. One that cannot be made or launched is said once, and the
-    /// communicator's kernels are launched as others from then on; so are those of two threads
-    /// launching on one communicator at once (NCCL forbids it).
+    /// launch; whether it did. `calls` are those `params` hold: where they, the kernel and the
+    /// grid are the last launch's, the node is launched as it was set. The graph's launches run
+    /// in their order whatever their streams, as the communicator's kernels must, and
+    /// `StreamOrder` orders them with its other launches as any. One that cannot be made or
+    /// launched is said once, and the communicator's kernels are launched as others from then
+    /// on; so are those of two threads launching on one communicator at once (NCCL forbids it).
     ///
     /// # Safety
     /// As for `launch_with`, with `params` its parameter.
@@ -540,16 +570,34 @@ impl CoreComm {
         threads: u32,
         stream: cuda::Stream,
         params: &mut [*mut c_void; 1],
+        calls: GraphCalls,
     ) -> bool {
         if self.graph_failed.load(Ordering::Relaxed) {
             return false;
         }
-        let Ok(mut graph) = self.graph.try_lock() else {
+        let Ok(mut by_graph) = self.graph.try_lock() else {
             return false;
         };
-        let launched = match &mut *graph {
-            // SAFETY: the caller's.
-            Some(graph) => unsafe { graph.launch(function, blocks, threads, stream, params) },
+        let node = GraphNode {
+            function: function as usize,
+            blocks,
+            threads,
+            calls,
+        };
+        let launched = match &mut *by_graph {
+            Some(ByGraph { graph, node: set }) => {
+                let setting = if *set == node {
+                    Ok(())
+                } else {
+                    // SAFETY: the caller's.
+                    unsafe { graph.set(function, blocks, threads, params) }
+                };
+                setting.and_then(|()| {
+                    *set = node;
+                    // SAFETY: the caller's stream, not being captured (`launch_with`).
+                    unsafe { graph.launch(stream) }
+                })
+            }
             // SAFETY: the caller's; the context is the device's (`try_launch_batch`).
             None => unsafe {
                 cuda::KernelGraph::new(
@@ -561,15 +609,15 @@ impl CoreComm {
                     self.launch_mode,
                 )
             }
-            .and_then(|made| {
-                let made = graph.insert(made);
+            .and_then(|graph| {
+                let made = by_graph.insert(ByGraph { graph, node });
                 // SAFETY: as above.
-                unsafe { made.launch(function, blocks, threads, stream, params) }
+                unsafe { made.graph.launch(stream) }
             }),
         };
         if let Err(e) = &launched {
             self.graph_failed.store(true, Ordering::Relaxed);
-            *graph = None;
+            *by_graph = None;
             log_info!(
                 "core of rank {} on GPU {}: a group's small calls are launched as kernels, not through a graph ({e})",
                 self.rank,
@@ -604,12 +652,12 @@ impl CoreComm {
         let Some(wide) = wide else {
             // SAFETY: the caller's.
             let captured =
-                unsafe { self.launch_with(function, blocks, threads, stream, args, false) }?;
+                unsafe { self.launch_with(function, blocks, threads, stream, args, None) }?;
             return Ok((stream, captured));
         };
         self.order.join(wide, stream)?;
         // SAFETY: the caller's.
-        let launched = unsafe { self.launch_with(function, blocks, threads, wide, args, false) };
+        let launched = unsafe { self.launch_with(function, blocks, threads, wide, args, None) };
         // Joined back whatever happened: a capture that `wide` joined must end joined.
         let joined = self.wait_for_kernel(stream, wide);
         let captured = launched?;
@@ -726,6 +774,7 @@ impl CoreComm {
                 root: call.plan.root,
                 sentinel: by_sentinel as i32,
             });
+            let by_graph = by_graph.then_some(GraphCalls::Packets(args.ncalls, args.calls));
             // SAFETY: `PacketArgs`, the kernel's one parameter.
             unsafe { self.launch_with(function, blocks, threads, stream, &mut args, by_graph) }?;
         } else {
@@ -734,6 +783,7 @@ impl CoreComm {
                 output: call.recv as u64,
                 count: call.plan.count as u64,
             });
+            let by_graph = by_graph.then_some(GraphCalls::AllReduce(args.ncalls, args.calls));
             // SAFETY: `FusedArgs`, the kernel's one parameter.
             unsafe { self.launch_with(function, blocks, threads, stream, &mut args, by_graph) }?;
         }

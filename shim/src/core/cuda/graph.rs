@@ -1,7 +1,7 @@
-//! Launching kernels through a graph of one kernel node (`KernelGraph`): each launch sets the
-//! node's kernel, grid and arguments, then launches the graph. That takes the driver's host time
-//! about 1.2 us less than a kernel launch, and the GPU about 0.8 us more between launches back to
-//! back (tests/gpu/launch_cost.cu on H200). A graph's launches run one after the other, in the
+//! Launching kernels through a graph of one kernel node (`KernelGraph`): a launch sets the
+//! node's kernel, grid and arguments (where they changed), then launches the graph. That takes
+//! the driver's host time about 1.2 us less than a kernel launch, and the GPU about 0.8 us more
+//! between launches back to back (tests/gpu/launch_cost.cu on H200). A graph's launches run one after the other, in the
 //! order they were made, whatever their streams.
 
 use std::ffi::c_void;
@@ -100,25 +100,31 @@ impl KernelGraph {
         Ok(made)
     }
 
-    /// Launches `function` with `params` (copied) on `stream` through the graph, after its
-    /// earlier launches, in the current context (the graph's).
+    /// Sets the node to launch `function` with `params` (copied) from the next launch on; a
+    /// launch already made keeps what it was made with.
     ///
     /// # Safety
-    /// As for `new`; `stream` is a live stream of the graph's context, not being captured.
-    pub unsafe fn launch(
+    /// As for `new`.
+    pub unsafe fn set(
         &mut self,
         function: Function,
         blocks: u32,
         threads: u32,
-        stream: Stream,
         params: &mut [*mut c_void],
     ) -> Cuda<()> {
         let node_params = node_params(function, blocks, threads, params);
-        // SAFETY: our executable graph and its node; the caller's parameters, copied. A launch
-        // already made keeps the parameters it was made with.
+        // SAFETY: our executable graph and its node; the caller's parameters, copied.
         check("cuGraphExecKernelNodeSetParams", unsafe {
             sys::cuGraphExecKernelNodeSetParams_v2(self.exec, self.node, &node_params)
-        })?;
+        })
+    }
+
+    /// Launches the node as last set (by `new` or `set`) on `stream`, after the graph's earlier
+    /// launches, in the current context (the graph's).
+    ///
+    /// # Safety
+    /// `stream` is a live stream of the graph's context, not being captured.
+    pub unsafe fn launch(&mut self, stream: Stream) -> Cuda<()> {
         // SAFETY: our executable graph; the caller's stream.
         check("cuGraphLaunch", unsafe {
             sys::cuGraphLaunch(self.exec, stream)
