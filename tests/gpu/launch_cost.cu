@@ -193,6 +193,22 @@ static void core_launch_rows(cudaStream_t stream) {
     };
     printf("cuGraphLaunch, one kernel node            %6.3f\n", per_call_us(launch_as_is));
     printf("cuGraphExecKernelNodeSetParams + Launch   %6.3f\n", per_call_us(set_and_launch));
+    // The core marks each launch's end for its next one on another stream (`StreamOrder`): with
+    // an event recorded after the graph's launch, or by an event-record node of the graph.
+    printf("cuGraphLaunch + cuEventRecord             %6.3f\n", per_call_us([&](int i) {
+             launch_as_is(i);
+             CU_CHECK(cuEventRecord(ended, s));
+           }));
+    CUgraph marking;
+    CU_CHECK(cuGraphCreate(&marking, 0));
+    CUgraphNode kernel_node, record_node;
+    CU_CHECK(cuGraphAddKernelNode(&kernel_node, marking, NULL, 0, &node_params));
+    CU_CHECK(cuGraphAddEventRecordNode(&record_node, marking, &kernel_node, 1, ended));
+    CUgraphExec marking_exec;
+    CU_CHECK(cuGraphInstantiate(&marking_exec, marking, 0));
+    printf("cuGraphLaunch, kernel and event-record nodes %6.3f\n", per_call_us([&](int) {
+             CU_CHECK(cuGraphLaunch(marking_exec, s));
+           }));
     // The GPU's time per launch when launches wait in the queue, each kind run back to back
     // behind a gate the host opens once they are all queued.
     int* flag;
@@ -225,6 +241,10 @@ static void core_launch_rows(cudaStream_t stream) {
            gpu_us(set_and_launch));
     printf("GPU us per launch, back to back: graph launch as is        %6.3f\n",
            gpu_us(launch_as_is));
+    printf("GPU us per launch, back to back: graph with event record   %6.3f\n",
+           gpu_us([&](int) { CU_CHECK(cuGraphLaunch(marking_exec, s)); }));
+    CU_CHECK(cuGraphExecDestroy(marking_exec));
+    CU_CHECK(cuGraphDestroy(marking));
     CUDA_CHECK(cudaEventDestroy(opened));
     CUDA_CHECK(cudaEventDestroy(drained));
     CUDA_CHECK(cudaFreeHost(flag));
