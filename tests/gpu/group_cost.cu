@@ -4,10 +4,11 @@
 // instead, e.g. at sizes the shim forwards). Small groups are host-bound (NCCL's host work, about 2 us an
 // operation, outlasts its kernel), so any work the shim adds to a call shows here undiluted.
 // One process per GPU (forked, as mpirun would start them), or one process driving every GPU
-// (--one-process, as nccl-tests -g).
+// (--one-process, as nccl-tests -g). Each group on the same buffers, or group i on the (i mod
+// PLACES)th of --places sets of them, as a training step's groups each on their own.
 //   group_cost --shim DIR/libnccl.so.2 --real DIR/libnccl.so.2 [--ngpus 2] [--one-process]
 //              [--calls 4] [--groups 2000] [--rounds 3] [--sizes 0,8,2K,32K,128K,1M] [--limit 1.05]
-//              [--collective all_reduce|reduce|all_gather]
+//              [--collective all_reduce|reduce|all_gather] [--places 1]
 // Prints per size the best round's time per operation of each library (wall time of GROUPS
 // groups and the GPUs' catching up, divided by the operations) and their ratio, then the host's
 // mean time in each step of a group in that round (start, each call of the first GPU, end).
@@ -29,7 +30,7 @@
 
 static struct {
   const char *shim = NULL, *real = NULL;
-  int ngpus = 2, calls = 4, groups = 2000, rounds = 3;
+  int ngpus = 2, calls = 4, groups = 2000, rounds = 3, places = 1;
   bool one_process = false;
   double limit = 1.05;
   const char* collective = "all_reduce";
@@ -83,7 +84,8 @@ static double round_of(const Lib* lib, int l, Gpus& g, size_t bytes, std::vector
   size_t count = bytes / sizeof(float), stride = (count + 64) * g.nranks;
   int per_group = opt.calls * g.count;
   steps.assign(per_group + 2, 0.0);
-  auto group = [&](bool timed) {
+  auto group = [&](bool timed, int i) {
+    size_t place = (size_t)(i % opt.places) * opt.calls * stride;
     double at = now_us(), start = at;
     NCCL_CALL(lib, GroupStart());
     double t = now_us();
@@ -91,7 +93,7 @@ static double round_of(const Lib* lib, int l, Gpus& g, size_t bytes, std::vector
     at = t;
     for (int k = 0; k < opt.calls; k++) {
       for (int d = 0; d < g.count; d++) {
-        float* b = g.buffers[d] + k * stride;
+        float* b = g.buffers[d] + place + k * stride;
         ncclComm_t comm = g.comms[l][d];
         switch (collective) {
           case REDUCE:
@@ -113,10 +115,10 @@ static double round_of(const Lib* lib, int l, Gpus& g, size_t bytes, std::vector
     if (timed) steps[per_group + 1] += t - at;
     return t - start;
   };
-  for (int w = 0; w < 50; w++) group(false);
+  for (int w = 0; w < 50; w++) group(false, w);
   for (int d = 0; d < g.count; d++) CUDA_CHECK(cudaStreamSynchronize(g.streams[d]));
   double start = now_us();
-  for (int i = 0; i < opt.groups; i++) group(true);
+  for (int i = 0; i < opt.groups; i++) group(true, i);
   for (int d = 0; d < g.count; d++) CUDA_CHECK(cudaStreamSynchronize(g.streams[d]));
   double per_op = (now_us() - start) / ((double)opt.groups * opt.calls);
   for (double& s : steps) s /= opt.groups;
@@ -167,7 +169,8 @@ static void make_buffers(Gpus& g) {
     CUDA_CHECK(cudaSetDevice(g.devices[d]));
     size_t largest = 0;
     for (size_t s : opt.sizes) largest = s > largest ? s : largest;
-    size_t bytes = opt.calls * (largest + 256) * g.nranks + 4096;  // all-gather: nranks x
+    // all-gather: nranks x
+    size_t bytes = (size_t)opt.places * opt.calls * (largest + 256) * g.nranks + 4096;
     CUDA_CHECK(cudaMalloc(&g.buffers[d], bytes));
     CUDA_CHECK(cudaMemset(g.buffers[d], 0, bytes));
     CUDA_CHECK(cudaStreamCreateWithFlags(&g.streams[d], cudaStreamNonBlocking));
@@ -232,6 +235,7 @@ static void parse_args(int argc, char** argv) {
     else if (a == "--ngpus") opt.ngpus = atoi(v);
     else if (a == "--calls") opt.calls = atoi(v);
     else if (a == "--groups") opt.groups = atoi(v);
+    else if (a == "--places") opt.places = atoi(v);
     else if (a == "--rounds") opt.rounds = atoi(v);
     else if (a == "--limit") opt.limit = atof(v);
     else if (a == "--collective") opt.collective = v;
@@ -248,10 +252,10 @@ static void parse_args(int argc, char** argv) {
   for (int c = 0; c < COLLECTIVES; c++)
     if (!strcmp(opt.collective, COLLECTIVE_NAMES[c])) collective = (Collective)c, known = true;
   if (!opt.shim || !opt.real || opt.ngpus < 2 || opt.ngpus > LIB_MAX_GPUS || opt.calls < 1 ||
-      opt.groups < 1 || opt.rounds < 1 || !known) {
+      opt.groups < 1 || opt.rounds < 1 || opt.places < 1 || !known) {
     fprintf(stderr, "usage: group_cost --shim LIB --real LIB [--ngpus N] [--one-process] [--calls M] "
                     "[--groups G] [--rounds R] [--sizes 8,2K,...] [--limit X] "
-                    "[--collective all_reduce|reduce|all_gather]\n");
+                    "[--collective all_reduce|reduce|all_gather] [--places P]\n");
     exit(2);
   }
 }

@@ -138,7 +138,7 @@ struct PacketKernelCall {
 /// its arguments).
 type PacketKernelArgs = LaunchArgs<PacketKernelCall, MAX_FUSED>;
 
-/// The calls of a fused launch through the communicator's graph, as its kernel takes them: with
+/// The calls of a fused launch through a graph of the communicator's, as its kernel takes them: with
 /// the kernel and grid, all that differs between two such launches (the rest of the arguments
 /// is the communicator's own).
 #[derive(Clone, Copy, PartialEq)]
@@ -147,7 +147,7 @@ enum GraphCalls {
     Packets(i32, [PacketKernelCall; MAX_FUSED]),
 }
 
-/// What the node of the communicator's graph launches, as last set.
+/// What the node of a graph of the communicator's launches, as last set.
 #[derive(Clone, Copy, PartialEq)]
 struct GraphNode {
     function: usize,
@@ -156,13 +156,26 @@ struct GraphNode {
     calls: GraphCalls,
 }
 
-/// The communicator's graph (`CoreComm::launch_by_graph`) and what its node was last set to: a
-/// launch of the same (a program calling the same group on the same buffers again) launches the
-/// graph as it is, without setting the node again.
+/// A graph of the communicator's (`CoreComm::launch_by_graph`), what its node was last set to and
+/// when it was last launched (`Graphs::launches`): a launch of the same calls (a program calling
+/// a group on the same buffers again) launches the graph as it is, without setting the node.
 struct ByGraph {
     graph: cuda::KernelGraph,
     node: GraphNode,
+    used: u64,
 }
+
+/// The communicator's graphs, at most `GRAPHS` (a training step's groups, each on its own
+/// buffers, find theirs), and the count of their launches.
+#[derive(Default)]
+struct Graphs {
+    made: Vec<ByGraph>,
+    launches: u64,
+}
+
+/// Graphs a communicator keeps; a launch of calls none of them holds sets the one launched the
+/// longest ago.
+const GRAPHS: usize = 8;
 
 /// One call of a launch: its plan, buffers and the stream the program gave it.
 #[derive(Clone, Copy)]
@@ -246,10 +259,10 @@ pub struct CoreComm {
     /// What every rank agreed on at set-up, for planning calls.
     pub facts: CommFacts,
     pub device: Device,
-    /// A group's small calls launched as one go through it (`launch_by_graph`), made at the
-    /// first such launch; before `kernels`, so that it goes before the kernels it launches may.
-    /// `graph_failed`: one could not be made or launched, and none is tried again.
-    graph: Mutex<Option<ByGraph>>,
+    /// A group's small calls launched as one go through them (`launch_by_graph`), made at the
+    /// first such launches; before `kernels`, so that they go before the kernels they launch
+    /// may. `graph_failed`: one could not be made or launched, and none is tried again.
+    graphs: Mutex<Graphs>,
     graph_failed: AtomicBool,
     kernels: Arc<Kernels>,
     peers: Peers,
@@ -318,7 +331,7 @@ impl CoreComm {
             blocking,
             facts,
             device: parts.device,
-            graph: Mutex::new(None),
+            graphs: Mutex::new(Graphs::default()),
             graph_failed: AtomicBool::new(false),
             kernels: parts.kernels,
             peers: Peers::from_bases(&reach.bases),
@@ -552,14 +565,13 @@ impl CoreComm {
         Ok(capturing)
     }
 
-    /// Launches `function` on `stream` (not being captured) through the communicator's graph
-    /// (`cuda::KernelGraph`; `Settings::graph_launch_max` says when), made at the first such
-    /// launch; whether it did. `calls` are those `params` hold: where they, the kernel and the
-    /// grid are the last launch's, the node is launched as it was set. The graph's launches run
-    /// in their order whatever their streams, as the communicator's kernels must, and
-    /// `StreamOrder` orders them with its other launches as any. One that cannot be made or
-    /// launched is said once, and the communicator's kernels are launched as others from then
-    /// on; so are those of two threads launching on one communicator at once (NCCL forbids it).
+    /// Launches `function` on `stream` (not being captured) through one of the communicator's
+    /// graphs (`cuda::KernelGraph`, `Graphs`; `Settings::graph_launch_max` says when); whether it
+    /// did. `calls` are those `params` hold: a graph whose node was set to them, the kernel and
+    /// the grid is launched as it is. `StreamOrder` orders the graphs' launches with the
+    /// communicator's other launches as any. One that cannot be made or launched is said once,
+    /// and the communicator's kernels are launched as others from then on; so are those of two
+    /// threads launching on one communicator at once (NCCL forbids it).
     ///
     /// # Safety
     /// As for `launch_with`, with `params` its parameter.
@@ -575,31 +587,26 @@ impl CoreComm {
         if self.graph_failed.load(Ordering::Relaxed) {
             return false;
         }
-        let Ok(mut by_graph) = self.graph.try_lock() else {
+        let Ok(mut graphs) = self.graphs.try_lock() else {
             return false;
         };
+        graphs.launches += 1;
+        let now = graphs.launches;
         let node = GraphNode {
             function: function as usize,
             blocks,
             threads,
             calls,
         };
-        let launched = match &mut *by_graph {
-            Some(ByGraph { graph, node: set }) => {
-                let setting = if *set == node {
-                    Ok(())
-                } else {
-                    // SAFETY: the caller's.
-                    unsafe { graph.set(function, blocks, threads, params) }
-                };
-                setting.and_then(|()| {
-                    *set = node;
-                    // SAFETY: the caller's stream, not being captured (`launch_with`).
-                    unsafe { graph.launch(stream) }
-                })
+        let made = &mut graphs.made;
+        let launched = match made.iter().position(|g| g.node == node) {
+            Some(same) => {
+                made[same].used = now;
+                // SAFETY: the caller's stream, not being captured (`launch_with`).
+                unsafe { made[same].graph.launch(stream) }
             }
             // SAFETY: the caller's; the context is the device's (`try_launch_batch`).
-            None => unsafe {
+            None if made.len() < GRAPHS => unsafe {
                 cuda::KernelGraph::new(
                     self.device,
                     function,
@@ -609,15 +616,31 @@ impl CoreComm {
                     self.launch_mode,
                 )
             }
-            .and_then(|graph| {
-                let made = by_graph.insert(ByGraph { graph, node });
+            .and_then(|mut graph| {
                 // SAFETY: as above.
-                unsafe { made.graph.launch(stream) }
+                unsafe { graph.launch(stream) }?;
+                made.push(ByGraph {
+                    graph,
+                    node,
+                    used: now,
+                });
+                Ok(())
             }),
+            None => {
+                let oldest = (0..made.len()).min_by_key(|&k| made[k].used).unwrap_or(0);
+                let oldest = &mut made[oldest];
+                // SAFETY: the caller's.
+                unsafe { oldest.graph.set(function, blocks, threads, params) }.and_then(|()| {
+                    oldest.node = node;
+                    oldest.used = now;
+                    // SAFETY: as above.
+                    unsafe { oldest.graph.launch(stream) }
+                })
+            }
         };
         if let Err(e) = &launched {
             self.graph_failed.store(true, Ordering::Relaxed);
-            *by_graph = None;
+            graphs.made.clear();
             log_info!(
                 "core of rank {} on GPU {}: a group's small calls are launched as kernels, not through a graph ({e})",
                 self.rank,
@@ -745,7 +768,7 @@ impl CoreComm {
                 ),
             });
         }
-        // A group's small calls through the communicator's graph: their host time is the
+        // A group's small calls through the communicator's graphs: their host time is the
         // group's, past the kernel's (`Settings::graph_launch_max`).
         let by_graph = calls.len() > 1 && bytes <= policy::settings().graph_launch_max();
         let (blocks, threads) = match calls.len() {

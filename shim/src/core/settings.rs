@@ -33,7 +33,7 @@ pub const DEFAULT_WAIT_LIMIT_S: u32 = 1800;
 pub const SENTINEL_MOVE_FROM_BYTES: usize = 32 << 10;
 
 /// Launches of a group's small calls run as one, of up to this many bytes together, go through
-/// the communicator's graph (`Settings::graph_launch_max`).
+/// the communicator's graphs (`Settings::graph_launch_max`).
 pub const GRAPH_LAUNCH_MAX_BYTES: usize = 64 << 10;
 
 /// Calls from this size on take at most 64 blocks (`two_shot_blocks`): a collective that large
@@ -362,9 +362,10 @@ impl Settings {
     }
 
     /// The most bytes of a launch of two or more of a group's packet calls (a fused launch) that
-    /// goes through the communicator's graph rather than as a kernel launch (comm.rs,
+    /// goes through one of the communicator's graphs rather than as a kernel launch (comm.rs,
     /// `launch_by_graph`). A graph's launch, its parameters set, takes the host about 1.2 us less
-    /// (1.6 - 2.6 us against 2.5 - 3.6 on H200, tests/gpu/launch_cost.cu) but the GPU 0.8 us more
+    /// (1.6 - 2.6 us against 2.5 - 3.6 on H200, tests/gpu/launch_cost.cu; launched as it is,
+    /// where a group runs on the buffers it last ran on, 1.3 - 2.0) but the GPU 0.8 us more
     /// (1.37 us a launch back to back against 0.57: its kernel starts once the stream's work
     /// before it is done, where programmatic stream serialization starts the next kernel while
     /// one ends). A group's host time (each call's step, the end, the launch) is more than its
