@@ -181,7 +181,7 @@ static size_t check(Gpus& g, const std::vector<CallSpec>& group, int round, Mode
   return wrong;
 }
 
-// One group in `mode`: eagerly once, or captured once and replayed three times.
+// One group in `mode`: eagerly twice, or captured once and replayed three times.
 static size_t run_group(Lib* lib, Gpus& g, const std::vector<CallSpec>& group, Mode mode) {
   if (mode != GRAPH) {
     // Twice on the same buffers with new values: the second launch is the first one again.

@@ -10,8 +10,9 @@
 //   with one spinning helper thread per other GPU (each launches on its own GPU at once);
 // - N threads launching on their own GPUs at the same time, per launch;
 // - each driver call of the core's launch alone, then all of them together, one GPU;
-// - the same kernel through a graph of one kernel node, and the GPU's time per launch back to
-//   back, a kernel launch's (as the core's) against a graph's.
+// - the same kernel through a graph of one kernel node (as it is, its node set first, its end
+//   marked by an event recorded after it or by an event-record node), and the GPU's time per
+//   launch back to back, a kernel launch's (as the core's) against a graph's.
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <dlfcn.h>

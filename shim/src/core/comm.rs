@@ -138,9 +138,9 @@ struct PacketKernelCall {
 /// its arguments).
 type PacketKernelArgs = LaunchArgs<PacketKernelCall, MAX_FUSED>;
 
-/// The calls of a fused launch through a graph of the communicator's, as its kernel takes them: with
-/// the kernel and grid, all that differs between two such launches (the rest of the arguments
-/// is the communicator's own).
+/// The calls of a fused launch through a graph of the communicator's, as its kernel takes them:
+/// with the kernel and grid, all that differs between two such launches (the rest of the
+/// arguments is the communicator's own).
 #[derive(Clone, Copy, PartialEq)]
 enum GraphCalls {
     AllReduce(i32, [FusedKernelCall; MAX_FUSED]),
@@ -520,8 +520,8 @@ impl CoreComm {
 
     /// Launches `function` on `stream` with `args` as its one parameter, in the communicator's
     /// context, after the communicator's last kernel (`StreamOrder`), noting a launch into a
-    /// capture (`captured`); whether it was one. Outside a capture, through the communicator's
-    /// graph where `by_graph` holds the launch's calls (`launch_by_graph`).
+    /// capture (`captured`); whether it was one. Outside a capture, through one of the
+    /// communicator's graphs where `by_graph` holds the launch's calls (`launch_by_graph`).
     ///
     /// # Safety
     /// `args` is laid out as `function`'s parameter.

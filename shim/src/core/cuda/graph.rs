@@ -1,8 +1,8 @@
 //! Launching kernels through a graph of one kernel node (`KernelGraph`): a launch sets the
 //! node's kernel, grid and arguments (where they changed), then launches the graph. That takes
 //! the driver's host time about 1.2 us less than a kernel launch, and the GPU about 0.8 us more
-//! between launches back to back (tests/gpu/launch_cost.cu on H200). A graph's launches run one after the other, in the
-//! order they were made, whatever their streams.
+//! between launches back to back (tests/gpu/launch_cost.cu on H200). A graph's launches run one
+//! after the other, in the order they were made, whatever their streams.
 
 use std::ffi::c_void;
 
