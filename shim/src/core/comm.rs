@@ -177,6 +177,38 @@ struct Graphs {
 /// longest ago.
 const GRAPHS: usize = 8;
 
+/// Which of a communicator's graphs a launch takes (`Graphs::pick`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum GraphPick {
+    /// The graph whose node holds the launch's calls: launched as it is.
+    Same(usize),
+    /// None holds them and fewer than `GRAPHS` are made: a new one.
+    Make,
+    /// None holds them: the one launched the longest ago, its node set to them.
+    Reset(usize),
+}
+
+impl Graphs {
+    fn pick(&self, node: &GraphNode) -> GraphPick {
+        pick_graph(self.made.iter().map(|g| (&g.node, g.used)), node)
+    }
+}
+
+/// `Graphs::pick` over each graph's node and last launch.
+fn pick_graph<'a>(
+    made: impl ExactSizeIterator<Item = (&'a GraphNode, u64)> + Clone,
+    node: &GraphNode,
+) -> GraphPick {
+    if let Some(same) = made.clone().position(|(set, _)| set == node) {
+        return GraphPick::Same(same);
+    }
+    if made.len() < GRAPHS {
+        return GraphPick::Make;
+    }
+    let oldest = made.enumerate().min_by_key(|(_, (_, used))| *used);
+    GraphPick::Reset(oldest.map_or(0, |(k, _)| k))
+}
+
 /// One call of a launch: its plan, buffers and the stream the program gave it.
 #[derive(Clone, Copy)]
 pub struct Launched<'a> {
@@ -598,15 +630,16 @@ impl CoreComm {
             threads,
             calls,
         };
+        let pick = graphs.pick(&node);
         let made = &mut graphs.made;
-        let launched = match made.iter().position(|g| g.node == node) {
-            Some(same) => {
+        let launched = match pick {
+            GraphPick::Same(same) => {
                 made[same].used = now;
                 // SAFETY: the caller's stream, not being captured (`launch_with`).
                 unsafe { made[same].graph.launch(stream) }
             }
             // SAFETY: the caller's; the context is the device's (`try_launch_batch`).
-            None if made.len() < GRAPHS => unsafe {
+            GraphPick::Make => unsafe {
                 cuda::KernelGraph::new(
                     self.device,
                     function,
@@ -626,8 +659,7 @@ impl CoreComm {
                 });
                 Ok(())
             }),
-            None => {
-                let oldest = (0..made.len()).min_by_key(|&k| made[k].used).unwrap_or(0);
+            GraphPick::Reset(oldest) => {
                 let oldest = &mut made[oldest];
                 // SAFETY: the caller's.
                 unsafe { oldest.graph.set(function, blocks, threads, params) }.and_then(|()| {
@@ -1013,6 +1045,63 @@ impl CoreComm {
 mod tests {
     use super::*;
     use crate::core::types::{DataType, Op};
+
+    fn node(input: u64) -> GraphNode {
+        let mut calls = [FusedKernelCall::default(); MAX_FUSED];
+        calls[0].input = input;
+        calls[1].input = input + 64;
+        GraphNode {
+            function: 1,
+            blocks: 1,
+            threads: 256,
+            calls: GraphCalls::AllReduce(2, calls),
+        }
+    }
+
+    /// A launch takes the graph set to its calls; else a new one while fewer than GRAPHS are
+    /// made; else the one launched the longest ago, wherever it is.
+    #[test]
+    fn a_launch_takes_its_graph_else_a_new_one_else_the_oldest() {
+        let pick = |made: &[(GraphNode, u64)], wanted: GraphNode| {
+            pick_graph(made.iter().map(|(n, used)| (n, *used)), &wanted)
+        };
+        let few: Vec<(GraphNode, u64)> = (0..3).map(|k| (node(k << 12), 10 + k)).collect();
+        assert_eq!(pick(&few, node(1 << 12)), GraphPick::Same(1));
+        assert_eq!(pick(&few, node(7 << 12)), GraphPick::Make);
+        let mut full: Vec<(GraphNode, u64)> = (0..GRAPHS as u64)
+            .map(|k| (node(k << 12), 100 - k))
+            .collect();
+        assert_eq!(pick(&full, node(99 << 12)), GraphPick::Reset(GRAPHS - 1));
+        full[2].1 = 1;
+        assert_eq!(pick(&full, node(99 << 12)), GraphPick::Reset(2));
+        assert_eq!(pick(&full, node(5 << 12)), GraphPick::Same(5));
+        // Other calls, another count of calls, kernel or grid: not the same node.
+        let mut other = node(5 << 12);
+        if let GraphCalls::AllReduce(_, calls) = other.calls {
+            other.calls = GraphCalls::AllReduce(1, calls);
+        }
+        assert_eq!(pick(&full, other), GraphPick::Reset(2));
+        assert_eq!(
+            pick(
+                &full,
+                GraphNode {
+                    threads: 128,
+                    ..node(5 << 12)
+                }
+            ),
+            GraphPick::Reset(2)
+        );
+        assert_eq!(
+            pick(
+                &full,
+                GraphNode {
+                    function: 2,
+                    ..node(5 << 12)
+                }
+            ),
+            GraphPick::Reset(2)
+        );
+    }
 
     fn plan(algorithm: Algorithm, count: usize, root: i32) -> Plan {
         Plan {
