@@ -486,17 +486,22 @@ graph_launch_suite() {
   grep -v '^# shim\|^# nccl' "$log" | sed 's/^/  /' | tee -a "$summary"
 }
 
-# --- Groups of several calls on one communicator, checked value by value by group_KIND.cu: built,
-# run through the shim (under the settings given, VAR=VALUE each, after TAG, which names a run
-# under other settings than the default's, "" for none) and through NCCL alone as the control;
-# the shim's exit summary must show fused launches ---
+# --- Groups of several calls on one communicator, checked value by value by group_KIND.cu: built
+# (once a run: `built_groups` lists the kinds built), run through the shim (under the settings
+# given, VAR=VALUE each, after TAG, which names a run under other settings than the default's, ""
+# for none) and through NCCL alone as the control; the shim's exit summary must show fused
+# launches ---
+built_groups=" "
 group_check() {
   local kind=$1 n=$2 tag=${3:+-$3} t=$SECONDS status=0
   local dir=$out/group-$kind-$n$tag name="group $kind $n GPUs${3:+ $3}"
   shift 3
   rm -rf "$dir" && mkdir -p "$dir"
-  $nvcc "${flags[@]}" "$here/group_$kind.cu" -o "$out/bin/group_$kind" -ldl >"$out/build-group_$kind.log" 2>&1 ||
-    { verdict "$name" 1 "build failed: build-group_$kind.log"; return; }
+  if [[ $built_groups != *" $kind "* ]]; then
+    $nvcc "${flags[@]}" "$here/group_$kind.cu" -o "$out/bin/group_$kind" -ldl >"$out/build-group_$kind.log" 2>&1 ||
+      { verdict "$name" 1 "build failed: build-group_$kind.log"; return; }
+    built_groups+="$kind "
+  fi
   env "$@" NCCLSHIM_REAL_NCCL="$real" NCCLSHIM_SUMMARY=1 NCCL_DEBUG=WARN timeout "$step_timeout" \
     "$out/bin/group_$kind" --lib "$(readlink -f "$shim")" --ngpus "$n" >"$dir/shim.log" 2>&1 || status=1
   NCCL_DEBUG=WARN timeout "$step_timeout" "$out/bin/group_$kind" --lib "$real" --ngpus "$n" >"$dir/nccl.log" 2>&1 || status=1
@@ -510,7 +515,7 @@ group_check() {
 # Groups of all-reduces (group_fused.cu): the core fuses a group's small all-reduces of one type
 # and op into one or two launches, and sends other groups to NCCL; every type and op, eager, over
 # two streams and in graphs. Twice: as built (a group's small launches through the
-# communicator's graph), and with kernel launches only.
+# communicator's graphs), and with kernel launches only.
 group_fused_suite() {
   group_check fused "$1" ""
   group_check fused "$1" kernellaunch NCCLSHIM_TUNE=graph_launch_max:0
