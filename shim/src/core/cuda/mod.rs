@@ -2,10 +2,9 @@
 //! error (`error`), by what they are about: a GPU and its contexts (`device`), memory
 //! (`memory`), memory shared between processes (`sharing`), the kernels' host control block
 //! (`host_control`), streams and events (`stream`), kernels (`module`), kernels launched through
-//! a graph (`graph`), releasing resources
-//! away from a thread that must not wait for the GPU (`release`). cudarc's `result` layer
-//! where it has the call; raw `sys` calls (IPC, peer access, host-mapped memory, context
-//! push/pop) only here.
+//! a graph (`graph`), releasing resources away from a thread that must not wait for the GPU
+//! (`release`). cudarc's `result` layer where it has the call; raw `sys` calls (IPC, peer
+//! access, host-mapped memory, context push/pop) only here.
 
 mod device;
 mod error;
