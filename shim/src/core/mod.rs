@@ -339,7 +339,7 @@ pub fn operation(call: &Call, forward: impl FnOnce() -> ncclResult_t + 'static) 
         group::Known::ToNccl => return forward(),
         group::Known::Core(core, _) => (core, forward),
         group::Known::New | group::Known::Outside => match lookup(comm, all_reduce, forward) {
-            Ok(found) => found,
+            Ok((core, forward)) => (group::CoreOf::Owned(core), forward),
             Err(result) => return result,
         },
     };
@@ -382,7 +382,7 @@ fn lookup<F: FnOnce() -> ncclResult_t>(
 fn collective_of_core(
     collective: Collective,
     call: &Call,
-    core: std::sync::Arc<comm::CoreComm>,
+    core: group::CoreOf,
     settings: &policy::Settings,
     in_group: Option<Option<usize>>,
     forward: impl FnOnce() -> ncclResult_t + 'static,
@@ -410,7 +410,7 @@ fn collective_of_core(
             .wants_capture_state()
             .then(|| cuda::capturing(stream));
         let algorithm = plan.algorithm;
-        let op = group::Queued {
+        let queued = |core| group::Queued {
             call: *call,
             core,
             plan,
@@ -418,7 +418,7 @@ fn collective_of_core(
                 .then(|| Box::new(forward) as Box<dyn FnOnce() -> ncclResult_t>),
             captured,
         };
-        return match group::add(op, collective, at) {
+        return match group::add(core, collective, at, queued) {
             group::Added::Queued => {
                 observer().ran_on_core(algorithm, captured);
                 ncclSuccess
