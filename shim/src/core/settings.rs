@@ -34,7 +34,7 @@ pub const SENTINEL_MOVE_FROM_BYTES: usize = 32 << 10;
 
 /// Launches of a group's small calls run as one, of up to this many bytes together, go through
 /// the communicator's graphs (`Settings::graph_launch_max`).
-pub const GRAPH_LAUNCH_MAX_BYTES: usize = 64 << 10;
+pub const GRAPH_LAUNCH_MAX_BYTES: usize = 128 << 10;
 
 /// Calls from this size on take at most 64 blocks (`two_shot_blocks`): a collective that large
 /// is the kind a program runs beside its compute.
@@ -373,8 +373,12 @@ impl Settings {
     /// of 8 B and 2 KiB took 0.39 - 0.44 of NCCL's time per operation against 0.48 - 0.53 as
     /// kernel launches (`group_cost`, runs taking turns), and in nccl-tests (one process per GPU,
     /// three rounds) groups of four of 16 KiB 1.04 - 1.24 us an operation against 1.35 - 1.39,
-    /// other sizes and groups of two to eight up to 64 KiB no slower. A lone call's launch keeps
-    /// the kernel launch: back-to-back lone calls are the GPU's to wait for.
+    /// other sizes and groups of two to eight up to 64 KiB no slower. Launches of 128 KiB too:
+    /// in nccl-tests (three rounds taking turns) groups of eight of 16 KiB took 0.58 - 0.60 us an
+    /// operation through graphs against 0.65 - 0.69 as kernel launches, groups of two of 64 KiB
+    /// 2.26 - 2.30 against 2.49 - 2.58 (two rounds), groups of four of 32 KiB 1.11 - 1.15
+    /// against 1.03 - 1.38 (NCCL 2.54 - 2.66). A lone call's launch keeps the kernel launch:
+    /// back-to-back lone calls are the GPU's to wait for.
     pub fn graph_launch_max(&self) -> usize {
         self.graph_launch_max_bytes
             .unwrap_or(GRAPH_LAUNCH_MAX_BYTES)
@@ -853,7 +857,11 @@ mod tests {
         )]);
         assert!(!s.direct && !s.zero_copy && !s.batch && !s.launch_helpers && !s.early_launch);
         assert_eq!(s.graph_launch_max(), 0);
-        assert_eq!(with(&[]).graph_launch_max(), 64 << 10, "64 KiB by default");
+        assert_eq!(
+            with(&[]).graph_launch_max(),
+            128 << 10,
+            "128 KiB by default"
+        );
         let on = with(&[("NCCLSHIM_TUNE", "graph_launch_max:1M")]);
         assert_eq!(on.graph_launch_max(), 1 << 20);
         assert_eq!(s.sentinel_max_bytes, Some(0));
