@@ -49,9 +49,9 @@ impl Queued {
     }
 }
 
-/// A communicator's core as a call in a group has it: looked up by the call (`Owned`), or held
-/// by the thread's group (`Held`), as every call the group has seen of it after the first; the
-/// group holds the core of every call it weighs (`add`).
+/// A communicator's core as a call has it: looked up by the call (`Owned`: outside a group, or
+/// the group's first of the communicator), or held by the thread's group (`Held`: its later
+/// ones); the group holds the core of every call it weighs (`add`).
 pub enum CoreOf {
     Owned(Arc<CoreComm>),
     Held(GroupCore),
