@@ -419,12 +419,11 @@ fn collective_of_core(
             captured,
         };
         return match group::add(core, collective, at, queued) {
-            group::Added::Queued => {
+            None => {
                 observer().ran_on_core(algorithm, captured);
                 ncclSuccess
             }
-            group::Added::ToNccl(op) => group::forward(op),
-            group::Added::Refused(op) => group::send_refused_to_nccl(op),
+            Some(sent) => sent,
         };
     }
     let captured = observer()

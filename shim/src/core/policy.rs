@@ -143,7 +143,9 @@ impl Settings {
     /// The group's `calls` calls of a communicator so far as fused launches would hold them
     /// (`so_far`; `None` where they do not fit `max_fused_launches`), with one more, planned as
     /// `next`: in the last launch where it fits there (`fuses_with`), else in a launch of its
-    /// own, as `group::batches` cuts them.
+    /// own, as `group::batches` cuts them. Inlined: its answer is read at once, and a call's
+    /// answer through memory waits for the stores that wrote it.
+    #[inline]
     pub fn fused_with(
         &self,
         so_far: Option<Fused>,
