@@ -633,13 +633,6 @@ pub fn known(comm: ncclComm_t) -> Known {
     })
 }
 
-/// Where `add` sent a call, as its look at the thread's group decided.
-enum Verdict {
-    Queued,
-    ToNccl,
-    Refused,
-}
-
 /// Weighs the call `queued` makes of the group's hold of `core` (its communicator's), a call of
 /// `collective` that the core would take, with the group's calls of its communicator before it
 /// (`Settings::group_goes_to_nccl`), and queues it for the group's end where the core keeps them
@@ -658,11 +651,12 @@ pub fn add(
     queued: impl FnOnce(GroupCore) -> Queued,
 ) -> Option<ncclResult_t> {
     let settings = policy::settings();
-    // The call stays here unless queued, and the look at the group hands back a few bytes: a
-    // call handed back through it was copied right after being written, in stores narrower than
-    // the copy's loads (1.9 % of the host's time in eager groups of eight).
+    // The call stays here unless queued (then `kept` is empty), and the look at the group hands
+    // back a few bytes: whether the call goes to NCCL with the group's. A call handed back
+    // through it was copied right after being written, in stores narrower than the copy's loads
+    // (1.9 % of the host's time in eager groups of eight).
     let mut kept: Option<Queued> = None;
-    let (verdict, comm) = GROUP.with(|g| {
+    let (to_nccl, comm) = GROUP.with(|g| {
         g.touch();
         let core = g.hold(core);
         let op = kept.insert(queued(core));
@@ -693,28 +687,23 @@ pub fn add(
         s.so_far = s.so_far.and(collective, &op.plan);
         s.to_nccl = settings.group_goes_to_nccl(&s.so_far, facts.nranks, s.fused.is_some());
         if s.to_nccl {
-            return (Verdict::ToNccl, comm);
+            return (true, comm);
         }
         drop(seen);
-        let queued = kept
-            .take()
-            .map(|op| queue_in(&mut g.queued.borrow_mut(), op));
-        match queued {
-            Some(Err(refused)) => {
-                kept = Some(refused);
-                (Verdict::Refused, comm)
-            }
-            _ => (Verdict::Queued, comm),
+        if let Some(op) = kept.take() {
+            // Refused: kept, for `send_refused_to_nccl`.
+            kept = queue_in(&mut g.queued.borrow_mut(), op).err();
         }
+        (false, comm)
     });
-    match (verdict, kept) {
-        (Verdict::ToNccl, Some(op)) => {
+    let op = kept?;
+    Some(match to_nccl {
+        true => {
             let _ = send_queued_to_nccl(comm);
-            Some(forward(op))
+            forward(op)
         }
-        (Verdict::Refused, Some(op)) => Some(send_refused_to_nccl(op)),
-        _ => None,
-    }
+        false => send_refused_to_nccl(op),
+    })
 }
 
 /// Sends `op`, which the core does not take, to the real NCCL, as its export received it.
