@@ -150,10 +150,30 @@ enum GraphCalls {
 /// What the node of a graph of the communicator's launches, as last set.
 #[derive(Clone, Copy, PartialEq)]
 struct GraphNode {
+    /// The first call's input, compared first: groups on other buffers differ there, so that a
+    /// search of the communicator's graphs reads one word of each. Also what `used_after`
+    /// remembers a group by.
+    first_input: u64,
     function: usize,
     blocks: u32,
     threads: u32,
     calls: GraphCalls,
+}
+
+impl GraphNode {
+    fn new(function: cuda::Function, blocks: u32, threads: u32, calls: GraphCalls) -> GraphNode {
+        let first_input = match &calls {
+            GraphCalls::AllReduce(_, calls) => calls[0].input,
+            GraphCalls::Packets(_, calls) => calls[0].input,
+        };
+        GraphNode {
+            first_input,
+            function: function as usize,
+            blocks,
+            threads,
+            calls,
+        }
+    }
 }
 
 /// A graph of the communicator's (`CoreComm::launch_by_graph`), what its node was last set to and
@@ -166,16 +186,26 @@ struct ByGraph {
 }
 
 /// The communicator's graphs, at most `GRAPHS` (a training step's groups, each on its own
-/// buffers, find theirs), and the count of their launches.
+/// buffers, find theirs), the count of their launches and of the graphs set to groups not seen
+/// lately, and the first inputs of the last `GRAPHS` such groups whose graph counted as launched
+/// before any (`used_after`).
 #[derive(Default)]
 struct Graphs {
     made: Vec<ByGraph>,
     launches: u64,
+    set_first: u64,
+    seen: [u64; GRAPHS],
+    next_seen: usize,
 }
 
-/// Graphs a communicator keeps; a launch of calls none of them holds sets the one launched the
-/// longest ago.
-const GRAPHS: usize = 8;
+/// Graphs a communicator keeps (each about 112 KiB of the GPU's memory and 27 KiB of the host's
+/// on H200, made as groups of new calls come); a launch of calls none of them holds sets the one
+/// launched the longest ago.
+const GRAPHS: usize = 32;
+
+/// Of the graphs set to the calls of groups not seen lately, one in `KEPT_NEW` counts as
+/// launched now (`used_after`).
+const KEPT_NEW: u64 = 32;
 
 /// Which of a communicator's graphs a launch takes (`Graphs::pick`).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -191,6 +221,28 @@ enum GraphPick {
 impl Graphs {
     fn pick(&self, node: &GraphNode) -> GraphPick {
         pick_graph(self.made.iter().map(|g| (&g.node, g.used)), node)
+    }
+
+    /// The launch to note as the last of the graph `pick` took for launch `now` of `node`. A
+    /// graph set to the calls of a group not seen lately counts as launched before any (0): the
+    /// next such group sets it again, so that groups seen once (nccl-tests moving its buffers at
+    /// each group) take one graph between them, which the driver's caches keep, and where a
+    /// program's groups outnumber the graphs, the others keep theirs, instead of each graph
+    /// being set to another group just before its own comes back. A group seen among the last
+    /// `GRAPHS` such ones counts as launched now, as any, so that the graphs follow a program's
+    /// groups from their second round on; so does one such group in `KEPT_NEW`, so that they
+    /// follow groups that come back after more others than that.
+    fn used_after(&mut self, pick: GraphPick, now: u64, node: &GraphNode) -> u64 {
+        if !matches!(pick, GraphPick::Reset(_)) || self.seen.contains(&node.first_input) {
+            return now;
+        }
+        self.set_first += 1;
+        if self.set_first.is_multiple_of(KEPT_NEW) {
+            return now;
+        }
+        self.seen[self.next_seen] = node.first_input;
+        self.next_seen = (self.next_seen + 1) % GRAPHS;
+        0
     }
 }
 
@@ -624,17 +676,13 @@ impl CoreComm {
         };
         graphs.launches += 1;
         let now = graphs.launches;
-        let node = GraphNode {
-            function: function as usize,
-            blocks,
-            threads,
-            calls,
-        };
+        let node = GraphNode::new(function, blocks, threads, calls);
         let pick = graphs.pick(&node);
+        let used = graphs.used_after(pick, now, &node);
         let made = &mut graphs.made;
         let launched = match pick {
             GraphPick::Same(same) => {
-                made[same].used = now;
+                made[same].used = used;
                 // SAFETY: the caller's stream, not being captured (`launch_with`).
                 unsafe { made[same].graph.launch(stream) }
             }
@@ -652,11 +700,7 @@ impl CoreComm {
             .and_then(|mut graph| {
                 // SAFETY: as above.
                 unsafe { graph.launch(stream) }?;
-                made.push(ByGraph {
-                    graph,
-                    node,
-                    used: now,
-                });
+                made.push(ByGraph { graph, node, used });
                 Ok(())
             }),
             GraphPick::Reset(oldest) => {
@@ -664,7 +708,7 @@ impl CoreComm {
                 // SAFETY: the caller's.
                 unsafe { oldest.graph.set(function, blocks, threads, params) }.and_then(|()| {
                     oldest.node = node;
-                    oldest.used = now;
+                    oldest.used = used;
                     // SAFETY: as above.
                     unsafe { oldest.graph.launch(stream) }
                 })
@@ -1050,12 +1094,12 @@ mod tests {
         let mut calls = [FusedKernelCall::default(); MAX_FUSED];
         calls[0].input = input;
         calls[1].input = input + 64;
-        GraphNode {
-            function: 1,
-            blocks: 1,
-            threads: 256,
-            calls: GraphCalls::AllReduce(2, calls),
-        }
+        GraphNode::new(
+            std::ptr::without_provenance_mut(1),
+            1,
+            256,
+            GraphCalls::AllReduce(2, calls),
+        )
     }
 
     /// A launch takes the graph set to its calls; else a new one while fewer than GRAPHS are
@@ -1101,6 +1145,70 @@ mod tests {
             ),
             GraphPick::Reset(2)
         );
+    }
+
+    /// Launches `groups` in turn `rounds` times through a model of a communicator's graphs
+    /// (what `launch_by_graph` does with `pick_graph` and `used_after`); the launches of each
+    /// round that found their graph as it was.
+    fn rounds_of(
+        graphs: &mut Graphs,
+        made: &mut Vec<(GraphNode, u64)>,
+        groups: &[u64],
+        rounds: usize,
+    ) -> Vec<usize> {
+        (0..rounds)
+            .map(|_| {
+                let mut found = 0;
+                for &group in groups {
+                    graphs.launches += 1;
+                    let now = graphs.launches;
+                    let wanted = node(group << 12);
+                    let pick = pick_graph(made.iter().map(|(n, used)| (n, *used)), &wanted);
+                    let used = graphs.used_after(pick, now, &wanted);
+                    match pick {
+                        GraphPick::Same(k) => {
+                            made[k].1 = used;
+                            found += 1;
+                        }
+                        GraphPick::Make => made.push((wanted, used)),
+                        GraphPick::Reset(k) => made[k] = (wanted, used),
+                    }
+                }
+                found
+            })
+            .collect()
+    }
+
+    /// Groups seen once take one graph between them; groups that outnumber the graphs leave all
+    /// but one graph to groups that come again, where setting the one launched the longest ago
+    /// would find none; a new set of groups, no more than the graphs, takes them over from its
+    /// second round on.
+    #[test]
+    fn graphs_keep_groups_that_come_again() {
+        let (mut graphs, mut made) = (Graphs::default(), Vec::new());
+        let few: Vec<u64> = (0..GRAPHS as u64 / 2).collect();
+        assert_eq!(
+            rounds_of(&mut graphs, &mut made, &few, 3),
+            [0, few.len(), few.len()]
+        );
+        let once: Vec<u64> = (1000..1000 + 4 * GRAPHS as u64).collect();
+        assert_eq!(rounds_of(&mut graphs, &mut made, &once, 1), [0]);
+        assert_eq!(made.len(), GRAPHS);
+        // Made while fewer than GRAPHS, then one set again and again, but one in KEPT_NEW.
+        let kept_new = (once.len() - (GRAPHS - few.len())) / KEPT_NEW as usize;
+        let kept_once = once
+            .iter()
+            .filter(|&&g| made.iter().any(|(n, _)| *n == node(g << 12)));
+        assert_eq!(kept_once.count(), GRAPHS - few.len() + 1 + kept_new);
+        let found = rounds_of(&mut graphs, &mut made, &few, 1);
+        assert_eq!(found, [few.len() - 1 - kept_new]);
+        let many: Vec<u64> = (100..100 + 2 * GRAPHS as u64).collect();
+        let found = rounds_of(&mut graphs, &mut made, &many, 60);
+        assert_eq!(found[0], 0);
+        assert!(found[30..].iter().all(|&f| f >= GRAPHS - 4), "{found:?}");
+        let next: Vec<u64> = (500..500 + GRAPHS as u64).collect();
+        let found = rounds_of(&mut graphs, &mut made, &next, 3);
+        assert_eq!((found[0], found[2]), (0, GRAPHS), "{found:?}");
     }
 
     fn plan(algorithm: Algorithm, count: usize, root: i32) -> Plan {
