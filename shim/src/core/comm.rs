@@ -150,10 +150,6 @@ enum GraphCalls {
 /// What the node of a graph of the communicator's launches, as last set.
 #[derive(Clone, Copy, PartialEq)]
 struct GraphNode {
-    /// The first call's input, compared first: groups on other buffers differ there, so that a
-    /// search of the communicator's graphs reads one word of each. Also what `used_after`
-    /// remembers a group by.
-    first_input: u64,
     function: usize,
     blocks: u32,
     threads: u32,
@@ -162,16 +158,19 @@ struct GraphNode {
 
 impl GraphNode {
     fn new(function: cuda::Function, blocks: u32, threads: u32, calls: GraphCalls) -> GraphNode {
-        let first_input = match &calls {
-            GraphCalls::AllReduce(_, calls) => calls[0].input,
-            GraphCalls::Packets(_, calls) => calls[0].input,
-        };
         GraphNode {
-            first_input,
             function: function as usize,
             blocks,
             threads,
             calls,
+        }
+    }
+
+    /// The first call's input: what `Graphs::used_after` remembers a group by.
+    fn first_input(&self) -> u64 {
+        match &self.calls {
+            GraphCalls::AllReduce(_, calls) => calls[0].input,
+            GraphCalls::Packets(_, calls) => calls[0].input,
         }
     }
 }
@@ -233,14 +232,15 @@ impl Graphs {
     /// groups from their second round on; so does one such group in `KEPT_NEW`, so that they
     /// follow groups that come back after more others than that.
     fn used_after(&mut self, pick: GraphPick, now: u64, node: &GraphNode) -> u64 {
-        if !matches!(pick, GraphPick::Reset(_)) || self.seen.contains(&node.first_input) {
+        let first_input = node.first_input();
+        if !matches!(pick, GraphPick::Reset(_)) || self.seen.contains(&first_input) {
             return now;
         }
         self.set_first += 1;
         if self.set_first.is_multiple_of(KEPT_NEW) {
             return now;
         }
-        self.seen[self.next_seen] = node.first_input;
+        self.seen[self.next_seen] = first_input;
         self.next_seen = (self.next_seen + 1) % GRAPHS;
         0
     }
