@@ -166,7 +166,7 @@ pub const TUNE: &[Variable] = &[
     row(
         "graph_launch_max",
         "`128K`",
-        "a launch of two or more of a group's small calls run as one, of at most this many bytes together, goes through a graph of the communicator's, which takes the host about 1.2 µs less than a kernel launch and the GPU about 0.8 µs more (its kernel starts once the work before it is done, not while it ends); a communicator keeps up to 32 (each about 112 KiB of the GPU's memory on H200, made as new groups come), each with the calls it last ran, so that a group that runs again on the same buffers launches its graph as it is (0.3 – 0.7 µs less again on H200), and groups seen once (a program moving its buffers at each group) set one graph between them; a lone call's launch never does; `0`: none",
+        "a launch of two or more of a group's small calls run as one, of at most this many bytes together, goes through a graph of the communicator's, which takes the host about 1.2 µs less than a kernel launch and the GPU about 0.8 µs more (its kernel starts once the work before it is done, not while it ends); a communicator keeps up to 32 (each about 112 KiB of the GPU's memory on H200), each with the calls it last ran, so that a group that runs again on the same buffers launches its graph as it is (0.3 – 0.7 µs less again on H200); groups launched fewer than 8 times (as a program moving its buffers at each group launches them) share one graph, made at set-up, and from its 8th launch a group takes one of its own; a lone call's launch never does; `0`: none",
     ),
 ];
 

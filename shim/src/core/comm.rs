@@ -166,45 +166,47 @@ impl GraphNode {
         }
     }
 
-    /// The first call's input: what `Graphs::used_after` remembers a group by.
-    fn first_input(&self) -> u64 {
-        match &self.calls {
-            GraphCalls::AllReduce(_, calls) => calls[0].input,
-            GraphCalls::Packets(_, calls) => calls[0].input,
-        }
+    /// What `GroupsSeen` remembers a group by: its first call's buffers and count, mixed
+    /// (another size or another buffer for the output is another group).
+    fn key(&self) -> u64 {
+        let (input, output, count) = match &self.calls {
+            GraphCalls::AllReduce(_, calls) => (calls[0].input, calls[0].output, calls[0].count),
+            GraphCalls::Packets(_, calls) => (calls[0].input, calls[0].output, calls[0].count),
+        };
+        input ^ output.rotate_left(21) ^ count.rotate_left(42)
     }
 }
 
-/// A graph of the communicator's (`CoreComm::launch_by_graph`), what its node was last set to and
-/// when it was last launched (`Graphs::launches`): a launch of the same calls (a program calling
-/// a group on the same buffers again) launches the graph as it is, without setting the node.
+/// A graph of the communicator's (`CoreComm::launch_by_graph`), what its node was last set to,
+/// when it was last launched (`Graphs::launches`) and whether it holds a group passing through
+/// (`GroupsSeen::passing`): a launch of the same calls (a program calling a group on the same
+/// buffers again) launches the graph as it is, without setting the node.
 struct ByGraph {
     graph: cuda::KernelGraph,
     node: GraphNode,
     used: u64,
+    passing: bool,
 }
 
 /// The communicator's graphs, at most `GRAPHS` (a training step's groups, each on its own
-/// buffers, find theirs), the count of their launches and of the graphs set to groups not seen
-/// lately, and the first inputs of the last `GRAPHS` such groups whose graph counted as launched
-/// before any (`used_after`).
+/// buffers, find theirs), the count of their launches, and the groups seen lately.
 #[derive(Default)]
 struct Graphs {
     made: Vec<ByGraph>,
     launches: u64,
-    set_first: u64,
-    seen: [u64; GRAPHS],
-    next_seen: usize,
+    seen: GroupsSeen,
 }
 
 /// Graphs a communicator keeps (each about 112 KiB of the GPU's memory and 27 KiB of the host's
-/// on H200, made as groups of new calls come); a launch of calls none of them holds sets the one
-/// launched the longest ago.
+/// on H200): one made at set-up (`CoreComm::ready_graphs`), the others as groups come back.
 const GRAPHS: usize = 32;
 
-/// Of the graphs set to the calls of groups not seen lately, one in `KEPT_NEW` counts as
-/// launched now (`used_after`).
-const KEPT_NEW: u64 = 32;
+/// Of the new groups, one in `SAMPLED` is remembered longer (`GroupsSeen`).
+const SAMPLED: u64 = 32;
+
+/// Launches after which a graph not launched again may be set to another group that came
+/// again (`pick_graph`).
+const STALE: u64 = 8 * GRAPHS as u64;
 
 /// Which of a communicator's graphs a launch takes (`Graphs::pick`).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -213,52 +215,101 @@ enum GraphPick {
     Same(usize),
     /// None holds them and fewer than `GRAPHS` are made: a new one.
     Make,
-    /// None holds them: the one launched the longest ago, its node set to them.
+    /// None holds them: one made, its node set to them.
     Reset(usize),
 }
 
-impl Graphs {
-    fn pick(&self, node: &GraphNode) -> GraphPick {
-        pick_graph(self.made.iter().map(|g| (&g.node, g.used)), node)
-    }
+/// The launch of a group found in no graph from which it takes a graph of its own, the ones
+/// before passing through (`GroupsSeen::passing`): a graph made (6 – 27 us of the host's on
+/// H200, and the GPU's time at its first launch) pays only over many launches, as a program's
+/// steps repeat them, not where a group comes back a few times (nccl-tests' 20 iterations: its
+/// groups of two of 32 KiB took 2.5 – 3.3 us an operation so, 2.9 – 4.3 with graphs from the
+/// third).
+const COME_BACK: u32 = 8;
 
-    /// The launch to note as the last of the graph `pick` took for launch `now` of `node`. A
-    /// graph set to the calls of a group not seen lately counts as launched before any (0): the
-    /// next such group sets it again, so that groups seen once (nccl-tests moving its buffers at
-    /// each group) take one graph between them, which the driver's caches keep, and where a
-    /// program's groups outnumber the graphs, the others keep theirs, instead of each graph
-    /// being set to another group just before its own comes back. A group seen among the last
-    /// `GRAPHS` such ones counts as launched now, as any, so that the graphs follow a program's
-    /// groups from their second round on; so does one such group in `KEPT_NEW`, so that they
-    /// follow groups that come back after more others than that.
-    fn used_after(&mut self, pick: GraphPick, now: u64, node: &GraphNode) -> u64 {
-        let first_input = node.first_input();
-        if !matches!(pick, GraphPick::Reset(_)) || self.seen.contains(&first_input) {
-            return now;
+/// The keys (`GraphNode::key`) of the last `GRAPHS` new groups, but for one in `SAMPLED` of
+/// them, kept apart with the last `GRAPHS` such, each with the count of its launches; the count
+/// of new groups.
+#[derive(Default)]
+struct GroupsSeen {
+    recent: [(u64, u32); GRAPHS],
+    sampled: [(u64, u32); GRAPHS],
+    new: u64,
+}
+
+impl GroupsSeen {
+    /// Whether the group of `node`, found in no graph, passes through: it is not among the
+    /// groups remembered (and is remembered now), or this is one of its first `COME_BACK` - 1
+    /// launches.
+    /// Such groups (nccl-tests moving its buffers at each group) take one graph between them,
+    /// set again at each, which costs the host less than setting graphs in turn (2.0 – 2.2 us a
+    /// launch against 2.0 – 2.5 over eight, on H200), and make no other (112 KiB of the GPU's
+    /// memory each). Groups that come again take graphs of their own; the sampled ones where
+    /// more groups than the graphs come between.
+    fn passing(&mut self, node: &GraphNode) -> bool {
+        let key = node.key();
+        let mut remembered = self.recent.iter_mut().chain(self.sampled.iter_mut());
+        if let Some((_, times)) = remembered.find(|(k, _)| *k == key) {
+            *times = times.saturating_add(1);
+            return *times < COME_BACK;
         }
-        self.set_first += 1;
-        if self.set_first.is_multiple_of(KEPT_NEW) {
-            return now;
-        }
-        self.seen[self.next_seen] = first_input;
-        self.next_seen = (self.next_seen + 1) % GRAPHS;
-        0
+        let (ring, k) = match self.new.is_multiple_of(SAMPLED) {
+            true => (&mut self.sampled, self.new / SAMPLED),
+            false => (&mut self.recent, self.new),
+        };
+        ring[(k % GRAPHS as u64) as usize] = (key, 1);
+        self.new += 1;
+        true
     }
 }
 
-/// `Graphs::pick` over each graph's node and last launch.
+impl Graphs {
+    /// The graph launch of `node` takes, and whether it then holds a group passing through.
+    fn pick(&mut self, node: &GraphNode) -> (GraphPick, bool) {
+        let made = self.made.iter().map(|g| (&g.node, g.used, g.passing));
+        pick_graph(made, node, self.launches, || self.seen.passing(node))
+    }
+}
+
+/// `Graphs::pick` over each graph's node, last launch and whether it holds a group passing
+/// through, for launch `now`, where `passing` says whether the launch's group, found in no
+/// graph, is one. Such a group sets the graph holding such groups (where there is none, a new
+/// one, or once `GRAPHS` are made the one launched the longest ago). Another takes a new graph while fewer than `GRAPHS` are made, else the one of
+/// another group launched the longest ago where that one was not launched in the last
+/// `STALE` launches. Else it passes through as well: where a program's groups come back after
+/// more others than the graphs, the graphs keep those they hold, instead of each being set to
+/// another group just before its own comes back.
 fn pick_graph<'a>(
-    made: impl ExactSizeIterator<Item = (&'a GraphNode, u64)> + Clone,
+    made: impl ExactSizeIterator<Item = (&'a GraphNode, u64, bool)> + Clone,
     node: &GraphNode,
-) -> GraphPick {
-    if let Some(same) = made.clone().position(|(set, _)| set == node) {
-        return GraphPick::Same(same);
+    now: u64,
+    passing: impl FnOnce() -> bool,
+) -> (GraphPick, bool) {
+    if let Some(same) = made.clone().position(|(set, _, _)| set == node) {
+        return (GraphPick::Same(same), false);
     }
-    if made.len() < GRAPHS {
-        return GraphPick::Make;
+    let passing = passing();
+    let full = made.len() == GRAPHS;
+    let oldest = |holding_passing: bool| {
+        let chosen = made.clone().enumerate();
+        let chosen = chosen.filter(|(_, (_, _, p))| *p == holding_passing);
+        chosen
+            .min_by_key(|(_, (_, used, _))| *used)
+            .map(|(k, (_, used, _))| (k, used))
+    };
+    if !passing && !full {
+        return (GraphPick::Make, false);
     }
-    let oldest = made.enumerate().min_by_key(|(_, (_, used))| *used);
-    GraphPick::Reset(oldest.map_or(0, |(k, _)| k))
+    if let Some((k, used)) = oldest(false)
+        && !passing
+        && now.saturating_sub(used) > STALE
+    {
+        return (GraphPick::Reset(k), false);
+    }
+    match oldest(true).or_else(|| oldest(false).filter(|_| full)) {
+        Some((k, _)) => (GraphPick::Reset(k), true),
+        None => (GraphPick::Make, true),
+    }
 }
 
 /// One call of a launch: its plan, buffers and the stream the program gave it.
@@ -677,12 +728,12 @@ impl CoreComm {
         graphs.launches += 1;
         let now = graphs.launches;
         let node = GraphNode::new(function, blocks, threads, calls);
-        let pick = graphs.pick(&node);
-        let used = graphs.used_after(pick, now, &node);
+        let (pick, passing) = graphs.pick(&node);
         let made = &mut graphs.made;
         let launched = match pick {
             GraphPick::Same(same) => {
-                made[same].used = used;
+                made[same].used = now;
+                made[same].passing = passing;
                 // SAFETY: the caller's stream, not being captured (`launch_with`).
                 unsafe { made[same].graph.launch(stream) }
             }
@@ -700,17 +751,23 @@ impl CoreComm {
             .and_then(|mut graph| {
                 // SAFETY: as above.
                 unsafe { graph.launch(stream) }?;
-                made.push(ByGraph { graph, node, used });
+                made.push(ByGraph {
+                    graph,
+                    node,
+                    used: now,
+                    passing,
+                });
                 Ok(())
             }),
-            GraphPick::Reset(oldest) => {
-                let oldest = &mut made[oldest];
+            GraphPick::Reset(taken) => {
+                let taken = &mut made[taken];
                 // SAFETY: the caller's.
-                unsafe { oldest.graph.set(function, blocks, threads, params) }.and_then(|()| {
-                    oldest.node = node;
-                    oldest.used = used;
+                unsafe { taken.graph.set(function, blocks, threads, params) }.and_then(|()| {
+                    taken.node = node;
+                    taken.used = now;
+                    taken.passing = passing;
                     // SAFETY: as above.
-                    unsafe { oldest.graph.launch(stream) }
+                    unsafe { taken.graph.launch(stream) }
                 })
             }
         };
@@ -934,6 +991,54 @@ impl CoreComm {
         }
     }
 
+    /// Makes the graph groups passing through take (`GroupsSeen::passing`) and loads it on the
+    /// GPU, at set-up: a communicator's first graph takes about 0.1 ms to make and launch the
+    /// first time (nccl-tests' first size in groups of two: 4.6 – 5.0 us an operation, against
+    /// 2.0 – 3.2 as kernel launches, on H200), which its first group would wait for. Where
+    /// that fails, or the settings launch no group through a graph, the first group makes it.
+    pub fn ready_graphs(&self) {
+        if policy::settings().graph_launch_max() == 0 {
+            return;
+        }
+        let settings = policy::Settings::defaults();
+        let Some(plan) = policy::plan_all_reduce(&settings, 1, ncclUint32, ncclMax, &self.facts)
+        else {
+            return;
+        };
+        let function = self.kernels.get(plan.algorithm, plan.dtype, plan.op);
+        // The node takes all-reduce's packet kernels' arguments (`launch_fused`).
+        let Some(function) =
+            function.filter(|_| plan.fused_bytes().is_some() && !plan.algorithm.is_packet_kernel())
+        else {
+            return;
+        };
+        let ready = || -> Cuda<ByGraph> {
+            let _context = self.device.enter()?;
+            let mut args: FusedKernelArgs = self.launch_args(0);
+            let mut params: [*mut c_void; 1] = [(&mut args as *mut FusedKernelArgs).cast()];
+            // SAFETY: `FusedArgs`, the kernel's one parameter, copied; the device's context
+            // is current. The node is set to a group's calls before any launch.
+            let graph = unsafe {
+                cuda::KernelGraph::new(self.device, function, 1, 1, &mut params, self.launch_mode)
+            }?;
+            let stream = OwnedStream::create(self.device)?;
+            // SAFETY: our stream, of the graph's context.
+            unsafe { graph.upload(stream.stream) }?;
+            stream.synchronize()?;
+            // No calls, no grid: no group's node.
+            let node = GraphNode::new(function, 0, 0, GraphCalls::AllReduce(0, args.calls));
+            Ok(ByGraph {
+                graph,
+                node,
+                used: 0,
+                passing: true,
+            })
+        };
+        if let (Ok(graph), Ok(mut graphs)) = (ready(), self.graphs.lock()) {
+            graphs.made.push(graph);
+        }
+    }
+
     /// Starts finding out whether a CUDA graph may hold a kernel of this core on any rank: an
     /// all-reduce of each rank's answer (`captured`) on the core itself, on a stream of its own,
     /// after the communicator's last kernel. Every rank starts it at the same point of its calls
@@ -1102,57 +1207,96 @@ mod tests {
         )
     }
 
-    /// A launch takes the graph set to its calls; else a new one while fewer than GRAPHS are
-    /// made; else the one launched the longest ago, wherever it is.
+    /// A group passes through COME_BACK - 1 times, known again by its first call's buffers and
+    /// count: another size or output at the same input is another group.
+    #[test]
+    fn a_group_is_known_by_its_first_calls_buffers_and_count() {
+        let mut seen = GroupsSeen::default();
+        let with = |count: u64, output: u64| {
+            let mut group = node(1 << 12);
+            if let GraphCalls::AllReduce(_, calls) = &mut group.calls {
+                (calls[0].count, calls[0].output) = (count, output);
+            }
+            group
+        };
+        for _ in 1..COME_BACK {
+            assert!(seen.passing(&with(8, 2 << 12)));
+            assert!(seen.passing(&with(64, 2 << 12)));
+            assert!(seen.passing(&with(8, 1 << 12)));
+        }
+        assert!(!seen.passing(&with(8, 2 << 12)));
+        assert!(!seen.passing(&with(64, 2 << 12)));
+        assert!(!seen.passing(&with(8, 1 << 12)));
+        assert!(seen.passing(&with(8, 3 << 12)));
+    }
+
+    /// A launch takes the graph set to its calls; else, for a group passing through, the graph
+    /// holding such groups; else a new one while fewer than GRAPHS are made; else the one
+    /// launched the longest ago if not within STALE launches, or the graph holding groups
+    /// passing through.
     #[test]
     fn a_launch_takes_its_graph_else_a_new_one_else_the_oldest() {
-        let pick = |made: &[(GraphNode, u64)], wanted: GraphNode| {
-            pick_graph(made.iter().map(|(n, used)| (n, *used)), &wanted)
+        let now = 1000;
+        let pick = |made: &[(GraphNode, u64, bool)], wanted: GraphNode, passing: bool| {
+            let made = made.iter().map(|(n, used, p)| (n, *used, *p));
+            pick_graph(made, &wanted, now, || passing)
         };
-        let few: Vec<(GraphNode, u64)> = (0..3).map(|k| (node(k << 12), 10 + k)).collect();
-        assert_eq!(pick(&few, node(1 << 12)), GraphPick::Same(1));
-        assert_eq!(pick(&few, node(7 << 12)), GraphPick::Make);
-        let mut full: Vec<(GraphNode, u64)> = (0..GRAPHS as u64)
-            .map(|k| (node(k << 12), 100 - k))
+        let mut few: Vec<_> = (0..3).map(|k| (node(k << 12), 990 + k, false)).collect();
+        assert_eq!(pick(&few, node(1 << 12), true), (GraphPick::Same(1), false));
+        assert_eq!(pick(&few, node(7 << 12), true), (GraphPick::Make, true));
+        assert_eq!(pick(&few, node(7 << 12), false), (GraphPick::Make, false));
+        few[2].2 = true;
+        assert_eq!(pick(&few, node(7 << 12), true), (GraphPick::Reset(2), true));
+        assert_eq!(pick(&few, node(7 << 12), false), (GraphPick::Make, false));
+        let mut full: Vec<_> = (0..GRAPHS as u64)
+            .map(|k| (node(k << 12), 999 - k, false))
             .collect();
-        assert_eq!(pick(&full, node(99 << 12)), GraphPick::Reset(GRAPHS - 1));
-        full[2].1 = 1;
-        assert_eq!(pick(&full, node(99 << 12)), GraphPick::Reset(2));
-        assert_eq!(pick(&full, node(5 << 12)), GraphPick::Same(5));
+        let passes = |k| (GraphPick::Reset(k), true);
+        // None holds groups passing through: the oldest, to hold them.
+        assert_eq!(pick(&full, node(99 << 12), true), passes(GRAPHS - 1));
+        assert_eq!(pick(&full, node(99 << 12), false), passes(GRAPHS - 1));
+        full[2].1 = 950;
+        assert_eq!(pick(&full, node(99 << 12), false), passes(2));
+        assert_eq!(
+            pick(&full, node(5 << 12), false),
+            (GraphPick::Same(5), false)
+        );
+        // The graph holding groups passing through, unless another was not launched lately.
+        full[10].2 = true;
+        assert_eq!(pick(&full, node(99 << 12), true), passes(10));
+        assert_eq!(pick(&full, node(99 << 12), false), passes(10));
+        full[2].1 = now - STALE - 1;
+        assert_eq!(pick(&full, node(99 << 12), true), passes(10));
+        let reset = |k| (GraphPick::Reset(k), false);
+        assert_eq!(pick(&full, node(99 << 12), false), reset(2));
         // Other calls, another count of calls, kernel or grid: not the same node.
         let mut other = node(5 << 12);
         if let GraphCalls::AllReduce(_, calls) = other.calls {
             other.calls = GraphCalls::AllReduce(1, calls);
         }
-        assert_eq!(pick(&full, other), GraphPick::Reset(2));
-        assert_eq!(
-            pick(
-                &full,
-                GraphNode {
-                    threads: 128,
-                    ..node(5 << 12)
-                }
-            ),
-            GraphPick::Reset(2)
-        );
-        assert_eq!(
-            pick(
-                &full,
-                GraphNode {
-                    function: 2,
-                    ..node(5 << 12)
-                }
-            ),
-            GraphPick::Reset(2)
-        );
+        assert_eq!(pick(&full, other, false), reset(2));
+        let threads = GraphNode {
+            threads: 128,
+            ..node(5 << 12)
+        };
+        assert_eq!(pick(&full, threads, false), reset(2));
+        let function = GraphNode {
+            function: 2,
+            ..node(5 << 12)
+        };
+        assert_eq!(pick(&full, function, false), reset(2));
     }
 
+    /// A model of a communicator's graphs: each graph's node, last launch and whether it holds
+    /// a group passing through.
+    type ModelGraphs = Vec<(GraphNode, u64, bool)>;
+
     /// Launches `groups` in turn `rounds` times through a model of a communicator's graphs
-    /// (what `launch_by_graph` does with `pick_graph` and `used_after`); the launches of each
+    /// (what `launch_by_graph` does with `pick_graph` and `GroupsSeen`); the launches of each
     /// round that found their graph as it was.
     fn rounds_of(
         graphs: &mut Graphs,
-        made: &mut Vec<(GraphNode, u64)>,
+        made: &mut ModelGraphs,
         groups: &[u64],
         rounds: usize,
     ) -> Vec<usize> {
@@ -1163,15 +1307,19 @@ mod tests {
                     graphs.launches += 1;
                     let now = graphs.launches;
                     let wanted = node(group << 12);
-                    let pick = pick_graph(made.iter().map(|(n, used)| (n, *used)), &wanted);
-                    let used = graphs.used_after(pick, now, &wanted);
+                    let (pick, passing) = pick_graph(
+                        made.iter().map(|(n, used, p)| (n, *used, *p)),
+                        &wanted,
+                        now,
+                        || graphs.seen.passing(&wanted),
+                    );
                     match pick {
                         GraphPick::Same(k) => {
-                            made[k].1 = used;
+                            made[k] = (wanted, now, passing);
                             found += 1;
                         }
-                        GraphPick::Make => made.push((wanted, used)),
-                        GraphPick::Reset(k) => made[k] = (wanted, used),
+                        GraphPick::Make => made.push((wanted, now, passing)),
+                        GraphPick::Reset(k) => made[k] = (wanted, now, passing),
                     }
                 }
                 found
@@ -1179,36 +1327,40 @@ mod tests {
             .collect()
     }
 
-    /// Groups seen once take one graph between them; groups that outnumber the graphs leave all
-    /// but one graph to groups that come again, where setting the one launched the longest ago
-    /// would find none; a new set of groups, no more than the graphs, takes them over from its
-    /// second round on.
+    /// Groups seen once take one graph between them and make no other; groups that come again
+    /// take graphs of their own from their second round on, and keep them while groups seen
+    /// once pass; groups that outnumber the graphs
+    /// keep most of them, where setting the one launched the longest ago would find none; a
+    /// new set of groups, no more than the graphs, takes them over.
     #[test]
     fn graphs_keep_groups_that_come_again() {
         let (mut graphs, mut made) = (Graphs::default(), Vec::new());
-        let few: Vec<u64> = (0..GRAPHS as u64 / 2).collect();
-        assert_eq!(
-            rounds_of(&mut graphs, &mut made, &few, 3),
-            [0, few.len(), few.len()]
-        );
-        let once: Vec<u64> = (1000..1000 + 4 * GRAPHS as u64).collect();
+        let once: Vec<u64> = (1000..1000 + 8 * GRAPHS as u64).collect();
         assert_eq!(rounds_of(&mut graphs, &mut made, &once, 1), [0]);
-        assert_eq!(made.len(), GRAPHS);
-        // Made while fewer than GRAPHS, then one set again and again, but one in KEPT_NEW.
-        let kept_new = (once.len() - (GRAPHS - few.len())) / KEPT_NEW as usize;
-        let kept_once = once
-            .iter()
-            .filter(|&&g| made.iter().any(|(n, _)| *n == node(g << 12)));
-        assert_eq!(kept_once.count(), GRAPHS - few.len() + 1 + kept_new);
-        let found = rounds_of(&mut graphs, &mut made, &few, 1);
-        assert_eq!(found, [few.len() - 1 - kept_new]);
+        assert_eq!(made.len(), 1);
+        // (From 1: the memory of groups seen starts as zeros, no group's key.)
+        let few: Vec<u64> = (1..=GRAPHS as u64 / 2).collect();
+        // Passing through until their COME_BACK-th round, when the last one finds its graph.
+        let mut rounds = vec![0; COME_BACK as usize - 1];
+        rounds.extend([1, few.len()]);
+        assert_eq!(
+            rounds_of(&mut graphs, &mut made, &few, rounds.len()),
+            rounds
+        );
+        assert_eq!(made.len(), few.len());
+        // Groups seen once in between leave them theirs.
+        let others: Vec<u64> = (2000..2000 + 8 * GRAPHS as u64).collect();
+        assert_eq!(rounds_of(&mut graphs, &mut made, &others, 1), [0]);
+        assert_eq!(rounds_of(&mut graphs, &mut made, &few, 1), [few.len()]);
+        assert_eq!(made.len(), few.len() + 1);
         let many: Vec<u64> = (100..100 + 2 * GRAPHS as u64).collect();
         let found = rounds_of(&mut graphs, &mut made, &many, 60);
         assert_eq!(found[0], 0);
-        assert!(found[30..].iter().all(|&f| f >= GRAPHS - 4), "{found:?}");
+        // All but the graph they pass through, once taken.
+        assert!(found[30..].iter().all(|&f| f == GRAPHS - 1), "{found:?}");
         let next: Vec<u64> = (500..500 + GRAPHS as u64).collect();
-        let found = rounds_of(&mut graphs, &mut made, &next, 3);
-        assert_eq!((found[0], found[2]), (0, GRAPHS), "{found:?}");
+        let found = rounds_of(&mut graphs, &mut made, &next, 12);
+        assert_eq!((found[0], found[11]), (0, GRAPHS), "{found:?}");
     }
 
     fn plan(algorithm: Algorithm, count: usize, root: i32) -> Plan {

@@ -119,6 +119,17 @@ impl KernelGraph {
         })
     }
 
+    /// Loads the executable graph on the GPU on `stream`, ahead of its first launch.
+    ///
+    /// # Safety
+    /// `stream` is a live stream of the graph's context, not being captured.
+    pub unsafe fn upload(&self, stream: Stream) -> Cuda<()> {
+        // SAFETY: our executable graph; the caller's stream.
+        check("cuGraphUpload", unsafe {
+            sys::cuGraphUpload(self.exec, stream)
+        })
+    }
+
     /// Launches the node as last set (by `new` or `set`) on `stream`, after the graph's earlier
     /// launches, in the current context (the graph's).
     ///

@@ -660,6 +660,7 @@ fn finish(
                 parts,
                 mapped.reach,
             );
+            core.ready_graphs();
             if let Err(core) = lifecycle::came_on(candidate.comm, Arc::new(core)) {
                 log_info!(
                     "core off for comm {:p}: destroyed, aborted or revoked during its set-up",
