@@ -1327,11 +1327,12 @@ mod tests {
             .collect()
     }
 
-    /// Groups seen once take one graph between them and make no other; groups that come again
-    /// take graphs of their own from their second round on, and keep them while groups seen
-    /// once pass; groups that outnumber the graphs
-    /// keep most of them, where setting the one launched the longest ago would find none; a
-    /// new set of groups, no more than the graphs, takes them over.
+    /// Groups seen once take one graph between them (here made by the first, as set-up makes
+    /// it) and make no other; groups that come again take graphs of their own from their
+    /// COME_BACK-th round on, and keep them while groups seen once pass; groups that outnumber
+    /// the graphs keep all but one, where setting the one launched the longest ago would find
+    /// none; a new set of groups, no more than the graphs, takes them over once the old ones
+    /// are stale.
     #[test]
     fn graphs_keep_groups_that_come_again() {
         let (mut graphs, mut made) = (Graphs::default(), Vec::new());
