@@ -618,13 +618,22 @@ fn finish(
     super::observer::observer().core_decided(candidate.comm, on, rank, nranks, device);
     match (parts, mapped, everyone) {
         (Some(parts), Ok(mapped), true) => {
+            let core = CoreComm::new(
+                candidate.rank,
+                candidate.blocking,
+                mapped.facts,
+                parts,
+                mapped.reach,
+            );
+            // Before the line: its set-up time counts it.
+            core.ready_graphs();
             let settings = policy::settings();
             log_info!(
                 "core on for comm {:p} rank {}/{} on GPU {}, set up in {:.3} s (own parts {:.3}, records {:.3}{}, peers {:.3}, verdicts {:.3}) (all-reduce: sentinel for floating-point types up to {} B, low-latency up to {} B, one-shot up to {} B, {} two-shot up to {} B; {})",
                 candidate.comm,
                 candidate.rank,
                 candidate.nranks,
-                parts.device.ordinal,
+                core.device.ordinal,
                 phases.started.elapsed().as_secs_f64(),
                 phases.own,
                 phases.exchange,
@@ -642,25 +651,17 @@ fn finish(
                 settings.ll_max(candidate.nranks),
                 settings.one_shot_max(candidate.nranks),
                 match (
-                    mapped.facts.single_process,
-                    settings.uses_direct(mapped.facts.single_process || mapped.facts.zero_copy),
+                    core.facts.single_process,
+                    settings.uses_direct(core.facts.single_process || core.facts.zero_copy),
                 ) {
                     (true, true) => "direct",
                     (false, true) => "zero-copy direct",
                     _ => "staged",
                 },
-                settings.all_reduce_max(candidate.nranks, mapped.facts.single_process),
-                settings.limits_text(&mapped.facts.measured)
+                settings.all_reduce_max(candidate.nranks, core.facts.single_process),
+                settings.limits_text(&core.facts.measured)
             );
-            measured::note_in_use(&mapped.facts.measured);
-            let core = CoreComm::new(
-                candidate.rank,
-                candidate.blocking,
-                mapped.facts,
-                parts,
-                mapped.reach,
-            );
-            core.ready_graphs();
+            measured::note_in_use(&core.facts.measured);
             if let Err(core) = lifecycle::came_on(candidate.comm, Arc::new(core)) {
                 log_info!(
                     "core off for comm {:p}: destroyed, aborted or revoked during its set-up",
