@@ -1039,6 +1039,12 @@ impl CoreComm {
         }
     }
 
+    /// The graphs the communicator holds (the GPU tests).
+    #[cfg(test)]
+    pub fn graphs_made(&self) -> usize {
+        self.graphs.lock().map_or(0, |graphs| graphs.made.len())
+    }
+
     /// Starts finding out whether a CUDA graph may hold a kernel of this core on any rank: an
     /// all-reduce of each rank's answer (`captured`) on the core itself, on a stream of its own,
     /// after the communicator's last kernel. Every rank starts it at the same point of its calls

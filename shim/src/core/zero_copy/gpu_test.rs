@@ -514,8 +514,8 @@ fn zero_copy_core(
 /// it, so slowly): each rank's core set up by hand (no NCCL, which takes one GPU per rank), user
 /// buffers reached through zero-copy. u8 sums of every size band the direct kernel takes, in
 /// and out of place, misaligned (the staged path), on buffers made again between rounds; in CUDA
-/// graphs; the other collectives; batches; through the routed path, traced, and on a stream the
-/// program destroys before its next call, on another stream.
+/// graphs; the other collectives; batches, through the graph set-up makes; through the routed
+/// path, traced, and on a stream the program destroys before its next call, on another stream.
 fn core_role(rank: usize, dir: &Path, processes: Vec<u64>) {
     use super::super::types::Algorithm;
     let (core, facts, _, zero_copy, device) = zero_copy_core(rank, dir, processes);
@@ -541,7 +541,12 @@ fn core_role(rank: usize, dir: &Path, processes: Vec<u64>) {
     }
     wrong += graph_replays(&core, device, &stream, rank, &facts);
     wrong += other_collectives(&core, device, &stream, rank, &facts);
+    // The graph groups share, made as set-up makes it: the batches' groups, launched once or
+    // twice each, set it and make no other.
+    core.ready_graphs();
+    assert_eq!(core.graphs_made(), 1);
     wrong += batches(&core, device, &stream, rank, &facts);
+    assert_eq!(core.graphs_made(), 1);
     // Through the routed path under a made-up handle, traced and timed (NCCLSHIM_TRACE and
     // NCCLSHIM_TRACE_TIMING=1 come from the parent): each call's GPU time is in the trace.
     let comm = (0x7e57_0000 + 0x100 * rank) as crate::ffi::ncclComm_t;
