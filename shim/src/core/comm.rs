@@ -240,12 +240,11 @@ struct GroupsSeen {
 impl GroupsSeen {
     /// Whether the group of `node`, found in no graph, passes through: it is not among the
     /// groups remembered (and is remembered now), or this is one of its first `COME_BACK` - 1
-    /// launches.
-    /// Such groups (nccl-tests moving its buffers at each group) take one graph between them,
-    /// set again at each, which costs the host less than setting graphs in turn (2.0 – 2.2 us a
-    /// launch against 2.0 – 2.5 over eight, on H200), and make no other (112 KiB of the GPU's
-    /// memory each). Groups that come again take graphs of their own; the sampled ones where
-    /// more groups than the graphs come between.
+    /// launches. Such groups (nccl-tests moving its buffers at each group) take one graph
+    /// between them, set again at each, which costs the host less than setting graphs in turn
+    /// (2.0 – 2.2 us a launch against 2.0 – 2.5 over eight, on H200), and make no other (112
+    /// KiB of the GPU's memory each). Groups that come again take graphs of their own; the
+    /// sampled ones where more groups than the graphs come between.
     fn passing(&mut self, node: &GraphNode) -> bool {
         let key = node.key();
         let mut remembered = self.recent.iter_mut().chain(self.sampled.iter_mut());
@@ -274,11 +273,11 @@ impl Graphs {
 /// `Graphs::pick` over each graph's node, last launch and whether it holds a group passing
 /// through, for launch `now`, where `passing` says whether the launch's group, found in no
 /// graph, is one. Such a group sets the graph holding such groups (where there is none, a new
-/// one, or once `GRAPHS` are made the one launched the longest ago). Another takes a new graph while fewer than `GRAPHS` are made, else the one of
-/// another group launched the longest ago where that one was not launched in the last
-/// `STALE` launches. Else it passes through as well: where a program's groups come back after
-/// more others than the graphs, the graphs keep those they hold, instead of each being set to
-/// another group just before its own comes back.
+/// one, or once `GRAPHS` are made the one launched the longest ago). Another takes a new graph
+/// while fewer than `GRAPHS` are made, else the one of another group launched the longest ago
+/// where that one was not launched in the last `STALE` launches. Else it passes through as
+/// well: where a program's groups come back after more others than the graphs, the graphs keep
+/// those they hold, instead of each being set to another group just before its own comes back.
 fn pick_graph<'a>(
     made: impl ExactSizeIterator<Item = (&'a GraphNode, u64, bool)> + Clone,
     node: &GraphNode,
@@ -1000,9 +999,7 @@ impl CoreComm {
         if policy::settings().graph_launch_max() == 0 {
             return;
         }
-        let settings = policy::Settings::defaults();
-        let Some(plan) = policy::plan_all_reduce(&settings, 1, ncclUint32, ncclMax, &self.facts)
-        else {
+        let Some(plan) = self.one_word_plan() else {
             return;
         };
         let function = self.kernels.get(plan.algorithm, plan.dtype, plan.op);
@@ -1039,6 +1036,13 @@ impl CoreComm {
         }
     }
 
+    /// The plan of an all-reduce of one word by the defaults, not the settings (which may leave
+    /// all-reduces to NCCL): the same on every rank, a low-latency kernel of one block.
+    fn one_word_plan(&self) -> Option<Plan> {
+        let settings = policy::Settings::defaults();
+        policy::plan_all_reduce(&settings, 1, ncclUint32, ncclMax, &self.facts)
+    }
+
     /// The graphs the communicator holds (the GPU tests).
     #[cfg(test)]
     pub fn graphs_made(&self) -> usize {
@@ -1052,10 +1056,7 @@ impl CoreComm {
     /// (`graphs_answer`): nothing here waits for other work on the GPU. `None` where it could
     /// not start, or the core already gave up waiting for a peer.
     pub fn ask_about_graphs(&self) -> Option<GraphsAsked> {
-        // The defaults' plan, not the settings' (which may leave all-reduces to NCCL): the same
-        // on every rank, a low-latency kernel of one block.
-        let settings = policy::Settings::defaults();
-        let plan = policy::plan_all_reduce(&settings, 1, ncclUint32, ncclMax, &self.facts)?;
+        let plan = self.one_word_plan()?;
         if self.control.gave_up().is_some() {
             return None;
         }
