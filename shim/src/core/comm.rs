@@ -299,13 +299,14 @@ fn pick_graph<'a>(
     if !passing && !full {
         return (GraphPick::Make, false);
     }
-    if let Some((k, used)) = oldest(false)
-        && !passing
+    // The oldest graph of another group, looked for once: both rules below may take it.
+    let kept = oldest(false);
+    if let Some((k, used)) = kept.filter(|_| !passing)
         && now.saturating_sub(used) > STALE
     {
         return (GraphPick::Reset(k), false);
     }
-    match oldest(true).or_else(|| oldest(false).filter(|_| full)) {
+    match oldest(true).or(kept.filter(|_| full)) {
         Some((k, _)) => (GraphPick::Reset(k), true),
         None => (GraphPick::Make, true),
     }
